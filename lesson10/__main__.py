@@ -1,0 +1,42 @@
+"""Command line: ``python -m lesson10 {demo,run,bench,grade,build}``.
+
+    demo                      every simulated method on a small case: error and bytes vs. the lesson
+    run METHOD --nproc N      one real multi-process run (sp, ring, ulysses, moe) on gloo/NCCL
+    bench WHAT                benchmarks (sim, ring, ulysses, moe, sp) -> benchmarks/results/
+    grade NOTEBOOK...         run submitted notebooks and collect their check results
+    build [--check]           write notebooks/ from solutions/ (or check it is up to date)
+"""
+from __future__ import annotations
+
+import sys
+
+USAGE = __doc__
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "demo":
+        from .demo import main as run
+    elif cmd == "run":
+        from .dist.bench import run_main as run
+    elif cmd == "bench":
+        if rest and rest[0] == "sim":
+            from .sim.bench import main as sim_bench
+            return sim_bench(rest[1:]) or 0
+        from .dist.bench import main as run
+    elif cmd == "grade":
+        from .grade import main as run
+    elif cmd == "build":
+        from .build import main as run
+    else:
+        print(f"unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    return run(rest) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
