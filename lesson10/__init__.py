@@ -12,4 +12,6 @@ __version__ = "0.1.0"
 
 
 
-__all__ = ["__version__"]
+from . import cost, layouts  # noqa: E402
+
+__all__ = ["__version__", "cost", "layouts"]

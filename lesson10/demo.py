@@ -38,7 +38,7 @@ def run_demo(seed: int = 0, e: int = 2) -> list[tuple]:
     rows.append(_row("SP (RS + AG)", t, err, g_sp.bytes_sent.max(), one_pair, "max |SP - TP|"))
 
     # Ring attention (zig-zag and contiguous, causal) and Ulysses vs full attention.
-    s, a, d, n = 32, 4, 8, 4
+    s, a, d, n = 32, 8, 4, 4
     for a_kv in (a, a // 2):
         g = a // a_kv
         q = rng.standard_normal((s, a, d))

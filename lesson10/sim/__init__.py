@@ -1,0 +1,26 @@
+"""NumPy simulation of every method of the lesson: one process, every rank an entry of a list.
+
+A *sharded* argument is a Python list with one array per rank; sequences are
+``(s, a, d)`` float64 arrays (tokens, heads, head dim). A :class:`SimGroup` runs the
+collectives and counts the bytes each rank sends, with ``e`` bytes per element.
+Nothing here imports torch.
+"""
+from .attention import attention, merge
+from .comm import CommRecord, SimGroup, check_shards, gather_sequence, shard_sequence
+from .moe import (MoEStats, apply_expert, capacity_keep, expert_capacity, init_experts,
+                  moe_layer, moe_reference, route_topk, router_probs, simulate_moe,
+                  switch_aux_loss, update_expert_bias)
+from .ring import RingStats, ring_attention
+from .sp import sp_forward, tp_forward
+from .ulysses import heads_to_seq, kv_replication, seq_to_heads, ulysses_attention
+
+__all__ = [
+    "SimGroup", "CommRecord", "check_shards", "shard_sequence", "gather_sequence",
+    "attention", "merge",
+    "tp_forward", "sp_forward",
+    "ring_attention", "RingStats",
+    "seq_to_heads", "heads_to_seq", "ulysses_attention", "kv_replication",
+    "route_topk", "router_probs", "expert_capacity", "capacity_keep", "apply_expert",
+    "init_experts", "moe_reference", "moe_layer", "simulate_moe", "MoEStats",
+    "switch_aux_loss", "update_expert_bias",
+]

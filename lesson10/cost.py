@@ -1,0 +1,232 @@
+"""The lesson's closed forms: memory, bytes on the wire, FLOPs and the times they imply.
+
+Conventions (the lesson's):
+
+* ``s`` tokens, micro-batch ``b``, hidden size ``h``, ``a`` attention heads;
+* ``e`` bytes per element, default 2 (bf16);
+* ``g = a / n_kv`` is the GQA group size (``g = 1``: multi-head attention);
+* bytes are *sent per GPU per layer in the forward pass*, for ``b = 1``;
+* ``F`` is FLOP/s and ``W`` is link bandwidth in bytes/s; see :data:`HARDWARE`.
+
+Everything here is plain Python arithmetic on numbers; the functions accept floats
+so that figures can sweep them, but reject values that have no meaning (zero
+ranks, negative sizes, ...) with a ``ValueError``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+__all__ = [
+    "HARDWARE",
+    "peak_flops",
+    "link_bandwidth",
+    "activation_bytes",
+    "all_reduce_bytes",
+    "reduce_scatter_bytes",
+    "all_gather_bytes",
+    "comm_bytes",
+    "COMM_METHODS",
+    "ring_round_flops",
+    "ring_round_bytes",
+    "ring_round_times",
+    "min_block_size",
+    "moe_a2a_bytes",
+    "moe_expert_flops",
+    "moe_comm_ratio",
+]
+
+#: Hardware presets used in the lesson. GPUs carry ``flops`` (dense bf16 peak, FLOP/s)
+#: and ``memory`` (HBM bytes); links carry ``bandwidth`` (bytes/s per GPU, one direction).
+#: The H200 has the H100's compute and more (and faster) HBM.
+HARDWARE = {
+    "H100": {"kind": "gpu", "flops": 989e12, "memory": 80e9},
+    "H200": {"kind": "gpu", "flops": 989e12, "memory": 141e9},
+    "NVLink": {"kind": "link", "bandwidth": 450e9},
+    "InfiniBand": {"kind": "link", "bandwidth": 50e9},
+}
+
+
+def _preset(name, kind: str, field: str) -> float:
+    valid = [k for k, v in HARDWARE.items() if v["kind"] == kind]
+    if isinstance(name, str):
+        for key in valid:
+            if key.lower() == name.lower():
+                return HARDWARE[key][field]
+        raise ValueError(f"unknown {kind} {name!r}; use one of {valid} or a number in "
+                         f"{'FLOP/s' if kind == 'gpu' else 'bytes/s'}")
+    return _positive(f"{kind} {field}", name)
+
+
+def peak_flops(gpu) -> float:
+    """FLOP/s of a GPU preset name (``"H100"``, ``"H200"``) or a number passed through."""
+    return _preset(gpu, "gpu", "flops")
+
+
+def link_bandwidth(link) -> float:
+    """Bytes/s of a link preset name (``"NVLink"``, ``"InfiniBand"``) or a number passed through."""
+    return _preset(link, "link", "bandwidth")
+
+
+def _positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return value
+
+
+def _count(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _divides(s, n: int, what: str) -> None:
+    if isinstance(s, numbers.Integral) and s % n:
+        raise ValueError(f"s = {s} tokens do not split evenly over {what} = {n}; "
+                         f"use a multiple of {n} (pad the sequence)")
+
+
+# --------------------------------------------------------------------------- memory
+def activation_bytes(s, b, h, a, t: int = 1, sp: bool = False, flash: bool = True) -> float:
+    """Activation bytes stored per layer per GPU (Korthikanti et al. 2022).
+
+    * TP alone (Eq. 2): ``s b h (10 + 24/t + 5 a s / (h t))``; the ``10 sbh`` of the
+      LayerNorm/dropout regions is replicated on every GPU of the TP group.
+    * TP + SP (Eq. 4): ``s b h / t (34 + 5 a s / h)``: everything divided by ``t``.
+    * ``flash=True`` (FlashAttention) does not store the score matrix: the
+      ``5as/h`` term is dropped. ``t = 1`` gives ``34 sbh`` in both cases.
+    """
+    s, b, h, a = (_positive(nm, v) for nm, v in (("s", s), ("b", b), ("h", h), ("a (heads)", a)))
+    t = _count("t (TP degree)", t)
+    sbh = s * b * h
+    scores = 0.0 if flash else 5 * a * s / h
+    if sp:
+        return sbh / t * (34 + scores)
+    return sbh * (10 + 24 / t + scores / t)
+
+
+# --------------------------------------------------------------------------- collectives
+def all_reduce_bytes(nbytes, n: int) -> float:
+    """Bytes each of ``n`` GPUs sends in a ring all-reduce of ``nbytes``: ``2 (n-1)/n nbytes``."""
+    n = _count("n", n)
+    return 2 * (n - 1) / n * _nonneg("nbytes", nbytes)
+
+
+def reduce_scatter_bytes(nbytes, n: int) -> float:
+    """Bytes per GPU of a ring reduce-scatter of an ``nbytes`` tensor: ``(n-1)/n nbytes``."""
+    n = _count("n", n)
+    return (n - 1) / n * _nonneg("nbytes", nbytes)
+
+
+def all_gather_bytes(nbytes, n: int) -> float:
+    """Bytes per GPU of a ring all-gather producing ``nbytes`` on every GPU: ``(n-1)/n nbytes``."""
+    n = _count("n", n)
+    return (n - 1) / n * _nonneg("nbytes", nbytes)
+
+
+def _nonneg(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return value
+
+
+COMM_METHODS = ("sp", "ring", "ulysses")
+
+
+def comm_bytes(method: str, s, h, n: int, g=1, e=2) -> float:
+    """Bytes sent per GPU per layer, forward pass, ``b = 1``, for one of :data:`COMM_METHODS`.
+
+    * ``"sp"`` (Megatron SP, TP degree ``n``): 2 reduce-scatters + 2 all-gathers of the
+      ``s x h`` activation = the 2 all-reduces of plain TP: ``4 (n-1)/n s h e``.
+      (GQA does not change these activations, so ``g`` has no effect.)
+    * ``"ring"`` (ring attention, ``n = N_c`` ranks, ``c = s/N_c``): ``N_c - 1`` shifts of a
+      K and a V block: ``(N_c - 1) * 2 c h e / g``.
+    * ``"ulysses"``: four all-to-alls (Q, K, V, output), each sending ``(N_c-1)/N_c`` of a
+      local ``s/N_c x h`` tensor; K and V have ``h/g`` columns:
+      ``(N_c-1)/N_c * (2 + 2/g) * s h e / N_c``.
+    """
+    if not isinstance(method, str) or method.lower() not in COMM_METHODS:
+        raise ValueError(f"unknown method {method!r}; use one of {', '.join(map(repr, COMM_METHODS))}")
+    method = method.lower()
+    s, h, g, e = _positive("s", s), _positive("h", h), _positive("g (GQA group size)", g), _positive("e (bytes per element)", e)
+    n = _count("n (number of GPUs)", n)
+    _divides(s, n, "n")
+    if method == "sp":
+        return 4 * (n - 1) / n * s * h * e
+    if method == "ring":
+        c = s / n
+        return (n - 1) * 2 * c * h * e / g
+    return (n - 1) / n * (2 + 2 / g) * s * h * e / n
+
+
+# --------------------------------------------------------------------------- ring attention
+def ring_round_flops(c, h, causal: bool = False) -> float:
+    """FLOPs of one ring round: ``Q K^T`` and ``P V`` for ``c`` queries and ``c`` keys over all
+    heads, ``4 c^2 h``; half of that, ``2 c^2 h``, per round with a causal mask and a balanced
+    (zig-zag) layout."""
+    c, h = _positive("c (block size)", c), _positive("h", h)
+    return (2 if causal else 4) * c * c * h
+
+
+def ring_round_bytes(c, h, g=1, e=2) -> float:
+    """Bytes one rank sends per ring round: a K and a V block, ``2 c (h/g) e`` (``4ch`` in bf16)."""
+    c, h = _positive("c (block size)", c), _positive("h", h)
+    g, e = _positive("g (GQA group size)", g), _positive("e (bytes per element)", e)
+    return 2 * c * h * e / g
+
+
+def ring_round_times(c, h, F, W, causal: bool = False, g=1, e=2) -> tuple[float, float]:
+    """(compute seconds, transfer seconds) of one ring round.
+
+    ``F`` and ``W`` may be preset names (``"H100"``, ``"InfiniBand"``) or numbers.
+    The transfer is hidden when compute >= transfer, i.e. when ``c >= min_block_size``.
+    """
+    F, W = peak_flops(F), link_bandwidth(W)
+    return ring_round_flops(c, h, causal) / F, ring_round_bytes(c, h, g, e) / W
+
+
+def min_block_size(F, W, causal: bool = False, g=1, e=2) -> float:
+    """Smallest block ``c`` (tokens per rank) for which ring attention hides its K/V transfer.
+
+    ``4 c^2 h / F >= 4 c h / W`` gives ``c >= F / W`` (bf16, multi-head attention); a causal
+    mask halves the work per round (x2), GQA divides the bytes by ``g``, other formats scale
+    the bytes by ``e/2``: ``c* = F/W * (2 if causal) / g * e/2``. Independent of ``h`` and ``N_c``.
+    """
+    F, W = peak_flops(F), link_bandwidth(W)
+    g, e = _positive("g (GQA group size)", g), _positive("e (bytes per element)", e)
+    return F / W * (2 if causal else 1) / g * e / 2
+
+
+# --------------------------------------------------------------------------- mixture of experts
+def moe_a2a_bytes(k, T, h, Ne: int, e=2) -> float:
+    """Bytes each GPU sends per MoE layer, forward, uniform routing: ``2 k T h e (Ne-1)/Ne``.
+
+    ``k T`` (token, expert) copies, each ``h e`` bytes, leave the GPU with probability
+    ``(Ne-1)/Ne`` in the dispatch, and come back the same way in the combine (factor 2).
+    """
+    k = _count("k (experts per token)", k)
+    T, h, e = _positive("T (tokens per GPU)", T), _positive("h", h), _positive("e (bytes per element)", e)
+    Ne = _count("Ne (expert-parallel GPUs)", Ne)
+    return 2 * k * T * h * e * (Ne - 1) / Ne
+
+
+def moe_expert_flops(k, T, h, d_ff, swiglu: bool = False) -> float:
+    """Expert FLOPs per GPU for ``k T`` copies: ``2 * 2 h d_ff`` each for a two-matrix MLP,
+    ``3 * 2 h d_ff`` with SwiGLU (three matrices)."""
+    k = _count("k (experts per token)", k)
+    T, h, d_ff = _positive("T (tokens per GPU)", T), _positive("h", h), _positive("d_ff", d_ff)
+    return k * T * (6 if swiglu else 4) * h * d_ff
+
+
+def moe_comm_ratio(F, W, Ne: int, d_ff, swiglu: bool = False, e=2) -> float:
+    """All-to-all time / expert time for one MoE layer, uniform routing:
+    ``F/W * (Ne-1)/Ne / d_ff`` (bf16, two-matrix MLP); SwiGLU has 1.5x the FLOPs
+    (ratio / 1.5); other formats scale the bytes by ``e/2``. Independent of ``k``, ``T``, ``h``."""
+    F, W = peak_flops(F), link_bandwidth(W)
+    Ne = _count("Ne (expert-parallel GPUs)", Ne)
+    d_ff, e = _positive("d_ff", d_ff), _positive("e (bytes per element)", e)
+    return F / W * (Ne - 1) / Ne / d_ff / (1.5 if swiglu else 1.0) * e / 2

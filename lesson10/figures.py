@@ -1,0 +1,529 @@
+"""The five interactive figures of the lesson (matplotlib + ipywidgets).
+
+Every figure comes in two parts:
+
+* ``draw_<name>(fig=None, **params) -> matplotlib.figure.Figure``: a pure drawing
+  function. It draws into ``fig`` (cleared first) or a new Figure, never touches
+  pyplot's global state, and works headless (tests call it with ``MPLBACKEND=Agg``).
+* ``<name>(**params) -> ipywidgets.VBox``: the interactive version. Its sliders and
+  buttons call the draw function and show the result as a PNG image, so it
+  renders the same in JupyterLab, Colab and VS Code, whatever the matplotlib backend.
+
+Colours (:data:`COLORS`): blue = computed, faint blue = computed earlier, grey = masked,
+violet = idle or replicated, magenta = split by tokens (SP) or dropped, aqua = communication.
+
+Figures: :func:`ring_rounds`, :func:`sp_strip`, :func:`block_size`,
+:func:`ulysses_grid`, :func:`moe_capacity`.
+"""
+from __future__ import annotations
+
+import io
+import textwrap
+import math
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from . import cost, layouts
+
+__all__ = [
+    "COLORS",
+    "draw_ring_rounds", "ring_rounds",
+    "draw_sp_strip", "sp_strip",
+    "draw_block_size", "block_size",
+    "draw_ulysses_grid", "ulysses_grid",
+    "draw_moe_capacity", "moe_capacity", "moe_routing", "ulysses_owner",
+]
+
+COLORS = {
+    "computed": "#2f6fdb",    # blue
+    "earlier": "#b9d0f5",     # faint blue
+    "masked": "#c8c8c8",      # grey
+    "idle": "#8e5cd9",        # violet (idle time, replicated copies)
+    "split": "#d63fb4",       # magenta (split by tokens, dropped copies)
+    "comm": "#1fb5c4",        # aqua (collectives, bytes in flight)
+    "empty": "#ffffff",
+    "edge": "#444444",
+}
+COLORS["replicated"] = COLORS["idle"]
+COLORS["dropped"] = COLORS["split"]
+
+
+def _figure(fig, size):
+    if fig is None:
+        fig = Figure(figsize=size, layout="constrained")
+    else:
+        fig.clear()
+    return fig
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    return buf.getvalue()
+
+
+def _widgets():
+    try:
+        import ipywidgets
+    except ImportError as exc:  # pragma: no cover - ipywidgets is a dependency
+        raise ImportError("the interactive figures need ipywidgets: pip install ipywidgets") from exc
+    return ipywidgets
+
+
+class _View:
+    """Glue for one interactive figure: an Image showing ``draw(fig, **state)`` and a message line."""
+
+    def __init__(self, draw, state, size):
+        w = _widgets()
+        self.draw, self.state = draw, dict(state)
+        self.fig = Figure(figsize=size, layout="constrained")
+        self.image = w.Image(format="png")
+        self.message = w.HTML()
+
+    def update(self, **changes):
+        self.state.update(changes)
+        try:
+            self.draw(self.fig, **self.state)
+        except ValueError as exc:          # bad combination of controls: say why, keep the old picture
+            self.message.value = f"<span style='color:{COLORS['split']}'>{exc}</span>"
+            return False
+        self.message.value = ""
+        self.image.value = _png(self.fig)
+        return True
+
+    def box(self, controls):
+        w = _widgets()
+        box = w.VBox([w.HBox(controls) if isinstance(controls, list) else controls, self.message, self.image])
+        box.view = self                    # tests and curious users can reach the state and figure
+        return box
+
+
+# =========================================================================== 1. ring rounds
+def _owners(s, n, layout):
+    owner = np.empty(s, dtype=int)
+    for r, pos in enumerate(layouts.shard_positions(s, n, layout)):
+        owner[pos] = r
+    return owner
+
+
+def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contiguous",
+                     round: int = 0, causal: bool = True) -> Figure:
+    """Score matrix and per-rank work of ring attention in round ``round``.
+
+    Left: the ``s x s`` score matrix (rows = queries, grouped by the rank that owns them).
+    Blue: pairs computed in this round; faint blue: in earlier rounds; grey: masked
+    (``key > query``). Right: visible pairs per rank in this round (blue, equal to
+    ``layouts.causal_work(n, layout, s)[round]``) and the idle time (violet) up to the
+    busiest rank.
+    """
+    if not 0 <= round < n:
+        raise ValueError(f"round must be in 0..{n - 1} for n = {n} ranks, got {round}")
+    owner = _owners(s, n, layout)
+    fig = _figure(fig, (9, 4.2))
+    ax, bx = fig.subplots(1, 2, width_ratios=[1.15, 1])
+
+    q, kk = np.meshgrid(np.arange(s), np.arange(s), indexing="ij")
+    k_of = (owner[q] - owner[kk]) % n          # round in which q's rank holds key kk's K/V
+    masked = (kk > q) if causal else np.zeros_like(q, dtype=bool)
+    state = np.where(masked, 0, np.where(k_of == round, 3, np.where(k_of < round, 2, 1)))
+    palette = [COLORS["masked"], COLORS["empty"], COLORS["earlier"], COLORS["computed"]]
+    from matplotlib.colors import ListedColormap
+    # rows ordered by rank, so each rank owns a horizontal band
+    order = np.argsort(owner, kind="stable")
+    ax.imshow(state[order], cmap=ListedColormap(palette), vmin=0, vmax=3, interpolation="nearest")
+    if s <= 16:
+        ax.set_xticks(range(s))
+    ax.set_yticks(range(s), [f"r{owner[i]}: q{i}" for i in order], fontsize=7 if s <= 16 else 5)
+    for r in range(1, n):
+        ax.axhline(r * s / n - 0.5, color=COLORS["edge"], lw=1)
+    ax.set_xlabel("key token")
+    ax.set_title(f"{layout}, round {round}: rank r holds K/V of rank (r-{round}) mod {n}", fontsize=9)
+    if s > 16:
+        ax.tick_params(axis="x", labelsize=6)
+
+    work = layouts.causal_work(n, layout, s=s) if causal else np.full((n, n), (s // n) ** 2)
+    this = work[round]
+    busiest = this.max()
+    bx.bar(range(n), this, color=COLORS["computed"], label="work this round")
+    bx.bar(range(n), busiest - this, bottom=this, color=COLORS["idle"], label="idle (waits)")
+    bx.set_xticks(range(n), [f"rank {r}" for r in range(n)])
+    bx.set_ylabel("visible (query, key) pairs")
+    bx.set_ylim(0, max(work.max(), 1) * 1.15)
+    so_far = layouts.ring_time(work[: round + 1])
+    bx.set_title(f"ring time so far {so_far} (total {layouts.ring_time(work)}, "
+                 f"ideal {work.sum() / n:g})", fontsize=9)
+    bx.legend(loc="upper left", fontsize=8)
+    return fig
+
+
+def ring_rounds(n: int = 4, s: int = 16, layout: str = "contiguous"):
+    """Interactive ring attention: Next round rotates the K/V blocks; switch the layout."""
+    w = _widgets()
+    view = _View(draw_ring_rounds, dict(n=n, s=s, layout=layout, round=0), (9, 4.2))
+    lay = w.ToggleButtons(options=list(layouts.LAYOUTS), value=layouts._check_layout(layout),
+                          description="layout")
+    ranks = w.IntSlider(value=n, min=2, max=8, description="ranks N_c")
+    tokens = w.IntSlider(value=s, min=4, max=64, step=4, description="tokens s")
+    nxt = w.Button(description="Next round", button_style="primary")
+
+    def on_change(_=None):
+        view.update(n=ranks.value, s=tokens.value, layout=lay.value, round=0)
+
+    def on_next(_=None):
+        view.update(round=(view.state["round"] + 1) % view.state["n"])
+
+    for control in (lay, ranks, tokens):
+        control.observe(on_change, names="value")
+    nxt.on_click(on_next)
+    view.update()
+    box = view.box(w.VBox([w.HBox([lay, nxt]), w.HBox([ranks, tokens])]))
+    box.next_round, box.layout_toggle = on_next, lay
+    return box
+
+
+# =========================================================================== 2. SP strip
+_STRIP = [  # (label, kind) in forward order; kind: "rep" replicated under TP, "tp" split by TP
+    ("LN1 input", "rep"), ("LN1 output", "rep"), ("g", "col"), ("attention\n(heads)", "tp"), ("g_bar", "row"),
+    ("dropout 1\nmask", "rep"), ("LN2 input", "rep"), ("LN2 output", "rep"), ("g", "col"),
+    ("MLP\n(columns)", "tp"), ("g_bar", "row"), ("dropout 2\nmask", "rep"),
+]
+
+
+def draw_sp_strip(fig=None, *, t: int = 4, sp: bool = False, s: int = 8192, h: int = 4096,
+                  a: int = 32, e: int = 2) -> Figure:
+    """One transformer layer as a strip of ``s x h`` boxes: the part GPU 0 stores.
+
+    Under TP the LayerNorm/dropout regions are full copies (violet) and attention/MLP
+    are split by heads/columns (blue); under TP + SP the violet boxes become token
+    shards (magenta, the top ``s/t`` rows). Aqua markers are the collectives: TP has an
+    all-reduce (AR) after each row-parallel matmul, SP a reduce-scatter (RS) there and an
+    all-gather (AG) before each column-parallel matmul. The readout shows that the
+    bytes sent are the same, and the memory is not.
+    """
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
+        raise ValueError(f"t (TP degree) must be an integer >= 1, got {t!r}")
+    fig = _figure(fig, (11, 3.4))
+    ax = fig.subplots()
+    x = 0.0
+    for label, kind in _STRIP:
+        if kind in ("col", "row"):
+            text = ("AG" if kind == "col" else "RS") if sp else ("" if kind == "col" else "AR")
+            if text:
+                ax.add_patch(Rectangle((x + 0.05, 0.35), 0.5, 0.3, color=COLORS["comm"]))
+                ax.text(x + 0.3, 0.5, text, ha="center", va="center", fontsize=9, weight="bold")
+            else:
+                ax.text(x + 0.3, 0.5, "→", ha="center", va="center", fontsize=10)
+            x += 0.6
+            continue
+        ax.add_patch(Rectangle((x, 0), 1, 1, fill=False, ec=COLORS["edge"], lw=1))
+        if kind == "tp":          # split by heads / columns: the left 1/t of the h axis
+            ax.add_patch(Rectangle((x, 0), 1 / t, 1, color=COLORS["computed"]))
+        elif sp and t > 1:        # split by tokens: the top s/t rows
+            ax.add_patch(Rectangle((x, 1 - 1 / t), 1, 1 / t, color=COLORS["split"]))
+        else:                     # a full copy on every GPU
+            ax.add_patch(Rectangle((x, 0), 1, 1, color=COLORS["replicated"]))
+        ax.text(x + 0.5, -0.12, label, ha="center", va="top", fontsize=8)
+        x += 1.2
+    ax.set_xlim(-0.1, x)
+    ax.set_ylim(-0.55, 1.25)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.text(-0.05, 1.05, "tokens s ↓, hidden h →", fontsize=8, va="bottom")
+
+    nbytes = s * h * e
+    if sp:
+        sent = 2 * cost.reduce_scatter_bytes(nbytes, t) + 2 * cost.all_gather_bytes(nbytes, t)
+        recipe = "2 RS + 2 AG"
+    else:
+        sent = 2 * cost.all_reduce_bytes(nbytes, t)
+        recipe = "2 AR"
+    memory = cost.activation_bytes(s, 1, h, a, t=t, sp=sp)
+    ax.set_title(f"{'TP + SP' if sp else 'TP'}, t = {t}: sent per GPU per layer (forward) = {recipe} = "
+                 f"{sent / 1e6:.1f} MB;  activations stored = {memory / 1e6:.0f} MB "
+                 f"(s = {s}, h = {h}, FlashAttention)", fontsize=9)
+    fig.sp_strip_bytes = sent
+    return fig
+
+
+def sp_strip(t: int = 4):
+    """Interactive SP strip: switch TP / TP + SP and move the TP degree."""
+    w = _widgets()
+    view = _View(draw_sp_strip, dict(t=t, sp=False), (11, 3.4))
+    mode = w.ToggleButtons(options=["TP", "TP + SP"], value="TP", description="mode")
+    degree = w.IntSlider(value=t, min=1, max=16, description="TP degree t")
+
+    def on_change(_=None):
+        view.update(t=degree.value, sp=mode.value == "TP + SP")
+
+    mode.observe(on_change, names="value")
+    degree.observe(on_change, names="value")
+    view.update()
+    box = view.box([mode, degree])
+    box.mode_toggle, box.degree_slider = mode, degree
+    return box
+
+
+# =========================================================================== 3. block size
+def draw_block_size(fig=None, *, h: int = 4096, link="InfiniBand", g: int = 1, causal: bool = False,
+                    gpu="H100", c: float | None = None, e: int = 2) -> Figure:
+    """Compute time per ring round (blue, ``4c^2h/F``, half with a causal mask) against the K/V
+    transfer time (aqua, ``4ch/(gW)``) over the block size ``c``, on log axes. The dashed line
+    is ``c* = cost.min_block_size``: left of it the transfer is exposed (shaded), right of it
+    hidden. ``c*`` does not depend on ``h``."""
+    F, W = cost.peak_flops(gpu), cost.link_bandwidth(link)
+    c_star = cost.min_block_size(F, W, causal=causal, g=g, e=e)
+    fig = _figure(fig, (7, 4))
+    ax = fig.subplots()
+    cs = np.geomspace(128, 262_144, 200)
+    compute = np.array([cost.ring_round_times(x, h, F, W, causal=causal, g=g, e=e)[0] for x in cs])
+    transfer = np.array([cost.ring_round_times(x, h, F, W, causal=causal, g=g, e=e)[1] for x in cs])
+    ax.loglog(cs, compute * 1e3, color=COLORS["computed"], lw=2, label="compute per round")
+    ax.loglog(cs, transfer * 1e3, color=COLORS["comm"], lw=2, label="K/V transfer per round")
+    ax.axvline(c_star, color=COLORS["edge"], ls="--", lw=1)
+    ax.axvspan(cs[0], min(c_star, cs[-1]), color=COLORS["split"], alpha=0.08, label="transfer exposed")
+    ax.text(c_star, ax.get_ylim()[1], f" c* = {c_star:,.0f}", va="top", fontsize=9)
+    if c is not None:
+        tc, tt = cost.ring_round_times(c, h, F, W, causal=causal, g=g, e=e)
+        ax.plot([c, c], [tc * 1e3, tt * 1e3], "o", color=COLORS["edge"])
+        verdict = "hidden" if tc >= tt else "exposed"
+        ax.set_title(f"c = {c:,.0f}: compute {tc * 1e3:.3g} ms, transfer {tt * 1e3:.3g} ms ({verdict})",
+                     fontsize=9)
+    else:
+        ax.set_title(f"{gpu} over {link}, h = {h}, g = {g}{', causal' if causal else ''}", fontsize=9)
+    ax.set_xlabel("block size c (tokens per rank)")
+    ax.set_ylabel("time per round (ms)")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.c_star = c_star
+    return fig
+
+
+def block_size(h: int = 4096, link: str = "InfiniBand", g: int = 1, causal: bool = False):
+    """Interactive minimum block size: move c, switch the link, GQA group and causal mask."""
+    w = _widgets()
+    view = _View(draw_block_size, dict(h=h, link=link, g=g, causal=causal, c=16_384), (7, 4))
+    c_slider = w.IntSlider(value=16_384, min=512, max=131_072, step=512, description="block c")
+    h_slider = w.Dropdown(options=[1024, 2048, 4096, 8192, 16384], value=h, description="hidden h")
+    link_toggle = w.ToggleButtons(options=[k for k, v in cost.HARDWARE.items() if v["kind"] == "link"],
+                                  value=link, description="link")
+    g_slider = w.Dropdown(options=[1, 2, 4, 8], value=g, description="GQA g")
+    causal_box = w.Checkbox(value=causal, description="causal mask")
+
+    def on_change(_=None):
+        view.update(c=c_slider.value, h=h_slider.value, link=link_toggle.value, g=g_slider.value,
+                    causal=causal_box.value)
+
+    for control in (c_slider, h_slider, link_toggle, g_slider, causal_box):
+        control.observe(on_change, names="value")
+    view.update()
+    return view.box(w.VBox([w.HBox([c_slider, h_slider]), link_toggle, w.HBox([g_slider, causal_box])]))
+
+
+# =========================================================================== 4. Ulysses grid
+def ulysses_owner(n: int, s: int, heads: int, state: str = "sequence") -> np.ndarray:
+    """Rank holding each (token, head) cell, shape ``(s, heads)``: by token blocks of ``s/n``
+    (``state="sequence"``) or by head groups of ``heads/n`` (``state="heads"``)."""
+    if state not in ("sequence", "heads"):
+        raise ValueError(f"state must be 'sequence' or 'heads', got {state!r}")
+    for name, value in (("s (tokens)", s), ("heads", heads)):
+        if value % n:
+            raise ValueError(f"{name} = {value} does not split over n = {n} ranks; use a multiple of {n}")
+    tok, head = np.meshgrid(np.arange(s), np.arange(heads), indexing="ij")
+    return tok // (s // n) if state == "sequence" else head // (heads // n)
+
+
+def draw_ulysses_grid(fig=None, *, n: int = 4, s: int = 8, heads: int = 8, kv_heads: int = 8,
+                      state: str = "sequence", rank: int = 0, arrived: bool | None = None) -> Figure:
+    """One tensor as a (token x head) grid; each cell shows the rank that holds it.
+
+    ``state="sequence"``: rank r holds token block r (a row band); ``"heads"``: after the
+    all-to-all it holds head group r for all tokens (a column band). Cells of ``rank`` are
+    magenta; cells that arrived over the network in the last all-to-all have an aqua border
+    (``arrived``: default True in the ``"heads"`` state, i.e. after the first all-to-all).
+    The K/V strip shows which ranks need each K/V head: with ``kv_heads < n`` whole K/V heads
+    must be copied (violet) and a warning names the limit.
+    """
+    if n < 1 or heads % kv_heads:
+        raise ValueError(f"heads = {heads} must be a multiple of kv_heads = {kv_heads}")
+    if not 0 <= rank < n:
+        raise ValueError(f"rank must be in 0..{n - 1}, got {rank}")
+    if arrived is None:
+        arrived = state == "heads"
+    owner = ulysses_owner(n, s, heads, state)
+    before = ulysses_owner(n, s, heads, "heads" if state == "sequence" else "sequence")
+    fig = _figure(fig, (7.5, 5))
+    ax, kx = fig.subplots(2, 1, height_ratios=[s, 1.6])
+    for i in range(s):
+        for j in range(heads):
+            mine = owner[i, j] == rank
+            ax.add_patch(Rectangle((j, i), 1, 1, fc=COLORS["split"] if mine else COLORS["empty"],
+                                   ec=COLORS["edge"], lw=0.5))
+            if arrived and owner[i, j] != before[i, j]:
+                ax.add_patch(Rectangle((j + 0.06, i + 0.06), 0.88, 0.88, fill=False,
+                                       ec=COLORS["comm"], lw=2))
+            ax.text(j + 0.5, i + 0.5, str(owner[i, j]), ha="center", va="center", fontsize=8,
+                    color="white" if mine else "black")
+    ax.set_xlim(0, heads)
+    ax.set_ylim(s, 0)
+    ax.set_xticks(np.arange(heads) + 0.5, range(heads))
+    ax.set_yticks(np.arange(s) + 0.5, range(s))
+    ax.set_aspect("equal")
+    ax.set_xlabel("head")
+    ax.set_ylabel("token")
+    kept = s * heads // n // n
+    ax.set_title(f"{'sequence sharding' if state == 'sequence' else 'head sharding (after all-to-all)'}: "
+                 f"each rank keeps {kept} cells, sends {(n - 1) * kept}", fontsize=9)
+
+    # K/V heads: which ranks need each one in head sharding (query head j uses K/V head j // g)
+    g = heads // kv_heads
+    needed_by = [sorted({j // (heads // n) for j in range(heads) if j // g == kv}) for kv in range(kv_heads)]
+    for kv, ranks_ in enumerate(needed_by):
+        shared = len(ranks_) > 1
+        kx.add_patch(Rectangle((kv, 0), 1, 1, fc=COLORS["replicated"] if shared else COLORS["earlier"],
+                               ec=COLORS["edge"], lw=0.5))
+        kx.text(kv + 0.5, 0.5, ",".join(map(str, ranks_)), ha="center", va="center", fontsize=8)
+    kx.set_xlim(0, max(kv_heads, 1))
+    kx.set_ylim(1, 0)
+    kx.set_yticks([])
+    kx.set_xticks(np.arange(kv_heads) + 0.5, range(kv_heads))
+    kx.set_xlabel("K/V head (label: ranks that need it)")
+    warning = ""
+    if kv_heads < n:
+        warning = (f"warning: {n} ranks but only {kv_heads} K/V heads. Each rank needs whole K/V heads, "
+                   f"so Ulysses alone scales to {kv_heads} ranks; copy K/V heads (more bytes) "
+                   f"or combine with ring attention")
+        kx.set_title(textwrap.fill(warning, 90), fontsize=8, color=COLORS["split"])
+    fig.ulysses_warning = warning
+    return fig
+
+
+def ulysses_grid(n: int = 4, s: int = 8, heads: int = 8, kv_heads: int = 8):
+    """Interactive Ulysses: All-to-all toggles sequence <-> head sharding; pick a rank, K/V heads."""
+    w = _widgets()
+    view = _View(draw_ulysses_grid, dict(n=n, s=s, heads=heads, kv_heads=kv_heads, state="sequence",
+                                         rank=0), (7.5, 5))
+    a2a = w.Button(description="All-to-all", button_style="primary")
+    rank = w.IntSlider(value=0, min=0, max=n - 1, description="rank")
+    kv = w.Dropdown(options=[d for d in range(1, heads + 1) if heads % d == 0], value=kv_heads,
+                    description="K/V heads")
+
+    def on_a2a(_=None):
+        view.update(state="heads" if view.state["state"] == "sequence" else "sequence", arrived=True)
+
+    def on_change(_=None):
+        view.update(rank=rank.value, kv_heads=kv.value)
+
+    a2a.on_click(on_a2a)
+    rank.observe(on_change, names="value")
+    kv.observe(on_change, names="value")
+    view.update()
+    box = view.box([a2a, rank, kv])
+    box.all_to_all = on_a2a
+    box.kv_dropdown = kv
+    return box
+
+
+# =========================================================================== 5. MoE capacity
+def moe_routing(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float = 0.0,
+                capacity_factor: float | None = 1.25, seed: int = 0) -> dict:
+    """Route ``N = Ne * T`` tokens (``T`` per GPU, as in the lesson) to ``k`` distinct experts.
+
+    Same skew model as :func:`lesson10.sim.simulate_moe`: expert ``i`` has a popularity
+    ``u_i`` (standard normal, from ``seed``) and token scores are ``skew * u_i`` plus
+    standard Gumbel noise; ``skew = 0`` is uniform top-k. Routing, capacity
+    ``C = ceil(CF * k * N / E)`` and first-come-first-served drops in global token order
+    (GPU 0's tokens first) use ``lesson10.sim.moe``; ``capacity_factor=None``: no limit.
+
+    Returns a dict: ``experts`` (N, k), ``arrival`` (N, k) = place of each copy in its
+    expert's queue, ``kept`` (N, k) bool, ``capacity`` (int or None), ``received_per_expert``
+    (all copies), ``load_per_expert`` and ``load_per_gpu`` (computed copies), ``drop_rate``.
+    """
+    from .sim import moe as sim_moe
+
+    for name, value in (("E", E), ("Ne", Ne), ("T (tokens per GPU)", T)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if E % Ne:
+        raise ValueError(f"E = {E} experts do not split over Ne = {Ne} GPUs; use E a multiple of Ne")
+    if not math.isfinite(skew) or skew < 0:
+        raise ValueError(f"skew must be a finite number >= 0, got {skew!r}")
+    N = Ne * T
+    capacity = sim_moe.expert_capacity(N, E, k, capacity_factor)   # validates k and CF
+    pop_seq, route_seq = np.random.SeedSequence(seed).spawn(2)
+    popularity = np.random.default_rng(pop_seq).standard_normal(E)
+    logits = skew * popularity + np.random.default_rng(route_seq).gumbel(size=(N, E))
+    experts, _ = sim_moe.route_topk(logits, k)
+    kept = sim_moe.capacity_keep(experts, E, capacity)
+    flat = experts.ravel()
+    counts = np.bincount(flat, minlength=E)
+    order = np.argsort(flat, kind="stable")                 # token-major = arrival order
+    arrival = np.empty(flat.size, dtype=np.int64)
+    arrival[order] = np.arange(flat.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    load_expert = np.bincount(flat[kept.ravel()], minlength=E)
+    return {
+        "experts": experts, "arrival": arrival.reshape(N, k), "kept": kept, "capacity": capacity,
+        "received_per_expert": counts, "load_per_expert": load_expert,
+        "load_per_gpu": load_expert.reshape(Ne, E // Ne).sum(axis=1),
+        "drop_rate": 1.0 - kept.mean(), "popularity": popularity,
+    }
+
+
+def draw_moe_capacity(fig=None, *, E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float = 0.0,
+                      capacity_factor: float | None = 1.25, seed: int = 0) -> Figure:
+    """Top: every (token, expert) copy as a dot stacked on its expert in arrival order; the
+    dashed line is the capacity, blue copies are computed, magenta copies dropped. Bottom:
+    the computed load of each GPU (blue) and the time the others wait for the busiest (violet)."""
+    r = moe_routing(E=E, Ne=Ne, k=k, T=T, skew=skew, capacity_factor=capacity_factor, seed=seed)
+    fig = _figure(fig, (8, 5.5))
+    ax, bx = fig.subplots(2, 1, height_ratios=[2.2, 1])
+    flat, arrival, kept = r["experts"].ravel(), r["arrival"].ravel(), r["kept"].ravel()
+    cols = 4                                               # dots side by side per expert
+    x = flat + (arrival % cols - (cols - 1) / 2) * 0.18
+    y = arrival // cols
+    ax.scatter(x[kept], y[kept], s=6, color=COLORS["computed"], label="computed")
+    ax.scatter(x[~kept], y[~kept], s=6, color=COLORS["dropped"], label="dropped")
+    if r["capacity"] is not None:
+        ax.axhline(r["capacity"] / cols - 0.5, color=COLORS["edge"], ls="--", lw=1,
+                   label=f"capacity C = {r['capacity']}")
+    ax.set_xticks(range(E), [f"e{i}" for i in range(E)])
+    ax.set_ylabel(f"place in the expert's queue (/{cols})")
+    for gpu in range(1, Ne):
+        ax.axvline(gpu * E // Ne - 0.5, color=COLORS["masked"], lw=1)
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title(f"N = {Ne * T} tokens, top-{k}, skew {skew:g}: dropped {100 * r['drop_rate']:.1f}% "
+                 f"of copies", fontsize=9)
+    load = r["load_per_gpu"]
+    busiest = load.max()
+    bx.bar(range(Ne), load, color=COLORS["computed"], label="copies computed")
+    bx.bar(range(Ne), busiest - load, bottom=load, color=COLORS["idle"], label="waiting")
+    bx.set_xticks(range(Ne), [f"GPU {i}" for i in range(Ne)])
+    bx.set_ylim(0, max(busiest, 1) * 1.4)
+    mean = load.mean()
+    bx.set_title(f"max/mean load = {busiest / mean:.2f}" if mean > 0 else "no load", fontsize=9)
+    bx.legend(loc="upper right", fontsize=8)
+    fig.moe_routing = r
+    return fig
+
+
+def moe_capacity(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float = 0.0,
+                 capacity_factor: float | None = 1.25):
+    """Interactive MoE capacity: move the router skew and the capacity factor ("none" = no limit)."""
+    w = _widgets()
+    view = _View(draw_moe_capacity, dict(E=E, Ne=Ne, k=k, T=T, skew=skew, capacity_factor=capacity_factor),
+                 (8, 5.5))
+    skew_slider = w.FloatSlider(value=skew, min=0.0, max=6.0, step=0.25, description="router skew")
+    options = [("none", None), ("1.0", 1.0), ("1.25", 1.25), ("1.5", 1.5), ("2.0", 2.0)]
+    if capacity_factor not in [v for _, v in options]:
+        options.append((f"{capacity_factor:g}", capacity_factor))
+    cf = w.Dropdown(options=options, value=capacity_factor, description="capacity factor")
+
+    def on_change(_=None):
+        view.update(skew=skew_slider.value, capacity_factor=cf.value)
+
+    skew_slider.observe(on_change, names="value")
+    cf.observe(on_change, names="value")
+    view.update()
+    box = view.box([skew_slider, cf])
+    box.skew_slider, box.cf_dropdown = skew_slider, cf
+    return box

@@ -1,0 +1,212 @@
+"""A simulated process group: every rank is one entry of a Python list.
+
+``SimGroup(n, e)`` runs the collectives of lesson 7 on lists of NumPy arrays
+(``xs[r]`` is what rank ``r`` holds) and keeps a byte ledger: ``bytes_sent[r]``
+is what rank ``r`` has put on the wire so far, counted at the cost of the ring
+algorithms and with ``e`` bytes per element (2 = bf16), whatever the dtype of the
+simulated arrays (float64 here, so that results are exact to ~1e-16).
+
+Bytes per rank for a tensor of ``M`` elements (the full, unsharded size):
+
+==================  ====================================
+all_reduce          ``2 (n-1)/n * M * e``
+reduce_scatter      ``(n-1)/n * M * e``   (M = size of each input)
+all_gather          ``(n-1)/n * M * e``   (M = size of the gathered output)
+all_to_all          the blocks a rank sends to *other* ranks
+ring_shift          the whole block a rank sends to its neighbour
+==================  ====================================
+
+The module also has :func:`shard_sequence` / :func:`gather_sequence`, which cut
+one sequence ``(s, ...)`` into the per-rank shards of a layout and put it back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..layouts import shard_positions
+
+__all__ = ["SimGroup", "CommRecord", "shard_sequence", "gather_sequence", "check_shards"]
+
+
+@dataclass(frozen=True)
+class CommRecord:
+    """One collective in the ledger: its name and the bytes each rank sent."""
+    op: str
+    bytes_sent: np.ndarray
+
+
+class SimGroup:
+    """``n`` simulated ranks with collectives and a per-rank byte ledger.
+
+    Every collective takes a list with one entry per rank and returns a list with
+    one (new) array per rank; inputs are never modified. ``bytes_sent`` is a float
+    array of shape ``(n,)``; ``history`` lists one :class:`CommRecord` per call.
+    """
+
+    def __init__(self, n: int, e: float = 2):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"a SimGroup needs an integer number of ranks n >= 1, got {n!r}")
+        if isinstance(e, bool) or not np.isscalar(e) or not np.isfinite(e) or e <= 0:
+            raise ValueError(f"e (bytes per element) must be a positive number, got {e!r}")
+        self.n = int(n)
+        self.e = e
+        self.reset()
+
+    def __repr__(self) -> str:
+        return f"SimGroup(n={self.n}, e={self.e}, bytes_sent={self.bytes_sent.tolist()})"
+
+    def reset(self) -> None:
+        """Zero the byte ledger and forget the history."""
+        self.bytes_sent = np.zeros(self.n)
+        self.history: list[CommRecord] = []
+
+    # ------------------------------------------------------------------ helpers
+    def _record(self, op: str, sent) -> None:
+        sent = np.asarray(sent, dtype=float)
+        self.bytes_sent = self.bytes_sent + sent
+        self.history.append(CommRecord(op, sent))
+
+    def _per_rank(self, xs, op: str) -> list[np.ndarray]:
+        """Check ``xs`` has one array per rank and all of them have the same shape."""
+        return check_shards(xs, op, self.n)
+
+    def _axis(self, axis: int, ndim: int, op: str) -> int:
+        if ndim == 0:
+            raise ValueError(f"{op}: needs arrays with at least one dimension, got scalars")
+        if not -ndim <= axis < ndim:
+            raise ValueError(f"{op}: axis {axis} is out of range for arrays with {ndim} dimensions")
+        return axis % ndim
+
+    @staticmethod
+    def _sum(xs) -> np.ndarray:
+        """Sum in rank order 0, 1, ..., n-1 (the same order for every collective, so
+        all_reduce and reduce_scatter + all_gather give bit-identical numbers)."""
+        acc = np.array(xs[0], dtype=np.result_type(*xs), copy=True)
+        for x in xs[1:]:
+            acc += x
+        return acc
+
+    # ------------------------------------------------------------------ collectives
+    def all_reduce(self, xs) -> list[np.ndarray]:
+        """Every rank gets ``sum_r xs[r]``. Sends ``2 (n-1)/n * M e`` bytes per rank."""
+        xs = self._per_rank(xs, "all_reduce")
+        total = self._sum(xs)
+        n = self.n
+        self._record("all_reduce", np.full(n, 2 * (n - 1) / n * total.size * self.e))
+        return [total.copy() for _ in range(n)]
+
+    def reduce_scatter(self, xs, axis: int = 0) -> list[np.ndarray]:
+        """Rank ``r`` gets block ``r`` (of ``n`` equal blocks along ``axis``) of ``sum_r xs[r]``.
+
+        Input ``(..., L, ...)`` per rank with ``L % n == 0``; output ``(..., L/n, ...)``.
+        Sends ``(n-1)/n * M e`` bytes per rank (``M`` = size of one input).
+        """
+        xs = self._per_rank(xs, "reduce_scatter")
+        axis = self._axis(axis, xs[0].ndim, "reduce_scatter")
+        L = xs[0].shape[axis]
+        if L % self.n:
+            raise ValueError(f"reduce_scatter: axis {axis} has length {L}, which does not split "
+                             f"into n = {self.n} equal blocks; pad it to a multiple of {self.n}")
+        total = self._sum(xs)
+        n = self.n
+        self._record("reduce_scatter", np.full(n, (n - 1) / n * total.size * self.e))
+        return [b.copy() for b in np.split(total, n, axis=axis)]
+
+    def all_gather(self, xs, axis: int = 0) -> list[np.ndarray]:
+        """Every rank gets the concatenation of ``xs[0], ..., xs[n-1]`` along ``axis``.
+
+        Sends ``(n-1)/n * M e`` bytes per rank (``M`` = size of the gathered result),
+        i.e. its own block to each of the ``n-1`` others along the ring.
+        """
+        xs = self._per_rank(xs, "all_gather")
+        axis = self._axis(axis, xs[0].ndim, "all_gather")
+        full = np.concatenate(xs, axis=axis)
+        n = self.n
+        self._record("all_gather", np.full(n, (n - 1) / n * full.size * self.e))
+        return [full.copy() for _ in range(n)]
+
+    def all_to_all(self, blocks) -> list[list[np.ndarray]]:
+        """``blocks[i][j]`` goes from rank ``i`` to rank ``j``; returns ``out`` with
+        ``out[j][i] = blocks[i][j]`` (rank ``j`` receives one block from every rank).
+
+        Blocks may have different shapes (an MoE dispatch sends as many tokens as were
+        routed). Rank ``i`` sends ``sum_{j != i} blocks[i][j].size * e`` bytes: the block
+        it keeps costs nothing.
+        """
+        n = self.n
+        if not isinstance(blocks, (list, tuple)) or len(blocks) != n or any(
+                not isinstance(row, (list, tuple)) or len(row) != n for row in blocks):
+            raise ValueError(f"all_to_all: pass an n x n nested list (n = {self.n}): blocks[i][j] "
+                             "is the array rank i sends to rank j")
+        arrs = [[np.asarray(b) for b in row] for row in blocks]
+        sent = [sum(arrs[i][j].size for j in range(n) if j != i) * self.e for i in range(n)]
+        self._record("all_to_all", sent)
+        return [[arrs[i][j].copy() for i in range(n)] for j in range(n)]
+
+    def ring_shift(self, xs) -> list[np.ndarray]:
+        """Rank ``r`` sends its block to rank ``r+1`` (mod n); returns what each rank
+        receives: ``out[r] = xs[r-1]``. Sends ``xs[r].size * e`` bytes per rank."""
+        xs = self._per_rank(xs, "ring_shift")
+        n = self.n
+        sent = np.full(n, xs[0].size * self.e if n > 1 else 0)
+        self._record("ring_shift", sent)
+        return [xs[(r - 1) % n].copy() for r in range(n)]
+
+
+def shard_sequence(x, n: int, layout: str = "contiguous"):
+    """Split one sequence ``x`` of shape ``(s, ...)`` over ``n`` ranks.
+
+    Returns ``(shards, positions)``: ``shards[r] = x[positions[r]]`` and
+    ``positions = layouts.shard_positions(s, n, layout)`` (the global token ids of
+    rank ``r``). Raises ``ValueError`` when ``s`` does not fit the layout (e.g. zig-zag
+    needs ``s`` divisible by ``2 n``).
+    """
+    x = np.asarray(x)
+    if x.ndim == 0:
+        raise ValueError("shard_sequence: x must have a token axis first, shape (s, ...)")
+    positions = shard_positions(x.shape[0], n, layout)
+    return [x[p] for p in positions], positions
+
+
+def gather_sequence(shards, positions) -> np.ndarray:
+    """Inverse of :func:`shard_sequence`: put the rows of ``shards[r]`` back at the
+    global token ids ``positions[r]``; returns the full ``(s, ...)`` array."""
+    if len(shards) != len(positions):
+        raise ValueError(f"gather_sequence: {len(shards)} shards but {len(positions)} position arrays")
+    pos = np.concatenate([np.asarray(p) for p in positions])
+    _check_permutation(pos, "gather_sequence")
+    for r, (x, p) in enumerate(zip(shards, positions)):
+        if np.shape(x)[:1] != (len(p),):
+            raise ValueError(f"gather_sequence: rank {r} holds {np.shape(x)[:1]} tokens but "
+                             f"{len(p)} positions")
+    data = np.concatenate([np.asarray(x) for x in shards])
+    out = np.empty_like(data)
+    out[pos] = data
+    return out
+
+
+def check_shards(xs, name: str, n: int | None = None) -> list[np.ndarray]:
+    """Check that ``xs`` is a list of one array per rank (``n`` of them if given), all of
+    the same shape; return them as arrays. Raises a ``ValueError`` naming the ranks."""
+    if not isinstance(xs, (list, tuple)) or len(xs) == 0:
+        raise ValueError(f"{name}: pass a non-empty list with one array per rank")
+    if n is not None and len(xs) != n:
+        raise ValueError(f"{name}: got {len(xs)} shards for a group of n = {n} ranks; "
+                         "pass exactly one array per rank")
+    xs = [np.asarray(x) for x in xs]
+    for r, x in enumerate(xs):
+        if x.shape != xs[0].shape:
+            raise ValueError(f"{name}: shards of different shapes: rank 0 has {xs[0].shape}, "
+                             f"rank {r} has {x.shape}; every rank must hold the same shape")
+    return xs
+
+
+def _check_permutation(pos: np.ndarray, where: str) -> None:
+    """The concatenated positions of all ranks must be the token ids 0..s-1, each once."""
+    s = pos.size
+    if pos.ndim != 1 or not np.issubdtype(pos.dtype, np.integer) or (
+            s and (pos.min() < 0 or pos.max() >= s or np.bincount(pos, minlength=s).max() > 1)):
+        raise ValueError(f"{where}: the positions of all ranks together must hold every token id "
+                         f"0..{s - 1} exactly once (use layouts.shard_positions)")

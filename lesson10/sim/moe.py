@@ -1,0 +1,476 @@
+"""Mixture of experts with expert parallelism (EP), simulated.
+
+Conventions used throughout this module:
+
+* **Routing** (:func:`route_topk`): each token picks the ``k`` experts with the largest
+  router scores (``logits``, plus an optional per-expert ``bias`` that affects the
+  choice only); ties go to the lower expert id. The chosen experts are listed in
+  order of preference (best first). The gates are a softmax over the ``k`` chosen
+  *logits* (Mixtral style; they sum to 1, the bias never enters them).
+* **Capacity** (:func:`expert_capacity`): with a capacity factor ``CF`` every expert
+  accepts at most ``C = ceil(CF * k * N / E)`` copies, ``N`` = tokens routed together
+  (all ranks). ``CF=None`` means no limit.
+* **Drops** (:func:`capacity_keep`): first come, first served in global token order:
+  rank 0's tokens first, each rank's tokens in order, and for one token its choices
+  in order of preference (which never matters: a token's ``k`` experts are distinct).
+  A dropped copy contributes nothing: the layer output of that token lacks that
+  expert's term and the token passes on through the residual connection. The gates
+  of the kept copies are *not* renormalised (Switch Transformer).
+* **Experts**: a list of ``E`` entries, each either a ``(W1, W2)`` pair with ``W1 (h,
+  d_ff)`` and ``W2 (d_ff, h)``, giving the two-matrix MLP ``relu(x W1) W2``, or any
+  callable mapping ``(m, h) -> (m, h)``. Expert ``i`` lives on rank ``i // (E/N_e)``.
+* **Bytes**: every copy of a token vector that goes to another rank costs ``h e``
+  bytes in the dispatch (sent by the token's rank) and ``h e`` in the combine (sent
+  back by the expert's rank). Dropped copies are not sent. The routing metadata
+  (expert ids, a few integers per copy) is not counted.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+from .. import cost
+from .comm import SimGroup, check_shards
+
+__all__ = [
+    "route_topk", "router_probs", "expert_capacity", "capacity_keep", "apply_expert",
+    "init_experts", "moe_reference", "moe_layer", "simulate_moe", "MoEStats",
+    "switch_aux_loss", "update_expert_bias",
+]
+
+
+# --------------------------------------------------------------------------- routing
+def _check_k(k, E: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+        raise ValueError(f"k (experts per token) must be an integer >= 1, got {k!r}")
+    if k > E:
+        raise ValueError(f"k = {k} experts per token is more than the E = {E} experts there are; "
+                         f"use k <= E")
+    return int(k)
+
+
+def router_probs(logits) -> np.ndarray:
+    """Softmax of the router logits over all ``E`` experts: ``(T, E) -> (T, E)``."""
+    logits = np.asarray(logits, dtype=float)
+    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def route_topk(logits, k: int, bias=None):
+    """Top-``k`` routing. ``logits (T, E)`` -> ``(experts (T, k) int, gates (T, k))``.
+
+    ``experts[t]`` are the ``k`` largest entries of ``logits[t] + bias`` (best first, ties to
+    the lower id); ``gates[t] = softmax(logits[t, experts[t]])`` (no bias in the gates).
+    """
+    logits = np.asarray(logits, dtype=float)
+    if logits.ndim != 2:
+        raise ValueError(f"logits must be (tokens, experts), got shape {logits.shape}")
+    T, E = logits.shape
+    k = _check_k(k, E)
+    scores = logits
+    if bias is not None:
+        bias = np.asarray(bias, dtype=float)
+        if bias.shape != (E,):
+            raise ValueError(f"bias must have one entry per expert, shape ({E},), got {bias.shape}")
+        scores = logits + bias
+    experts = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    chosen = np.take_along_axis(logits, experts, axis=1)
+    z = np.exp(chosen - chosen.max(axis=1, keepdims=True)) if T else chosen
+    gates = z / z.sum(axis=1, keepdims=True) if T else chosen
+    return experts, gates
+
+
+def expert_capacity(N: int, E: int, k: int, capacity_factor=None):
+    """``C = ceil(CF * k * N / E)`` copies per expert, or ``None`` without a capacity factor.
+
+    The factor is read as the decimal number it was written as (``1.1`` is 11/10), so
+    that ``C`` is not off by one because of binary rounding.
+    """
+    if capacity_factor is None:
+        return None
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, numbers.Real) \
+            or not math.isfinite(capacity_factor) or capacity_factor <= 0:
+        raise ValueError(f"capacity_factor must be a number > 0 (or None for no limit), "
+                         f"got {capacity_factor!r}")
+    cf = Fraction(repr(float(capacity_factor)))
+    return math.ceil(cf * k * N / E)
+
+
+def capacity_keep(experts, E: int, capacity) -> np.ndarray:
+    """Which copies an expert accepts, first come first served. ``experts (N, k)`` in
+    global token order -> bool ``(N, k)``; copy ``(t, j)`` is kept if fewer than ``capacity``
+    earlier copies (row-major order) chose the same expert. ``capacity=None``: all kept."""
+    experts = np.asarray(experts)
+    if capacity is None:
+        return np.ones(experts.shape, dtype=bool)
+    flat = experts.ravel()
+    if E < np.iinfo(np.int16).max:
+        flat = flat.astype(np.int16)                    # stable sort on int16 is a radix sort
+    order = np.argsort(flat, kind="stable")             # copies grouped by expert, in arrival order
+    by_expert = flat[order]
+    starts = np.searchsorted(by_expert, np.arange(E, dtype=flat.dtype))  # first copy of each expert
+    arrival = np.arange(flat.size) - starts[by_expert]  # rank of each copy within its expert
+    keep = np.ones(flat.size, dtype=bool)
+    keep[order[arrival >= capacity]] = False            # the late copies of full experts
+    return keep.reshape(experts.shape)
+
+
+# --------------------------------------------------------------------------- experts
+def apply_expert(expert, x) -> np.ndarray:
+    """Run one expert on ``x (m, h)``: ``relu(x W1) W2`` for a ``(W1, W2)`` pair, or
+    ``expert(x)`` for a callable. An empty batch gives an empty ``(0, h)`` result."""
+    x = np.asarray(x)
+    if x.shape[0] == 0:
+        return np.zeros_like(x, dtype=float)
+    if callable(expert):
+        y = np.asarray(expert(x))
+    else:
+        try:
+            W1, W2 = expert
+        except (TypeError, ValueError):
+            raise ValueError("an expert must be a (W1, W2) pair of weights or a callable") from None
+        y = np.maximum(x @ W1, 0.0) @ W2
+    if y.shape != x.shape:
+        raise ValueError(f"an expert must map (m, h) -> (m, h); got {x.shape} -> {y.shape}")
+    return y
+
+
+def init_experts(E: int, h: int, d_ff: int, seed: int = 0) -> list:
+    """``E`` random two-matrix experts ``(W1 (h, d_ff), W2 (d_ff, h))``, variance-scaled."""
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((h, d_ff)) / np.sqrt(h),
+             rng.standard_normal((d_ff, h)) / np.sqrt(d_ff)) for _ in range(E)]
+
+
+def _check_router(router_w, h: int, experts) -> int:
+    router_w = np.asarray(router_w)
+    if router_w.ndim != 2 or router_w.shape[0] != h:
+        raise ValueError(f"router_w must be (h, E) = ({h}, E), got shape {router_w.shape}")
+    E = router_w.shape[1]
+    if len(experts) != E:
+        raise ValueError(f"router_w scores E = {E} experts but {len(experts)} experts were given")
+    return E
+
+
+# --------------------------------------------------------------------------- reference
+def moe_reference(x, router_w, experts, k: int, capacity_factor=None, bias=None) -> np.ndarray:
+    """The MoE layer on one device. ``x (N, h)`` holds all tokens in global order
+    (rank 0's first). ``y[t] = sum_j gates[t, j] * expert_{experts[t, j]}(x[t])`` over the
+    kept copies. Returns ``y (N, h)`` (the residual is not added)."""
+    x = np.asarray(x, dtype=float)
+    if x.ndim != 2:
+        raise ValueError(f"x must be (tokens, h), got shape {x.shape}")
+    E = _check_router(router_w, x.shape[1], experts)
+    chosen, gates = route_topk(x @ router_w, k, bias)
+    keep = capacity_keep(chosen, E, expert_capacity(x.shape[0], E, k, capacity_factor))
+    y = np.zeros_like(x)
+    for i in range(E):
+        rows, slots = np.nonzero((chosen == i) & keep)
+        y[rows] += gates[rows, slots, None] * apply_expert(experts[i], x[rows])
+    return y
+
+
+# --------------------------------------------------------------------------- expert parallel
+def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=None,
+              bias=None, return_stats: bool = False):
+    """Expert-parallel MoE over ``N_e = len(x_shards)`` simulated ranks.
+
+    ``x_shards[r]``: the ``T`` tokens ``(T, h)`` of rank ``r``. ``router_w (h, E)``, ``E``
+    experts (see the module docstring), ``E % N_e == 0``; rank ``r`` holds experts
+    ``r E/N_e .. (r+1) E/N_e - 1``. Steps: route locally, dispatch (all-to-all), run the
+    local experts, combine (all-to-all), weighted sum. Returns ``y_shards`` (``(T, h)``
+    each), equal to :func:`moe_reference` on the concatenated tokens; with
+    ``return_stats=True`` also a dict with the capacity, drops and loads.
+    """
+    xs = [np.asarray(x, dtype=float) for x in check_shards(x_shards, "moe_layer")]
+    n = len(xs)
+    if xs[0].ndim != 2:
+        raise ValueError(f"moe_layer: each shard must be (tokens, h), got {xs[0].shape}")
+    T, h = xs[0].shape
+    E = _check_router(router_w, h, experts)
+    k = _check_k(k, E)
+    if E % n:
+        raise ValueError(f"moe_layer: E = {E} experts do not split over N_e = {n} ranks; "
+                         f"E must be a multiple of N_e")
+    if group is None:
+        group = SimGroup(n)
+    elif group.n != n:
+        raise ValueError(f"moe_layer: {n} shards for a group of {group.n} ranks")
+    per_rank = E // n
+
+    # 1. route: every rank on its own tokens
+    routes = [route_topk(x @ router_w, k, bias) for x in xs]
+    # capacity, first come first served in global token order (rank 0 first)
+    capacity = expert_capacity(n * T, E, k, capacity_factor)
+    keep = np.split(capacity_keep(np.concatenate([c for c, _ in routes]), E, capacity), n)
+
+    # 2. dispatch: rank i sends x[t] for each kept copy (t, j) whose expert lives on rank d
+    idx = [[None] * n for _ in range(n)]             # idx[i][d] = (tokens, slots) of i -> d
+    for i, (chosen, _) in enumerate(routes):
+        dest = chosen // per_rank
+        for d in range(n):
+            idx[i][d] = np.nonzero((dest == d) & keep[i])
+    received = group.all_to_all([[xs[i][idx[i][d][0]] for d in range(n)] for i in range(n)])
+
+    # 3. expert compute on rank d, on the copies it received (in source-rank order)
+    back = []
+    for d in range(n):
+        ids = np.concatenate([routes[i][0][idx[i][d]] for i in range(n)])
+        batch = np.concatenate(received[d]).reshape(-1, h)
+        out = np.empty_like(batch)
+        for ex in range(d * per_rank, (d + 1) * per_rank):
+            rows = ids == ex
+            out[rows] = apply_expert(experts[ex], batch[rows])
+        sizes = np.cumsum([len(b) for b in received[d]])[:-1]
+        back.append(np.split(out, sizes))            # back[d][i]: outputs for rank i's copies
+
+    # 4. combine: the outputs go home and are summed with the gates
+    returned = group.all_to_all(back)                # returned[i][d]
+    ys = []
+    for i, (_, gates) in enumerate(routes):
+        y = np.zeros_like(xs[i])
+        for d in range(n):
+            tok, slot = idx[i][d]
+            np.add.at(y, tok, gates[tok, slot, None] * returned[i][d])
+        ys.append(y)
+    if not return_stats:
+        return ys
+    kept_experts = np.concatenate([c[m] for (c, _), m in zip(routes, keep)])
+    load_e = np.bincount(kept_experts, minlength=E)
+    stats = {"capacity": capacity, "dropped": int(sum((~m).sum() for m in keep)),
+             "load_per_expert": load_e, "load_per_gpu": load_e.reshape(n, per_rank).sum(1)}
+    return ys, stats
+
+
+# --------------------------------------------------------------------------- simulator
+@dataclass
+class MoEStats:
+    """Result of :func:`simulate_moe`. Loads count (token, expert) copies after drops.
+
+    ``load_per_gpu`` / ``bytes_per_gpu`` are arrays of shape ``(Ne,)``; ``max_load`` and
+    ``mean_load`` are over GPUs, ``imbalance = max_load / mean_load``.
+    ``traffic[i, j]``: kept copies dispatched from GPU ``i`` to GPU ``j`` (diagonal: local).
+    ``bytes_formula``: the lesson's uniform-routing value ``2 k (T/Ne) h e (Ne-1)/Ne``.
+    """
+    T: int
+    E: int
+    k: int
+    Ne: int
+    capacity_factor: float | None
+    capacity: int | None
+    skew: float
+    h: int
+    e: float
+    drop_rate: float
+    dropped: int
+    load_per_expert: np.ndarray
+    load_per_gpu: np.ndarray
+    max_load: int
+    mean_load: float
+    imbalance: float
+    bytes_per_gpu: np.ndarray
+    bytes_mean: float
+    bytes_max: float
+    bytes_formula: float
+    traffic: np.ndarray
+    popularity: np.ndarray = field(repr=False)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _draw_excluding(cdf: np.ndarray, p: np.ndarray, prev: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """One exact draw per row from the weights ``p`` with the experts ``prev[row]`` removed.
+
+    Inverse-CDF sampling on the per-row CDF ``F(i) = cdf[i] - sum_{c in prev, c <= i} p[c]``
+    by a vectorised binary search over the ``E`` experts (``log2 E`` steps). Rows whose
+    remaining weight is below ``1e-9`` of the total return ``prev[:, 0]`` (a repeat)."""
+    E = cdf.size
+    pc = p[prev]                                               # (m, j) removed weights
+
+    def F(i):
+        return cdf[i] - (pc * (prev <= i[:, None])).sum(axis=1)
+
+    remaining = F(np.full(u.size, E - 1))
+    target = u * remaining
+    lo, hi = np.zeros(u.size, dtype=np.int64), np.full(u.size, E - 1, dtype=np.int64)
+    while np.any(lo < hi):
+        mid = (lo + hi) // 2
+        right = F(mid) <= target
+        lo = np.where(right, mid + 1, lo)
+        hi = np.where(right, hi, mid)
+    # where the remaining weight is lost in rounding, answer "repeat" (an expert already
+    # chosen) so that the caller falls back to the Gumbel top-k on the log-weights
+    lost = remaining <= 1e-9 * cdf[-1]
+    return np.where(lost, prev[:, 0], lo)
+
+
+def _alias_table(p: np.ndarray):
+    """Walker's alias table for O(1) draws from the weights ``p`` (``E`` entries).
+
+    A draw is: pick a column ``i`` uniformly, keep ``i`` with probability ``prob[i]``,
+    else take ``alias[i]``. Built in ``O(E)``."""
+    E = p.size
+    scaled = p * (E / p.sum())
+    prob, alias = np.ones(E), np.arange(E)
+    small = [i for i in range(E) if scaled[i] < 1.0]
+    large = [i for i in range(E) if scaled[i] >= 1.0]
+    while small and large:
+        lo, hi = small.pop(), large.pop()
+        prob[lo], alias[lo] = scaled[lo], hi
+        scaled[hi] -= 1.0 - scaled[lo]
+        (small if scaled[hi] < 1.0 else large).append(hi)
+    return prob, alias                                   # leftovers keep prob 1 (rounding)
+
+
+def _alias_draw(table, size: int, rng) -> np.ndarray:
+    prob, alias = table
+    E = prob.size
+    u = rng.random(size) * E
+    col = np.minimum(u.astype(np.int64), E - 1)
+    return np.where(u - col < prob[col], col, alias[col])
+
+
+def _sample_topk(logw: np.ndarray, T: int, k: int, rng, max_rounds: int = 3) -> np.ndarray:
+    """``T`` draws of ``k`` distinct experts from Plackett-Luce with log-weights ``logw``:
+    the same law as the top-``k`` of ``logw + Gumbel noise`` per token, without building
+    the ``(T, E)`` score matrix. Slot by slot, every token draws from the weights of the
+    experts it has not chosen yet: first by cheap rejection (redraw on a repeat), then,
+    for the tokens still repeating, by an exact inverse-CDF draw that excludes their
+    chosen experts. (Tokens whose remaining weights all underflow to 0 finish with the
+    Gumbel top-k itself.) No Python loop over tokens."""
+    E = logw.size
+    dtype = np.int16 if E <= np.iinfo(np.int16).max else np.int32
+    p = np.exp(logw - logw.max())
+    cdf = np.cumsum(p)
+    table = _alias_table(p)
+    choices = np.empty((T, k), dtype=dtype)
+    done = np.zeros(T, dtype=bool)                  # finished by the Gumbel fallback
+    for j in range(k):
+        pending = np.arange(T) if not done.any() else np.nonzero(~done)[0]
+        for attempt in range(max_rounds + 3):
+            if j == 0:
+                choices[pending, 0] = _alias_draw(table, pending.size, rng)
+                pending = pending[:0]
+                break
+            prev = choices[:, :j] if pending.size == T else choices[pending, :j]
+            if attempt < max_rounds:                               # rejection: draw from all
+                draw = _alias_draw(table, pending.size, rng).astype(dtype)
+            else:                                                  # exact: exclude the chosen
+                u = rng.random(pending.size)
+                draw = _draw_excluding(cdf, p, prev.astype(np.int64), u).astype(dtype)
+            ok = ~(prev == draw[:, None]).any(axis=1)
+            choices[pending[ok], j] = draw[ok]
+            pending = pending[~ok]
+            if pending.size == 0:
+                break
+        for start in range(0, pending.size, 1 << 15):             # last resort, chunked
+            rows = pending[start:start + (1 << 15)]
+            scores = logw[None, :] + rng.gumbel(size=(rows.size, E))
+            np.put_along_axis(scores, choices[rows, :j].astype(np.int64), -np.inf, axis=1)
+            choices[rows, j:] = np.argsort(-scores, axis=1, kind="stable")[:, :k - j]
+            done[rows] = True
+    return choices
+
+
+def simulate_moe(T: int, E: int, k: int, Ne: int, capacity_factor=None, skew: float = 0.0,
+                 seed: int = 0, h: int = 4096, e: float = 2, bias=None, popularity=None) -> MoEStats:
+    """Route ``T`` tokens (in total, ``T/Ne`` per GPU) to ``E`` experts on ``Ne`` GPUs, top-``k``.
+
+    Skew model: every expert ``i`` has a fixed popularity ``u_i`` (standard normal, drawn from
+    ``seed``; or pass ``popularity``), and token ``t`` has router scores
+    ``skew * u_i + bias_i + G_ti`` with independent standard Gumbel noise ``G``; it picks its
+    top ``k``. ``skew = 0`` is uniform routing (every set of ``k`` experts equally likely);
+    as ``skew`` grows, the popular experts take most copies. Expert ``i`` sits on GPU
+    ``i // (E/Ne)``; GPU ``g`` holds tokens ``g T/Ne .. (g+1) T/Ne - 1``; drops are first
+    come, first served in that global order (see the module docstring). Vectorised: no
+    Python loop over tokens. ``h`` and ``e`` only scale the bytes.
+    """
+    for name, val, lo in (("T (tokens, all GPUs)", T, 1), ("E (experts)", E, 1),
+                          ("Ne (GPUs)", Ne, 1), ("h", h, 1)):
+        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {val!r}")
+    k = _check_k(k, E)
+    if E % Ne:
+        raise ValueError(f"E = {E} experts do not split over Ne = {Ne} GPUs; use E a multiple of Ne")
+    if T % Ne:
+        raise ValueError(f"T = {T} tokens do not split over Ne = {Ne} GPUs; use T a multiple of Ne")
+    if not np.isfinite(skew) or skew < 0:
+        raise ValueError(f"skew must be a finite number >= 0, got {skew!r}")
+    capacity = expert_capacity(T, E, k, capacity_factor)
+    pop_seq, route_seq = np.random.SeedSequence(seed).spawn(2)
+    if popularity is None:
+        popularity = np.random.default_rng(pop_seq).standard_normal(E)
+    popularity = np.asarray(popularity, dtype=float)
+    logw = skew * popularity
+    if bias is not None:
+        logw = logw + np.asarray(bias, dtype=float)
+    if logw.shape != (E,) or not np.all(np.isfinite(logw)):
+        raise ValueError(f"popularity and bias must be finite arrays of shape ({E},)")
+
+    choices = _sample_topk(logw, T, k, np.random.default_rng(route_seq))
+    keep = capacity_keep(choices, E, capacity) if capacity is not None else None
+    per_gpu_e, per_gpu_t = E // Ne, T // Ne
+    # kept copies per (source GPU, expert): one bincount per GPU's block of tokens
+    src_exp = np.empty((Ne, E), dtype=np.int64)
+    for g in range(Ne):
+        blk = choices[g * per_gpu_t:(g + 1) * per_gpu_t]
+        if capacity is not None:
+            blk = blk[keep[g * per_gpu_t:(g + 1) * per_gpu_t]]
+        src_exp[g] = np.bincount(blk.ravel(), minlength=E)
+    traffic = src_exp.reshape(Ne, Ne, per_gpu_e).sum(axis=2)   # [source GPU, expert GPU]
+    local = np.diag(traffic)
+    bytes_per_gpu = ((traffic.sum(1) - local) + (traffic.sum(0) - local)) * float(h * e)
+    load_e = src_exp.sum(axis=0)
+    load_g = load_e.reshape(Ne, per_gpu_e).sum(1)
+    dropped = int(T * k - load_e.sum())
+    mean = float(load_g.mean())
+    return MoEStats(
+        T=T, E=E, k=k, Ne=Ne, capacity_factor=capacity_factor, capacity=capacity, skew=float(skew),
+        h=h, e=e, drop_rate=dropped / (T * k), dropped=dropped, load_per_expert=load_e,
+        load_per_gpu=load_g, max_load=int(load_g.max()), mean_load=mean,
+        imbalance=float(load_g.max() / mean) if mean > 0 else 1.0,
+        bytes_per_gpu=bytes_per_gpu, bytes_mean=float(bytes_per_gpu.mean()),
+        bytes_max=float(bytes_per_gpu.max()),
+        bytes_formula=cost.moe_a2a_bytes(k, per_gpu_t, h, Ne, e), traffic=traffic,
+        popularity=popularity)
+
+
+# --------------------------------------------------------------------------- balancing
+def switch_aux_loss(probs, experts, alpha: float = 1e-2) -> float:
+    """Switch Transformer load-balancing loss ``alpha * E * sum_i f_i P_i``.
+
+    ``probs (T, E)``: router softmax over all experts; ``experts (T, k)``: the chosen
+    experts. ``f_i``: fraction of the ``k T`` copies sent to expert ``i`` (for ``k = 1`` the
+    fraction of tokens); ``P_i``: mean router probability of expert ``i``. Uniform
+    routing gives exactly ``alpha``; concentrated routing gives up to ``alpha * E``.
+    """
+    probs, experts = np.asarray(probs, dtype=float), np.asarray(experts)
+    if probs.ndim != 2 or experts.ndim != 2 or experts.shape[0] != probs.shape[0]:
+        raise ValueError(f"probs must be (T, E) and experts (T, k); got {probs.shape} and {experts.shape}")
+    T, E = probs.shape
+    if experts.size and (experts.min() < 0 or experts.max() >= E):
+        raise ValueError(f"expert ids must lie in 0..{E - 1} for probs over E = {E} experts")
+    f = np.bincount(experts.ravel(), minlength=E) / experts.size
+    P = probs.mean(axis=0)
+    return float(alpha * E * np.dot(f, P))
+
+
+def update_expert_bias(bias, load, rate: float) -> np.ndarray:
+    """DeepSeek-V3 auxiliary-loss-free balancing: ``bias - rate * sign(load - mean(load))``.
+
+    Overloaded experts get a lower routing bias, underloaded ones a higher one. The bias
+    is added to the routing scores only (``route_topk(..., bias=)``), never to the gates.
+    Returns a new array.
+    """
+    bias, load = np.asarray(bias, dtype=float), np.asarray(load, dtype=float)
+    if bias.shape != load.shape or bias.ndim != 1:
+        raise ValueError(f"bias and load must be 1-D arrays of the same shape (E,), "
+                         f"got {bias.shape} and {load.shape}")
+    if not np.isfinite(rate) or rate < 0:
+        raise ValueError(f"rate must be a finite number >= 0, got {rate!r}")
+    return bias - rate * np.sign(load - load.mean())

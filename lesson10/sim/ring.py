@@ -1,0 +1,111 @@
+"""Ring attention (context parallelism): queries stay, K/V blocks travel.
+
+Rank ``r`` holds the queries, keys and values of its tokens ``positions[r]``
+(any layout). In round ``k = 0 .. N_c-1`` it holds the K/V block of rank
+``(r - k) mod N_c``, computes attention of its queries against it, and merges the
+result into its running ``(out, lse)`` with the logsumexp formula. Between rounds
+every rank sends its K/V block to rank ``r+1`` (``group.ring_shift``); there is no
+shift after the last round, so each rank sends ``N_c - 1`` K blocks and ``N_c - 1``
+V blocks: ``(N_c-1) * 2 c (h/g) e`` bytes (``g`` times fewer with compact GQA K/V).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..layouts import shard_positions
+from .attention import attention, merge
+from .comm import SimGroup, _check_permutation, check_shards
+
+__all__ = ["ring_attention", "RingStats"]
+
+
+@dataclass
+class RingStats:
+    """What happened in one ring-attention call.
+
+    ``work[k, r]``: visible (query, key) pairs rank ``r`` computed in round ``k``
+    (equals ``layouts.causal_work(N_c, layout, s)`` for a causal mask);
+    ``ring_time``: ``sum_k max_r work[k, r]``; ``lse``: per-rank logsumexp ``(c, a)``;
+    ``sources[k, r]``: the rank whose K/V block rank ``r`` used in round ``k``;
+    ``bytes_sent``: bytes each rank sent during this call.
+    """
+    work: np.ndarray
+    ring_time: int
+    lse: list
+    sources: np.ndarray
+    bytes_sent: np.ndarray
+
+
+def _prepare(q_shards, k_shards, v_shards, positions, group, name):
+    """Validate the per-rank inputs shared by ring and Ulysses attention."""
+    q = check_shards(q_shards, f"{name}: q_shards")
+    n = len(q)
+    k = check_shards(k_shards, f"{name}: k_shards", n)
+    v = check_shards(v_shards, f"{name}: v_shards", n)
+    for what, x in (("q", q[0]), ("k", k[0]), ("v", v[0])):
+        if x.ndim != 3:
+            raise ValueError(f"{name}: each {what} shard must be (tokens, heads, head_dim), got {x.shape}")
+    c = q[0].shape[0]
+    if k[0].shape[0] != c or v[0].shape[:2] != k[0].shape[:2]:
+        raise ValueError(f"{name}: every rank needs Q, K and V for the same tokens; got "
+                         f"q {q[0].shape}, k {k[0].shape}, v {v[0].shape}")
+    if isinstance(positions, str):                  # a layout name
+        positions = shard_positions(n * c, n, positions)
+    if not isinstance(positions, (list, tuple)) or len(positions) != n:
+        raise ValueError(f"{name}: positions must be a list of {n} arrays of global token ids "
+                         "(layouts.shard_positions(s, n, layout)) or a layout name")
+    positions = [np.asarray(p) for p in positions]
+    for r, p in enumerate(positions):
+        if p.shape != (c,):
+            raise ValueError(f"{name}: rank {r} holds {c} tokens but positions[{r}] has shape {p.shape}")
+    _check_permutation(np.concatenate(positions), name)
+    if group is None:
+        group = SimGroup(n)
+    elif group.n != n:
+        raise ValueError(f"{name}: {n} shards for a group of {group.n} ranks")
+    return q, k, v, positions, group
+
+
+def _pairs(q_pos, k_pos, causal: bool) -> int:
+    """Visible (query, key) pairs of one block."""
+    if not causal:
+        return len(q_pos) * len(k_pos)
+    return int(np.searchsorted(np.sort(k_pos), q_pos, side="right").sum())
+
+
+def ring_attention(q_shards, k_shards, v_shards, positions, causal: bool = True, group=None,
+                   return_stats: bool = False):
+    """Ring attention over ``N_c = len(q_shards)`` simulated ranks.
+
+    ``q_shards[r]`` is ``(c, a, d)``, ``k_shards[r]`` / ``v_shards[r]`` are ``(c, a_kv, d)``
+    (compact GQA K/V, ``a % a_kv == 0``), and ``positions[r]`` the ``c`` global token ids
+    of rank ``r`` (or a layout name such as ``"zigzag"``). Returns ``out_shards`` (one
+    ``(c, a, d)`` per rank), equal to full attention restricted to each rank's tokens;
+    with ``return_stats=True`` returns ``(out_shards, RingStats)``.
+    """
+    q, k, v, positions, group = _prepare(q_shards, k_shards, v_shards, positions, group,
+                                          "ring_attention")
+    n = len(q)
+    start = group.bytes_sent.copy()
+    out = [np.zeros(x.shape[:2] + (v[0].shape[2],)) for x in q]
+    lse = [np.full(x.shape[:2], -np.inf) for x in q]
+    work = np.zeros((n, n), dtype=np.int64)
+    sources = np.zeros((n, n), dtype=np.int64)
+    for rnd in range(n):
+        for r in range(n):
+            src = (r - rnd) % n                     # whose K/V block rank r holds now
+            o_blk, lse_blk = attention(q[r], k[r], v[r], causal=causal,
+                                       q_pos=positions[r], k_pos=positions[src])
+            out[r], lse[r] = merge(out[r], lse[r], o_blk, lse_blk)
+            work[rnd, r] = _pairs(positions[r], positions[src], causal)
+            sources[rnd, r] = src
+        if rnd < n - 1:                             # no shift after the last round
+            k = group.ring_shift(k)
+            v = group.ring_shift(v)
+    if not return_stats:
+        return out
+    stats = RingStats(work=work, ring_time=int(work.max(axis=1).sum()), lse=lse,
+                      sources=sources, bytes_sent=group.bytes_sent - start)
+    return out, stats

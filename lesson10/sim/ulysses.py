@@ -1,0 +1,118 @@
+"""DeepSpeed-Ulysses: switch from sequence sharding to head sharding and back.
+
+Think of a tensor as an ``N_c x N_c`` grid of blocks (token blocks x head groups).
+With sequence sharding rank ``r`` holds row ``r`` (its ``c = s/N_c`` tokens, all
+heads); one all-to-all (a block transpose) gives it column ``r`` (all ``s`` tokens,
+heads ``r a/N_c .. (r+1) a/N_c - 1``). Attention then runs locally per head, and a
+second all-to-all on the output goes back to sequence sharding.
+
+Bytes per rank: four all-to-alls (Q, K, V, output), each sending ``(N_c-1)/N_c`` of
+the local tensor: ``(N_c-1)/N_c * (2 + 2/g) * c h e`` with ``g = a / a_kv``.
+
+Each rank needs whole K/V heads, so ``N_c`` must divide ``a_kv``. Beyond that,
+``replicate_kv=True`` copies every K/V head before the all-to-all (the copies are
+sent, so the bytes grow), or use ring attention.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .attention import attention
+from .comm import SimGroup, check_shards
+from .ring import _prepare
+
+__all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "kv_replication"]
+
+
+def _group(n, group):
+    if group is None:
+        return SimGroup(n)
+    if group.n != n:
+        raise ValueError(f"got {n} shards for a group of {group.n} ranks")
+    return group
+
+
+def seq_to_heads(shards, group=None):
+    """All-to-all from sequence to head sharding.
+
+    ``shards[r]``: ``(c, a, d)``, the ``c`` tokens of rank ``r``. Returns ``out[j]``:
+    ``(N_c c, a/N_c, d)``, heads ``j a/N_c ..`` for the tokens of ranks ``0, 1, ..., N_c-1``
+    in that order (rank 0's tokens first). ``a`` must be a multiple of ``N_c``.
+    """
+    xs = check_shards(shards, "seq_to_heads")
+    n = len(xs)
+    group = _group(n, group)
+    if xs[0].ndim < 2:
+        raise ValueError(f"seq_to_heads: shards must be (tokens, heads, ...), got {xs[0].shape}")
+    a = xs[0].shape[1]
+    if a % n:
+        raise ValueError(f"seq_to_heads: {a} heads do not split over N_c = {n} ranks; the number "
+                         f"of heads must be a multiple of N_c")
+    blocks = [np.split(x, n, axis=1) for x in xs]            # blocks[i][j]: rank i -> rank j
+    received = group.all_to_all(blocks)
+    return [np.concatenate(row, axis=0) for row in received]
+
+
+def heads_to_seq(shards, group=None):
+    """All-to-all from head back to sequence sharding (inverse of :func:`seq_to_heads`).
+
+    ``shards[j]``: ``(s, a/N_c, d)``, all tokens (in rank order) for head group ``j``.
+    Returns ``out[r]``: ``(s/N_c, a, d)``, the tokens of rank ``r`` with all heads.
+    """
+    xs = check_shards(shards, "heads_to_seq")
+    n = len(xs)
+    group = _group(n, group)
+    s = xs[0].shape[0]
+    if s % n:
+        raise ValueError(f"heads_to_seq: {s} tokens do not split over N_c = {n} ranks")
+    blocks = [np.split(x, n, axis=0) for x in xs]            # blocks[j][r]: rank j -> rank r
+    received = group.all_to_all(blocks)
+    return [np.concatenate(row, axis=1) for row in received]
+
+
+def kv_replication(a: int, a_kv: int, n: int) -> int:
+    """Smallest factor ``rep`` (a divisor of ``g = a/a_kv``) such that copying every K/V head
+    ``rep`` times gives a head count that ``n`` ranks can split: ``(a_kv rep) % n == 0``."""
+    g = a // a_kv
+    for rep in range(1, g + 1):
+        if g % rep == 0 and (a_kv * rep) % n == 0:
+            return rep
+    raise ValueError(f"cannot split {a} query heads over N_c = {n} ranks")  # a % n != 0
+
+
+def ulysses_attention(q_shards, k_shards, v_shards, positions, causal: bool = True, group=None,
+                      replicate_kv: bool = False):
+    """Ulysses attention over ``N_c = len(q_shards)`` simulated ranks.
+
+    Same inputs and output as :func:`lesson10.sim.ring_attention`: ``q_shards[r]``
+    ``(c, a, d)``, ``k_shards[r]`` / ``v_shards[r]`` ``(c, a_kv, d)``, ``positions[r]`` the
+    global token ids of rank ``r`` (any layout, or a layout name). Needs ``a % N_c == 0``
+    and ``a_kv % N_c == 0``; with ``replicate_kv=True`` the K/V heads are copied (``rep``
+    times, see :func:`kv_replication`) so that fewer K/V heads than ranks also work.
+    """
+    q, k, v, positions, group = _prepare(q_shards, k_shards, v_shards, positions, group,
+                                          "ulysses_attention")
+    n = len(q)
+    a, a_kv = q[0].shape[1], k[0].shape[1]
+    if a_kv == 0 or a % a_kv:
+        raise ValueError(f"ulysses_attention: {a} query heads are not a multiple of {a_kv} K/V heads")
+    if a % n:
+        raise ValueError(f"ulysses_attention: {a} query heads do not split over N_c = {n} ranks; "
+                         f"Ulysses needs the number of heads to be a multiple of N_c")
+    if a_kv % n:
+        if not replicate_kv:
+            raise ValueError(
+                f"ulysses_attention: each rank needs whole K/V heads, but n_kv = {a_kv} K/V heads "
+                f"do not split over N_c = {n} ranks (the Ulysses degree is limited to N_c <= n_kv, "
+                f"with N_c dividing n_kv). Use ring attention for this degree (or Ulysses inside "
+                f"groups of <= {a_kv} ranks combined with ring attention across them), or pass "
+                f"replicate_kv=True to copy K/V heads at a higher communication cost.")
+        rep = kv_replication(a, a_kv, n)
+        # copy head m to heads m*rep .. m*rep+rep-1; query head i still uses old head i // g
+        k = [np.repeat(x, rep, axis=1) for x in k]
+        v = [np.repeat(x, rep, axis=1) for x in v]
+    qh, kh, vh = (seq_to_heads(t, group) for t in (q, k, v))
+    pos = np.concatenate(positions)                   # token order after the all-to-all
+    out_h = [attention(qh[j], kh[j], vh[j], causal=causal, q_pos=pos, k_pos=pos)[0]
+             for j in range(n)]
+    return heads_to_seq(out_h, group)

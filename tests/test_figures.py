@@ -1,0 +1,227 @@
+"""The five figures draw headless, show what the closed forms / layouts say, and their widgets work."""
+import os
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import numpy as np
+import pytest
+from matplotlib.colors import to_rgba
+
+from lesson10 import cost, figures, layouts
+from lesson10.figures import COLORS
+
+
+def _patches_of(ax, color):
+    want = to_rgba(COLORS[color])
+    return [p for p in ax.patches if p.get_fill() and np.allclose(p.get_facecolor(), want)]
+
+
+# ---------------------------------------------------------------- 1. ring rounds
+@pytest.mark.parametrize("layout,n,s,rnd", [("contiguous", 4, 8, 1), ("zigzag", 4, 16, 2), ("striped", 3, 9, 0)])
+def test_ring_rounds_bars_are_causal_work(layout, n, s, rnd):
+    fig = figures.draw_ring_rounds(n=n, s=s, layout=layout, round=rnd)
+    grid, bars = fig.axes
+    work = layouts.causal_work(n, layout, s=s)
+    heights = [p.get_height() for p in bars.containers[0]]
+    idle = [p.get_height() for p in bars.containers[1]]
+    np.testing.assert_array_equal(heights, work[rnd])
+    np.testing.assert_array_equal(idle, work[rnd].max() - work[rnd])
+    cells = np.asarray(grid.images[0].get_array())
+    assert cells.shape == (s, s)
+    assert (cells == 3).sum() == work[rnd].sum()            # blue: computed this round
+    assert (cells == 2).sum() == work[:rnd].sum()           # faint blue: earlier rounds
+    assert (cells == 0).sum() == s * (s - 1) // 2           # grey: masked, key > query
+
+
+def test_ring_rounds_zigzag_has_no_idle_time():
+    for rnd in range(4):
+        fig = figures.draw_ring_rounds(n=4, s=8, layout="zigzag", round=rnd)
+        assert all(p.get_height() == 0 for p in fig.axes[1].containers[1])
+    fig = figures.draw_ring_rounds(n=4, s=8, layout="contiguous", round=1)
+    assert sum(p.get_height() for p in fig.axes[1].containers[1]) > 0
+
+
+def test_ring_rounds_rejects_bad_round_and_layout():
+    with pytest.raises(ValueError):
+        figures.draw_ring_rounds(n=4, s=8, round=4)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        figures.draw_ring_rounds(n=4, s=12, layout="zigzag")
+
+
+# ---------------------------------------------------------------- 2. SP strip
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_sp_strip_turns_violet_into_magenta_and_keeps_bytes(t):
+    tp = figures.draw_sp_strip(t=t, sp=False)
+    sp = figures.draw_sp_strip(t=t, sp=True)
+    ax_tp, ax_sp = tp.axes[0], sp.axes[0]
+    # 6 replicated regions (2 LN inputs, 2 LN outputs, 2 dropout masks)
+    assert len(_patches_of(ax_tp, "replicated")) == 6 and len(_patches_of(ax_tp, "split")) == 0
+    assert len(_patches_of(ax_sp, "replicated")) == 0 and len(_patches_of(ax_sp, "split")) == 6
+    # each magenta shard is 1/t of the tokens
+    assert all(p.get_height() == pytest.approx(1 / t) for p in _patches_of(ax_sp, "split"))
+    labels_tp = [x.get_text() for x in ax_tp.texts]
+    labels_sp = [x.get_text() for x in ax_sp.texts]
+    assert labels_tp.count("AR") == 2 and "RS" not in labels_tp
+    assert labels_sp.count("RS") == 2 and labels_sp.count("AG") == 2 and "AR" not in labels_sp
+    expected = cost.comm_bytes("sp", 8192, 4096, t)
+    assert tp.sp_strip_bytes == pytest.approx(expected)
+    assert sp.sp_strip_bytes == pytest.approx(expected)
+
+
+# ---------------------------------------------------------------- 3. block size
+@pytest.mark.parametrize("link,g,causal", [("InfiniBand", 1, False), ("NVLink", 4, True)])
+def test_block_size_lines_cross_at_c_star(link, g, causal):
+    fig = figures.draw_block_size(h=4096, link=link, g=g, causal=causal)
+    c_star = cost.min_block_size("H100", link, causal=causal, g=g)
+    assert fig.c_star == pytest.approx(c_star)
+    ax = fig.axes[0]
+    compute, transfer = ax.lines[0], ax.lines[1]
+    c = compute.get_xdata()
+    F, W = cost.HARDWARE["H100"]["flops"], cost.HARDWARE[link]["bandwidth"]
+    np.testing.assert_allclose(compute.get_ydata(), (2 if causal else 4) * c**2 * 4096 / F * 1e3)
+    np.testing.assert_allclose(transfer.get_ydata(), 4 * c * 4096 / (g * W) * 1e3)
+    diff = compute.get_ydata() - transfer.get_ydata()
+    cross = np.nonzero(np.diff(np.sign(diff)))[0]
+    assert len(cross) == 1 and c[cross[0]] <= c_star <= c[cross[0] + 1]
+    vline = ax.lines[2]
+    assert vline.get_xdata()[0] == pytest.approx(c_star)
+
+
+def test_block_size_c_star_does_not_move_with_h():
+    assert figures.draw_block_size(h=1024).c_star == figures.draw_block_size(h=16384).c_star
+    title = figures.draw_block_size(c=16_384).axes[0].get_title()
+    assert "exposed" in title                  # 16,384 < 19,780 over InfiniBand
+    assert "hidden" in figures.draw_block_size(c=16_384, g=4).axes[0].get_title()
+
+
+# ---------------------------------------------------------------- 4. Ulysses grid
+def _cell_labels(ax, s, heads):
+    labels = np.full((s, heads), -1)
+    for text in ax.texts:
+        x, y = text.get_position()
+        labels[int(y), int(x)] = int(text.get_text())
+    return labels
+
+
+@pytest.mark.parametrize("n,s,heads", [(4, 8, 8), (2, 4, 6)])
+def test_ulysses_grid_owners_before_and_after(n, s, heads):
+    seq = figures.draw_ulysses_grid(n=n, s=s, heads=heads, kv_heads=heads, state="sequence")
+    hd = figures.draw_ulysses_grid(n=n, s=s, heads=heads, kv_heads=heads, state="heads", rank=1)
+    tok, head = np.meshgrid(np.arange(s), np.arange(heads), indexing="ij")
+    np.testing.assert_array_equal(_cell_labels(seq.axes[0], s, heads), tok // (s // n))
+    np.testing.assert_array_equal(_cell_labels(hd.axes[0], s, heads), head // (heads // n))
+    # each rank keeps 1 of n blocks: (n-1)/n of the cells arrived over the network
+    arrived = [p for p in hd.axes[0].patches if not p.get_fill()]
+    assert len(arrived) == s * heads * (n - 1) // n
+    assert len(_patches_of(hd.axes[0], "split")) == s * heads // n     # rank 1's cells
+    assert seq.ulysses_warning == "" and hd.ulysses_warning == ""
+
+
+def test_ulysses_grid_warns_when_kv_heads_below_ranks():
+    fig = figures.draw_ulysses_grid(n=4, s=8, heads=8, kv_heads=2)
+    assert "2 K/V heads" in fig.ulysses_warning and "ring attention" in fig.ulysses_warning
+    assert len(_patches_of(fig.axes[1], "replicated")) == 2         # both K/V heads are copied
+    with pytest.raises(ValueError):
+        figures.draw_ulysses_grid(n=3, s=6, heads=8, kv_heads=8)
+
+
+# ---------------------------------------------------------------- 5. MoE capacity
+def _fcfs_keep(experts, E, capacity):
+    """Independent first-come-first-served count, one copy at a time."""
+    seen = np.zeros(E, dtype=int)
+    keep = np.zeros(experts.shape, dtype=bool)
+    for t in range(experts.shape[0]):
+        for j in range(experts.shape[1]):
+            e = experts[t, j]
+            keep[t, j] = capacity is None or seen[e] < capacity
+            seen[e] += 1
+    return keep
+
+
+@pytest.mark.parametrize("skew,cf", [(0.0, 1.25), (3.0, 1.0), (3.0, None)])
+def test_moe_capacity_drops_and_loads(skew, cf):
+    E, Ne, k, T = 8, 4, 2, 32
+    fig = figures.draw_moe_capacity(E=E, Ne=Ne, k=k, T=T, skew=skew, capacity_factor=cf)
+    r = fig.moe_routing
+    N = Ne * T
+    capacity = None if cf is None else int(np.ceil(cf * k * N / E))
+    assert r["capacity"] == capacity
+    assert r["experts"].shape == (N, k)
+    assert all(len(set(row)) == k for row in r["experts"].tolist())     # k distinct experts
+    keep = _fcfs_keep(r["experts"], E, capacity)
+    np.testing.assert_array_equal(r["kept"], keep)
+    ax, bars = fig.axes
+    computed, dropped = ax.collections[0], ax.collections[1]
+    assert len(computed.get_offsets()) == keep.sum()
+    assert len(dropped.get_offsets()) == (~keep).sum()
+    load_gpu = np.bincount(r["experts"][keep] // (E // Ne), minlength=Ne)
+    np.testing.assert_array_equal([p.get_height() for p in bars.containers[0]], load_gpu)
+    np.testing.assert_array_equal([p.get_height() for p in bars.containers[1]], load_gpu.max() - load_gpu)
+    if cf is None:
+        assert (~keep).sum() == 0
+    if capacity is not None:
+        assert r["load_per_expert"].max() <= capacity
+
+
+def test_moe_skew_model_matches_simulator():
+    from lesson10.sim import simulate_moe
+
+    r = figures.moe_routing(E=8, Ne=4, k=2, T=16, skew=2.0, seed=5)
+    stats = simulate_moe(64, 8, 2, 4, skew=2.0, seed=5)
+    np.testing.assert_array_equal(r["popularity"], stats.popularity)
+    # a strong skew concentrates copies on the most popular experts
+    r = figures.moe_routing(E=8, Ne=4, k=1, T=256, skew=6.0, capacity_factor=None)
+    top = int(np.argmax(r["popularity"]))
+    assert r["received_per_expert"][top] == r["received_per_expert"].max()
+
+
+def test_moe_capacity_bad_input():
+    with pytest.raises(ValueError):
+        figures.draw_moe_capacity(E=8, Ne=3)
+    with pytest.raises(ValueError):
+        figures.draw_moe_capacity(k=9)
+    with pytest.raises(ValueError):
+        figures.draw_moe_capacity(capacity_factor=0)
+
+
+# ---------------------------------------------------------------- widgets
+def test_ring_rounds_widget_next_round_and_layout():
+    box = figures.ring_rounds(n=4, s=8, layout="contiguous")
+    view = box.view
+    first = view.image.value
+    assert first[:4] == b"\x89PNG"
+    box.next_round()
+    assert view.state["round"] == 1 and view.image.value != first
+    box.layout_toggle.value = "zigzag"
+    assert view.state["layout"] == "zigzag" and view.state["round"] == 0
+    bars = view.fig.axes[1].containers[0]
+    np.testing.assert_array_equal([p.get_height() for p in bars], layouts.causal_work(4, "zigzag", s=8)[0])
+    for _ in range(4):
+        box.next_round()
+    assert view.state["round"] == 0                       # wraps around after N_c rounds
+
+
+def test_widgets_report_bad_combinations_instead_of_raising():
+    box = figures.ring_rounds(n=4, s=8, layout="zigzag")
+    assert not box.view.update(n=3)                       # 8 tokens do not split into 6 chunks
+    assert "multiple of 6" in box.view.message.value
+
+
+def test_other_widgets_construct_and_respond():
+    sp = figures.sp_strip(t=4)
+    before = sp.view.image.value
+    sp.mode_toggle.value = "TP + SP"
+    assert sp.view.state["sp"] is True and sp.view.image.value != before
+
+    bs = figures.block_size()
+    assert bs.view.fig.c_star == pytest.approx(cost.min_block_size("H100", "InfiniBand"))
+
+    ul = figures.ulysses_grid()
+    ul.all_to_all()
+    assert ul.view.state["state"] == "heads"
+    ul.kv_dropdown.value = 2
+    assert ul.view.fig.ulysses_warning
+
+    moe = figures.moe_capacity(T=16)
+    moe.cf_dropdown.value = None
+    assert moe.view.fig.moe_routing["drop_rate"] == 0

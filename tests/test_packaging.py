@@ -1,0 +1,133 @@
+"""The two set-up paths (pip via pyproject.toml, conda via environment.yml) never drift apart,
+and the README opens with the two commands."""
+import re
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# conda name -> pip name; entries that are not Python packages of the course
+CONDA_TO_PIP = {"pytorch": "torch"}
+CONDA_IGNORE = {"python", "pip", "cpuonly"}
+
+_REQ = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(\[[^\]]*\])?\s*(.*?)\s*$")
+
+
+def _split(requirement: str) -> tuple[str, str]:
+    """'numpy>=1.24' -> ('numpy', '>=1.24'); names normalised as pip does (PEP 503)."""
+    m = _REQ.match(requirement.split(";")[0])
+    assert m, f"cannot parse requirement {requirement!r}"
+    name = re.sub(r"[-_.]+", "-", m.group(1)).lower()
+    return name, m.group(3).replace(" ", "")
+
+
+def conda_dependencies(text: str) -> list[str]:
+    """The top-level entries of ``dependencies:`` in an environment.yml (no YAML library).
+
+    Nested lists (the ``pip:`` section) are skipped: they are deeper-indented ``-`` items.
+    """
+    deps, inside, indent = [], False, None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line.strip():
+            continue
+        if not raw.startswith((" ", "\t", "-")):
+            inside = line.strip() == "dependencies:"
+            indent = None
+            continue
+        if not inside:
+            continue
+        m = re.match(r"^(\s*)-\s*(.+)$", line)
+        if not m:
+            continue
+        if indent is None:
+            indent = len(m.group(1))
+        if len(m.group(1)) == indent:
+            item = m.group(2).strip().strip("'\"")
+            if not item.endswith(":"):          # "pip:" opens the nested pip list
+                deps.append(item)
+    return deps
+
+
+def test_conda_parser_on_a_sample():
+    sample = "name: x\nchannels:\n  - conda-forge\ndependencies:\n  - python>=3.10\n  - numpy >=1.24  # arrays\n" \
+             "  - pip\n  - pip:\n      - -e .\n      - something\n"
+    assert conda_dependencies(sample) == ["python>=3.10", "numpy >=1.24", "pip"]
+
+
+def _pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _pip_requirements() -> dict[str, str]:
+    project = _pyproject()["project"]
+    reqs = list(project["dependencies"])
+    for extra in project.get("optional-dependencies", {}).values():
+        reqs += extra
+    out = {}
+    for req in reqs:
+        name, spec = _split(req)
+        out[name] = spec
+    return out
+
+
+def _conda_requirements() -> dict[str, str]:
+    out = {}
+    for item in conda_dependencies((ROOT / "environment.yml").read_text()):
+        name, spec = _split(item.split("::")[-1])      # allow channel::name
+        if name in CONDA_IGNORE:
+            continue
+        out[CONDA_TO_PIP.get(name, name)] = spec
+    return out
+
+
+def test_environment_yml_names_the_same_packages_as_pyproject():
+    pip, conda = _pip_requirements(), _conda_requirements()
+    assert set(conda) == set(pip), (
+        f"only in environment.yml: {sorted(set(conda) - set(pip))}; "
+        f"only in pyproject.toml: {sorted(set(pip) - set(conda))}")
+
+
+def test_lower_bounds_agree():
+    pip, conda = _pip_requirements(), _conda_requirements()
+    for name in set(pip) & set(conda):
+        if pip[name] and conda[name]:
+            assert pip[name] == conda[name], f"{name}: pyproject says {pip[name]!r}, environment.yml {conda[name]!r}"
+
+
+def test_environment_yml_installs_the_package_itself():
+    text = (ROOT / "environment.yml").read_text()
+    assert re.search(r"^\s*-\s*-e\s+\.\s*$", text, flags=re.M), "environment.yml should pip install -e ."
+
+
+def test_runtime_dependencies_are_never_pinned():
+    for req in _pyproject()["project"]["dependencies"]:
+        assert "==" not in req, f"{req}: use a lower bound, pins belong in constraints.txt"
+
+
+def test_required_runtime_and_extras():
+    project = _pyproject()["project"]
+    runtime = {_split(r)[0] for r in project["dependencies"]}
+    assert {"numpy", "matplotlib", "ipywidgets", "torch", "nbformat", "nbclient"} <= runtime
+    extras = project["optional-dependencies"]
+    assert {"pytest", "nbval", "hypothesis"} <= {_split(r)[0] for r in extras["test"]}
+    assert "jupyterlab" in {_split(r)[0] for r in extras["lab"]}
+
+
+def test_readme_opens_with_the_two_commands():
+    readme = ROOT / "README.md"
+    assert readme.exists(), "README.md is missing"
+    head = "\n".join(readme.read_text().splitlines()[:15])
+    assert "make lab" in head and "make test" in head, "README.md should open with `make lab` and `make test`"
+
+
+def test_makefile_has_lab_and_test_targets():
+    text = (ROOT / "Makefile").read_text()
+    for target in ("lab", "test"):
+        assert re.search(rf"^{target}\s*:", text, flags=re.M), f"Makefile has no `{target}` target"

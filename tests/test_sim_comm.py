@@ -1,0 +1,155 @@
+"""SimGroup: collectives on lists of arrays, and the byte ledger at ring-algorithm cost."""
+import numpy as np
+import pytest
+
+from lesson10 import cost
+from lesson10.sim import SimGroup, gather_sequence, shard_sequence
+
+
+def _xs(n, shape, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape) for _ in range(n)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_all_reduce_sums_and_counts_ring_bytes(n):
+    xs = _xs(n, (6, 5))
+    g = SimGroup(n, e=2)
+    out = g.all_reduce(xs)
+    expected = sum(xs)
+    assert len(out) == n
+    for o in out:
+        np.testing.assert_allclose(o, expected, rtol=0, atol=1e-14)
+    # 2 (n-1)/n of the tensor, e bytes per element (not the float64 itemsize)
+    np.testing.assert_allclose(g.bytes_sent, cost.all_reduce_bytes(30 * 2, n))
+    np.testing.assert_allclose(g.bytes_sent, 2 * (n - 1) / n * 30 * 2)
+
+
+def test_results_are_independent_copies():
+    xs = _xs(3, (3, 2))
+    before = [x.copy() for x in xs]
+    g = SimGroup(3)
+    out = g.all_reduce(xs)
+    out[0][:] = 0.0
+    assert np.all(out[1] != 0.0)                  # ranks do not share memory
+    for x, b in zip(xs, before):                  # inputs untouched
+        assert np.array_equal(x, b)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_reduce_scatter_gives_block_r_of_the_sum(axis):
+    n = 4
+    xs = _xs(n, (8, 4, 3) if axis == 0 else (3, 8, 4) if axis == 1 else (3, 2, 8))
+    g = SimGroup(n, e=1)
+    out = g.reduce_scatter(xs, axis=axis)
+    blocks = np.split(sum(xs), n, axis=axis)
+    for o, b in zip(out, blocks):
+        np.testing.assert_allclose(o, b, atol=1e-14)
+    np.testing.assert_allclose(g.bytes_sent, cost.reduce_scatter_bytes(xs[0].size, n))
+
+
+def test_reduce_scatter_rejects_uneven_split():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        SimGroup(4).reduce_scatter(_xs(4, (6, 2)))
+
+
+def test_all_gather_concatenates_in_rank_order():
+    n = 3
+    xs = _xs(n, (2, 5))
+    g = SimGroup(n, e=2)
+    out = g.all_gather(xs, axis=0)
+    for o in out:
+        assert np.array_equal(o, np.concatenate(xs))
+    # every rank sends its block to the n-1 others along the ring: (n-1)/n of the result
+    np.testing.assert_allclose(g.bytes_sent, (n - 1) * xs[0].size * 2)
+    np.testing.assert_allclose(g.bytes_sent, cost.all_gather_bytes(n * 10 * 2, n))
+
+
+def test_reduce_scatter_plus_all_gather_is_an_all_reduce():
+    n = 4
+    xs = _xs(n, (8, 3))
+    g_ar, g_rsag = SimGroup(n), SimGroup(n)
+    ar = g_ar.all_reduce(xs)
+    rsag = g_rsag.all_gather(g_rsag.reduce_scatter(xs))
+    for a, b in zip(ar, rsag):
+        assert np.array_equal(a, b)               # same summation order: bit-identical
+    assert np.array_equal(g_ar.bytes_sent, g_rsag.bytes_sent)
+    assert [r.op for r in g_rsag.history] == ["reduce_scatter", "all_gather"]
+
+
+def test_all_to_all_is_a_block_transpose_with_off_diagonal_bytes():
+    n = 3
+    rng = np.random.default_rng(1)
+    # blocks[i][j]: rank i -> rank j; sizes differ (like an MoE dispatch)
+    blocks = [[rng.standard_normal((i + 2 * j, 4)) for j in range(n)] for i in range(n)]
+    g = SimGroup(n, e=2)
+    out = g.all_to_all(blocks)
+    for i in range(n):
+        for j in range(n):
+            assert np.array_equal(out[j][i], blocks[i][j])
+    expected = [sum(blocks[i][j].size for j in range(n) if j != i) * 2 for i in range(n)]
+    assert g.bytes_sent.tolist() == expected
+    # transposing twice gives the original blocks back
+    back = g.all_to_all(out)
+    assert all(np.array_equal(back[i][j], blocks[i][j]) for i in range(n) for j in range(n))
+
+
+def test_all_to_all_rejects_a_ragged_grid():
+    with pytest.raises(ValueError, match="n x n"):
+        SimGroup(2).all_to_all([[np.zeros(1), np.zeros(1)], [np.zeros(1)]])
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_ring_shift_sends_to_the_next_rank(n):
+    xs = [np.full((2, 3), float(r)) for r in range(n)]
+    g = SimGroup(n, e=2)
+    out = g.ring_shift(xs)
+    for r in range(n):
+        assert np.all(out[r] == (r - 1) % n)       # rank r received rank r-1's block
+    assert g.bytes_sent.tolist() == [6 * 2 * (n > 1)] * n
+
+
+def test_mismatched_shards_name_the_ranks_and_shapes():
+    g = SimGroup(3)
+    xs = [np.zeros((4, 2)), np.zeros((4, 2)), np.zeros((5, 2))]
+    for op in (g.all_reduce, g.reduce_scatter, g.all_gather, g.ring_shift):
+        with pytest.raises(ValueError, match=r"rank 2 has \(5, 2\)"):
+            op(xs)
+    with pytest.raises(ValueError, match="one array per rank"):
+        g.all_reduce(xs[:2])
+
+
+def test_bad_group_arguments():
+    with pytest.raises(ValueError):
+        SimGroup(0)
+    with pytest.raises(ValueError):
+        SimGroup(2, e=0)
+
+
+def test_ledger_accumulates_and_resets():
+    g = SimGroup(2, e=4)
+    g.all_reduce(_xs(2, (4,)))
+    g.ring_shift(_xs(2, (4,)))
+    assert g.bytes_sent.tolist() == [4 * 4 + 16, 4 * 4 + 16]
+    assert len(g.history) == 2
+    g.reset()
+    assert g.bytes_sent.tolist() == [0, 0] and g.history == []
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+def test_shard_and_gather_sequence_round_trip(layout):
+    x = np.random.default_rng(0).standard_normal((16, 2, 3))
+    shards, pos = shard_sequence(x, 4, layout)
+    assert all(s.shape == (4, 2, 3) for s in shards)
+    assert sorted(np.concatenate(pos).tolist()) == list(range(16))
+    assert np.array_equal(gather_sequence(shards, pos), x)
+
+
+def test_zigzag_needs_a_multiple_of_2n():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        shard_sequence(np.zeros((12, 1, 1)), 4, "zigzag")     # 12 % 4 == 0 but 12 % 8 != 0
+
+
+def test_gather_sequence_rejects_inconsistent_positions():
+    with pytest.raises(ValueError, match="exactly once"):
+        gather_sequence([np.zeros(2), np.zeros(2)], [np.array([0, 1]), np.array([1, 2])])

@@ -1,0 +1,317 @@
+"""MoE: routing, capacity, the expert-parallel layer, the simulator and load balancing."""
+import math
+from itertools import permutations
+
+import numpy as np
+import pytest
+
+from lesson10 import cost
+from lesson10.sim import (SimGroup, capacity_keep, expert_capacity, init_experts, moe_layer,
+                          moe_reference, route_topk, router_probs, simulate_moe,
+                          switch_aux_loss, update_expert_bias)
+from lesson10.sim.moe import _sample_topk
+
+
+# ------------------------------------------------------------------ routing and capacity
+def test_route_topk_picks_the_largest_scores_best_first():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((50, 8))
+    experts, gates = route_topk(logits, 3)
+    for t in range(50):
+        assert experts[t].tolist() == sorted(range(8), key=lambda i: -logits[t, i])[:3]
+        chosen = logits[t, experts[t]]
+        np.testing.assert_allclose(gates[t], np.exp(chosen) / np.exp(chosen).sum())
+
+
+def test_route_topk_ties_go_to_the_lower_expert():
+    experts, gates = route_topk(np.zeros((2, 5)), 2)
+    assert experts.tolist() == [[0, 1], [0, 1]]
+    np.testing.assert_allclose(gates, 0.5)
+
+
+def test_bias_changes_the_choice_but_not_the_gates():
+    logits = np.array([[2.0, 1.0, 0.0, -1.0]])
+    experts, gates = route_topk(logits, 2, bias=np.array([-5.0, 0.0, 0.0, 0.0]))
+    assert experts.tolist() == [[1, 2]]
+    np.testing.assert_allclose(gates[0], np.exp([1.0, 0.0]) / np.exp([1.0, 0.0]).sum())
+
+
+def test_k_must_be_between_1_and_E():
+    with pytest.raises(ValueError, match="k = 5"):
+        route_topk(np.zeros((3, 4)), 5)
+    with pytest.raises(ValueError):
+        route_topk(np.zeros((3, 4)), 0)
+    with pytest.raises(ValueError, match="k = 9"):
+        simulate_moe(64, 8, 9, 2)
+
+
+def test_expert_capacity_is_the_lesson_formula():
+    # C = ceil(CF * k * N / E)
+    assert expert_capacity(1000, 8, 2, 1.25) == math.ceil(1.25 * 2 * 1000 / 8) == 313
+    assert expert_capacity(4096, 64, 2, 1.0) == 128
+    assert expert_capacity(100, 10, 1, 1.1) == 11        # not 12 from 1.1 * 100 / 10 = 11.000000000000002
+    assert expert_capacity(100, 10, 1, None) is None
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="capacity_factor"):
+            expert_capacity(100, 10, 1, bad)
+
+
+def _keep_by_loop(experts, E, C):
+    used, keep = [0] * E, np.zeros(experts.shape, dtype=bool)
+    for t in range(experts.shape[0]):
+        for j in range(experts.shape[1]):
+            if used[experts[t, j]] < C:
+                used[experts[t, j]] += 1
+                keep[t, j] = True
+    return keep
+
+
+@pytest.mark.parametrize("C", [0, 1, 3, 10, 1000])
+def test_capacity_is_first_come_first_served(C):
+    rng = np.random.default_rng(C)
+    experts = np.argsort(rng.random((60, 6)), axis=1)[:, :2]
+    assert np.array_equal(capacity_keep(experts, 6, C), _keep_by_loop(experts, 6, C))
+
+
+# ------------------------------------------------------------------ the layer
+def _problem(n=4, T=12, h=6, E=8, d_ff=5, seed=0, router_scale=1.0):
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal((T, h)) for _ in range(n)]
+    router_w = rng.standard_normal((h, E)) * router_scale
+    return xs, router_w, init_experts(E, h, d_ff, seed=seed + 1)
+
+
+def _reference_by_loop(x, router_w, experts, k, cf):
+    """Token by token, copy by copy, with its own capacity counters."""
+    E = router_w.shape[1]
+    C = math.inf if cf is None else expert_capacity(len(x), E, k, cf)
+    used = [0] * E
+    y = np.zeros_like(x)
+    for t, row in enumerate(x):
+        logits = row @ router_w
+        top = sorted(range(E), key=lambda i: -logits[i])[:k]
+        gates = np.exp(logits[top] - logits[top].max())
+        gates /= gates.sum()
+        for gate, i in zip(gates, top):
+            if used[i] < C:
+                used[i] += 1
+                W1, W2 = experts[i]
+                y[t] += gate * (np.maximum(row @ W1, 0) @ W2)
+    return y
+
+
+@pytest.mark.parametrize("k,cf", [(1, None), (2, None), (2, 1.0), (2, 0.5), (3, 1.25)])
+def test_moe_reference_matches_a_token_loop(k, cf):
+    xs, router_w, experts = _problem(seed=k)
+    x = np.concatenate(xs)
+    np.testing.assert_allclose(moe_reference(x, router_w, experts, k, cf),
+                               _reference_by_loop(x, router_w, experts, k, cf), atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+@pytest.mark.parametrize("k,cf", [(1, None), (2, None), (2, 1.0), (2, 0.5), (4, 1.5)])
+def test_moe_layer_equals_the_reference(n, k, cf):
+    xs, router_w, experts = _problem(n=n, seed=n + k)
+    group = SimGroup(n)
+    ys = moe_layer(xs, router_w, experts, k, capacity_factor=cf, group=group)
+    ref = moe_reference(np.concatenate(xs), router_w, experts, k, cf)
+    np.testing.assert_allclose(np.concatenate(ys), ref, rtol=0, atol=1e-12)
+
+
+def test_moe_layer_bytes_count_each_remote_copy_twice():
+    n, T, h, E, k, e = 4, 16, 6, 8, 2, 2
+    xs, router_w, experts = _problem(n=n, T=T, h=h, E=E)
+    group = SimGroup(n, e=e)
+    moe_layer(xs, router_w, experts, k, group=group)
+    expected = np.zeros(n)
+    for i, x in enumerate(xs):
+        chosen, _ = route_topk(x @ router_w, k)
+        for dst_gpu in (chosen // (E // n)).ravel():
+            if dst_gpu != i:
+                expected[i] += h * e                 # dispatch, sent by the token's GPU
+                expected[dst_gpu] += h * e           # combine, sent back by the expert's GPU
+    np.testing.assert_allclose(group.bytes_sent, expected)
+    assert [r.op for r in group.history] == ["all_to_all", "all_to_all"]
+
+
+def test_dropped_copies_contribute_nothing():
+    xs, router_w, experts = _problem(n=2, T=16, E=4, seed=3)
+    ys, stats = moe_layer(xs, router_w, experts, 1, capacity_factor=0.25, group=SimGroup(2),
+                          return_stats=True)
+    C = expert_capacity(32, 4, 1, 0.25)
+    assert stats["capacity"] == C == 2
+    assert stats["load_per_expert"].max() <= C and stats["dropped"] == 32 - stats["load_per_expert"].sum()
+    y = np.concatenate(ys)
+    chosen, _ = route_topk(np.concatenate(xs) @ router_w, 1)
+    keep = _keep_by_loop(chosen, 4, C)
+    assert np.all(y[~keep[:, 0]] == 0)               # the token passes only through the residual
+    assert np.all(np.abs(y[keep[:, 0]]).sum(axis=1) > 0)
+
+
+def test_experts_without_tokens_and_callable_experts():
+    n, T, h, E = 2, 8, 4, 4
+    rng = np.random.default_rng(5)
+    xs = [np.hstack([rng.standard_normal((T, h)), np.ones((T, 1))]) for _ in range(n)]
+    # the last feature is a constant 1: its router row makes expert 0 win for every token
+    router_w = np.vstack([np.zeros((h, E)), [10.0, -10.0, -10.0, -10.0]])
+    scales = [1.0, 2.0, 3.0, 4.0]
+    experts = [lambda z, s=s: s * np.tanh(z) for s in scales]
+    group = SimGroup(n)
+    ys = moe_layer(xs, router_w, experts, 1, group=group)
+    ref = moe_reference(np.concatenate(xs), router_w, experts, 1)
+    np.testing.assert_allclose(np.concatenate(ys), ref, atol=1e-12)
+    np.testing.assert_allclose(np.concatenate(ys), np.tanh(np.concatenate(xs)), atol=1e-12)
+
+
+def test_moe_layer_rejects_bad_input():
+    xs, router_w, experts = _problem(n=2)
+    with pytest.raises(ValueError, match="rank 1"):
+        moe_layer([xs[0], xs[1][:5]], router_w, experts, 2)
+    with pytest.raises(ValueError, match="multiple of N_e"):
+        moe_layer(xs * 3, router_w, experts, 2)      # 6 ranks, 8 experts
+    with pytest.raises(ValueError, match="capacity_factor"):
+        moe_layer(xs, router_w, experts, 2, capacity_factor=0)
+    with pytest.raises(ValueError, match="k = 9"):
+        moe_layer(xs, router_w, experts, 9)
+
+
+# ------------------------------------------------------------------ the simulator
+def test_uniform_bytes_match_the_lesson_formula():
+    """Lesson section 5 (d): Ne=8, E=64, k=2, T=4096 per GPU, h=1024: within 1%."""
+    Ne, E, k, T, h = 8, 64, 2, 4096, 1024
+    st = simulate_moe(T * Ne, E, k, Ne, h=h, e=2)
+    formula = cost.moe_a2a_bytes(k, T, h, Ne, e=2)
+    assert st.bytes_formula == formula
+    assert abs(st.bytes_mean / formula - 1) < 0.01
+    assert st.drop_rate == 0.0 and st.dropped == 0
+    assert st.load_per_gpu.sum() == k * T * Ne and st.mean_load == k * T
+
+
+def test_check_yourself_6_bytes():
+    """EP over 4 GPUs, T=1024 per GPU, top-1, h=2048, bf16: about 6,291,456 bytes."""
+    st = simulate_moe(4 * 1024, 4, 1, 4, h=2048, seed=1)
+    assert st.bytes_formula == 6_291_456
+    assert abs(st.bytes_mean / 6_291_456 - 1) < 0.02
+
+
+def test_loads_traffic_and_drops_are_consistent():
+    st = simulate_moe(4096, 16, 2, 4, capacity_factor=1.0, skew=1.5, seed=2)
+    assert st.capacity == expert_capacity(4096, 16, 2, 1.0) == 512
+    assert st.load_per_expert.max() <= st.capacity
+    assert st.dropped == 2 * 4096 - st.load_per_expert.sum()
+    assert st.drop_rate == st.dropped / (2 * 4096)
+    assert st.traffic.sum() == st.load_per_gpu.sum() == st.load_per_expert.sum()
+    assert np.array_equal(st.traffic.sum(axis=0), st.load_per_gpu)
+    assert st.max_load == st.load_per_gpu.max() and st.mean_load == st.load_per_gpu.mean()
+    off = st.traffic - np.diag(np.diag(st.traffic))
+    np.testing.assert_allclose(st.bytes_per_gpu, (off.sum(1) + off.sum(0)) * st.h * st.e)
+
+
+def test_skew_raises_imbalance_and_drops():
+    skews = [0.0, 0.5, 1.0, 2.0, 4.0]
+    free = [simulate_moe(8192, 32, 2, 8, skew=s, seed=3) for s in skews]
+    capped = [simulate_moe(8192, 32, 2, 8, capacity_factor=1.0, skew=s, seed=3) for s in skews]
+    imbalance = [st.imbalance for st in free]
+    drops = [st.drop_rate for st in capped]
+    assert all(a < b for a, b in zip(imbalance, imbalance[1:]))
+    assert all(a < b for a, b in zip(drops, drops[1:]))
+    assert imbalance[0] < 1.05 and drops[0] < 0.05
+    assert all(st.drop_rate == 0 for st in free)
+
+
+def _plackett_luce(p, k):
+    """Exact probability of each ordered choice of k distinct experts."""
+    probs = {}
+    for seq in permutations(range(len(p)), k):
+        pr, left = 1.0, 1.0
+        for i in seq:
+            pr *= p[i] / left
+            left -= p[i]
+        probs[seq] = pr
+    return probs
+
+
+@pytest.mark.parametrize("max_rounds", [0, 3])
+def test_sampler_draws_the_top_k_of_logits_plus_gumbel_noise(max_rounds):
+    logw = np.log(np.array([0.55, 0.25, 0.15, 0.05]))
+    T = 100_000
+    choices = _sample_topk(logw, T, 2, np.random.default_rng(7), max_rounds=max_rounds)
+    assert np.all(choices[:, 0] != choices[:, 1])
+    exact = _plackett_luce(np.exp(logw), 2)
+    for (i, j), pr in exact.items():
+        freq = np.mean((choices[:, 0] == i) & (choices[:, 1] == j))
+        assert abs(freq - pr) < 5 * np.sqrt(pr * (1 - pr) / T) + 1e-4, (i, j, freq, pr)
+
+
+def test_sampler_handles_underflowing_weights():
+    choices = _sample_topk(np.array([0.0, -800.0, -900.0, -1000.0]), 64, 3, np.random.default_rng(0))
+    assert np.all(np.sort(choices, axis=1) == [0, 1, 2])
+    assert np.all(choices[:, :3] == [0, 1, 2])      # the order of the weights
+
+
+def test_simulate_moe_rejects_bad_input():
+    with pytest.raises(ValueError, match="capacity_factor"):
+        simulate_moe(64, 8, 2, 2, capacity_factor=-1)
+    with pytest.raises(ValueError, match="multiple of Ne"):
+        simulate_moe(64, 6, 2, 4)
+    with pytest.raises(ValueError, match="multiple of Ne"):
+        simulate_moe(66, 8, 2, 4)
+
+
+# ------------------------------------------------------------------ balancing
+def test_switch_aux_loss_is_alpha_for_uniform_routing_and_grows_with_concentration():
+    T, E, k = 64, 8, 2
+    uniform_probs = np.full((T, E), 1 / E)
+    uniform_experts = (np.arange(T * k) % E).reshape(T, k)
+    assert switch_aux_loss(uniform_probs, uniform_experts, alpha=1e-2) == pytest.approx(1e-2, rel=1e-12)
+    hot_probs = np.zeros((T, E))
+    hot_probs[:, 0] = 1.0
+    hot_experts = np.zeros((T, 1), dtype=int)
+    assert switch_aux_loss(hot_probs, hot_experts, alpha=1e-2) == pytest.approx(1e-2 * E)
+    logits = np.random.default_rng(0).standard_normal((T, E))
+    e_, _ = route_topk(logits, k)
+    assert switch_aux_loss(router_probs(logits), e_) > 0
+
+
+def test_update_expert_bias_is_a_sign_update():
+    bias = np.array([0.0, 0.5, -0.5, 0.0])
+    load = np.array([10, 2, 4, 4])                    # mean 5
+    np.testing.assert_array_equal(update_expert_bias(bias, load, 0.1), [-0.1, 0.6, -0.4, 0.1])
+    np.testing.assert_array_equal(update_expert_bias(bias, np.full(4, 3), 0.1), bias)
+
+
+def test_bias_updates_lower_the_max_over_mean_load():
+    """DeepSeek-V3 style: the bias enters routing only; the load evens out over iterations."""
+    rng = np.random.default_rng(0)
+    T, E, k = 4096, 16, 2
+    popularity = np.linspace(2.0, -2.0, E)            # some experts much more popular
+    logits = rng.standard_normal((T, E)) + popularity
+    bias = np.zeros(E)
+    ratios = []
+    for _ in range(60):
+        experts, gates = route_topk(logits, k, bias=bias)
+        load = np.bincount(experts.ravel(), minlength=E)
+        ratios.append(load.max() / load.mean())
+        chosen = np.take_along_axis(logits, experts, axis=1)    # gates: softmax of the logits
+        np.testing.assert_allclose(gates, np.exp(chosen) / np.exp(chosen).sum(1, keepdims=True))
+        bias = update_expert_bias(bias, load, rate=0.05)
+    assert ratios[0] > 2.0
+    assert np.mean(ratios[-10:]) < 1.2 < ratios[0]
+    # the same loop on the simulator, per GPU
+    bias = np.zeros(E)
+    sims = []
+    for _ in range(40):
+        st = simulate_moe(T, E, k, 4, skew=1.0, seed=1, bias=bias, popularity=popularity)
+        sims.append(st.imbalance)
+        bias = update_expert_bias(bias, st.load_per_expert, rate=0.05)
+    assert np.mean(sims[-5:]) < 1.1 < sims[0]
+
+
+def test_simulation_is_reproducible_and_the_popular_experts_stay_fixed():
+    a = simulate_moe(4096, 16, 2, 4, skew=2.0, seed=5)
+    b = simulate_moe(4096, 16, 2, 4, skew=2.0, seed=5)
+    assert np.array_equal(a.load_per_expert, b.load_per_expert)
+    c = simulate_moe(4096, 16, 2, 4, skew=4.0, seed=5)
+    assert np.array_equal(a.popularity, c.popularity)
+    hot = np.argmax(a.popularity)
+    assert a.load_per_expert.argmax() == hot == c.load_per_expert.argmax()
