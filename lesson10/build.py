@@ -1,0 +1,192 @@
+"""``python -m lesson10 build [--check]``: write the exercise notebooks from the solutions.
+
+``solutions/*.ipynb`` are the source of truth. For each of them the build writes
+``notebooks/<same name>`` where every region
+
+    ### BEGIN SOLUTION
+    ...
+    ### END SOLUTION
+
+of a code cell is replaced by ``raise NotImplementedError(...)`` at the indentation
+of the ``### BEGIN SOLUTION`` line (so a function's signature and docstring, written
+outside the region, stay). Outputs, execution counts and execution metadata are
+removed from both trees, and the JSON is written in one canonical form (sorted keys),
+so building twice gives the same bytes.
+
+``--check`` writes nothing: it exits with status 1 and lists every file that the
+build would change (a stale or missing exercise notebook, a solution with outputs,
+an exercise notebook with no solution).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+BEGIN = "### BEGIN SOLUTION"
+END = "### END SOLUTION"
+STUB = 'raise NotImplementedError("your code here: replace this line")'
+_BEGIN_RE = re.compile(r"^(\s*)### BEGIN SOLUTION\s*$")
+_END_RE = re.compile(r"^\s*### END SOLUTION\s*$")
+#: cell metadata that records a run, not content
+_RUN_METADATA = ("execution", "ExecuteTime", "collapsed", "scrolled", "jupyter")
+
+
+class BuildError(ValueError):
+    """A solution notebook cannot be turned into an exercise notebook."""
+
+
+def repo_root() -> Path:
+    """The folder holding ``solutions/`` and ``notebooks/`` (the repository root)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def strip_solutions(source: str, where: str = "cell") -> str:
+    """Replace each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region with a stub that
+    raises ``NotImplementedError``, indented like the BEGIN line."""
+    out: list[str] = []
+    inside = False
+    for number, line in enumerate(source.split("\n"), start=1):
+        begin = _BEGIN_RE.match(line)
+        if begin:
+            if inside:
+                raise BuildError(f"{where}, line {number}: '{BEGIN}' inside another solution region; "
+                                 f"close the first one with '{END}'")
+            inside = True
+            out.append(begin.group(1) + STUB)
+            continue
+        if _END_RE.match(line):
+            if not inside:
+                raise BuildError(f"{where}, line {number}: '{END}' without a '{BEGIN}' before it")
+            inside = False
+            continue
+        if BEGIN in line or END in line:
+            raise BuildError(f"{where}, line {number}: the markers must stand alone on their line "
+                             f"(got {line.strip()!r})")
+        if not inside:
+            out.append(line)
+    if inside:
+        raise BuildError(f"{where}: '{BEGIN}' is never closed by '{END}'")
+    return "\n".join(out)
+
+
+def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy without outputs, execution counts or run metadata."""
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        for key in _RUN_METADATA:
+            cell.metadata.pop(key, None)
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+    nb.metadata.pop("widgets", None)          # saved widget state is output, too
+    return nb
+
+
+def exercise_notebook(solution: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
+    """The exercise notebook for a (cleaned) solution notebook."""
+    nb = clean(solution)
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            cell.source = strip_solutions(cell.source, where=f"{name}, cell {index}")
+        elif BEGIN in cell.source:
+            raise BuildError(f"{name}, cell {index}: solution markers are only allowed in code cells")
+    return nb
+
+
+def dumps(nb: nbformat.NotebookNode) -> str:
+    """Canonical text of a notebook (nbformat's sorted-key JSON, one newline at the end)."""
+    text = nbformat.writes(nb, version=4)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def _read(path: Path) -> nbformat.NotebookNode:
+    try:
+        return nbformat.read(path, as_version=4)
+    except Exception as exc:  # noqa: BLE001 - report which file is broken
+        raise BuildError(f"{path}: cannot read the notebook ({type(exc).__name__}: {exc})") from exc
+
+
+def plan(root: Path) -> dict[Path, str]:
+    """Every file the build owns, with the text it should have."""
+    solutions, notebooks = root / "solutions", root / "notebooks"
+    if not solutions.is_dir():
+        raise BuildError(f"no solutions/ folder in {root}")
+    files: dict[Path, str] = {}
+    for path in sorted(solutions.glob("*.ipynb")):
+        nb = _read(path)
+        files[path] = dumps(clean(nb))
+        files[notebooks / path.name] = dumps(exercise_notebook(nb, name=path.name))
+    return files
+
+
+def stale(root: Path) -> list[str]:
+    """Files that differ from what the build would write (relative paths, with a reason)."""
+    problems = []
+    wanted = plan(root)
+    for path, text in wanted.items():
+        rel = path.relative_to(root)
+        if not path.exists():
+            problems.append(f"{rel} (missing)")
+        elif path.read_text(encoding="utf-8") != text:
+            what = "has outputs or is not in canonical form" if path.parent.name == "solutions" \
+                else "differs from the build of solutions/" + path.name
+            problems.append(f"{rel} ({what})")
+    notebooks = root / "notebooks"
+    if notebooks.is_dir():
+        for path in sorted(notebooks.glob("*.ipynb")):
+            if path not in wanted:
+                problems.append(f"{path.relative_to(root)} (no solutions/{path.name})")
+    return problems
+
+
+def build(root: Path) -> list[Path]:
+    """Write every stale file; return the paths written."""
+    written = []
+    wanted = plan(root)
+    (root / "notebooks").mkdir(exist_ok=True)
+    for path, text in wanted.items():
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lesson10 build",
+        description="Write notebooks/ from solutions/ (solution regions replaced by stubs, "
+                    "outputs removed).")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 and list the files the build would change")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="folder holding solutions/ and notebooks/ (default: the repository)")
+    args = parser.parse_args(argv)
+    root = (args.root or repo_root()).resolve()
+    try:
+        if args.check:
+            problems = stale(root)
+            if problems:
+                print("stale (run `python -m lesson10 build`):", file=sys.stderr)
+                for line in problems:
+                    print(f"  {line}", file=sys.stderr)
+                return 1
+            print(f"up to date: {len(plan(root)) // 2} notebooks")
+            return 0
+        written = build(root)
+    except BuildError as exc:
+        print(f"build failed: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"wrote {path.relative_to(root)}")
+    if not written:
+        print("nothing to do: notebooks/ is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
