@@ -48,3 +48,145 @@ def count_bytes():
         yield c
     finally:
         _active.remove(c)
+
+
+# ----------------------------------------------------------------------------
+# Collective wrappers: the torch.distributed call plus its bytes at ring cost.
+# They work on plain tensors (no autograd); the autograd Functions of sp.py,
+# ulysses.py and moe.py call them in their forward and backward.
+
+import math  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def group_size(group=None) -> int:
+    """Number of ranks in ``group`` (``None`` = the default, world group)."""
+    return dist.get_world_size(group)
+
+
+def group_rank(group=None) -> int:
+    """This rank's index inside ``group``."""
+    return dist.get_rank(group)
+
+
+def _nbytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
+
+
+def all_reduce(x: torch.Tensor, group=None, op: str = "all_reduce") -> torch.Tensor:
+    """Sum ``x`` over the ranks of ``group``, in place; returns ``x``.
+
+    Bytes: ``2 (n-1)/n * x.nbytes`` (a ring reduce-scatter plus all-gather),
+    recorded under the name ``op`` (every wrapper takes ``op=`` to label its bytes,
+    e.g. ``"param_grad"`` or ``"metadata"``, so a test can separate them).
+    """
+    n = group_size(group)
+    if n > 1:
+        record(op, 2 * (n - 1) * _nbytes(x) // n)
+        dist.all_reduce(x, group=group)
+    return x
+
+
+def all_gather(x: torch.Tensor, dim: int = 0, group=None, op: str = "all_gather") -> torch.Tensor:
+    """Concatenate every rank's ``x`` along ``dim`` in rank order.
+
+    Shapes: ``x`` ``(..., m, ...)`` on each of ``n`` ranks -> ``(..., n m, ...)``.
+    Every rank must pass the same shape. Bytes: ``(n-1)/n`` of the output
+    = ``(n-1) * x.nbytes``.
+    """
+    n = group_size(group)
+    if n == 1:
+        return x
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(n)]
+    record(op, (n - 1) * _nbytes(x))
+    dist.all_gather(parts, x, group=group)
+    return torch.cat(parts, dim=dim)
+
+
+def reduce_scatter(x: torch.Tensor, dim: int = 0, group=None, op: str = "reduce_scatter") -> torch.Tensor:
+    """Sum ``x`` over ranks and keep this rank's chunk ``r`` of ``n`` along ``dim``.
+
+    Shapes: ``(..., n m, ...)`` -> ``(..., m, ...)``; ``x.shape[dim]`` must be a
+    multiple of ``n``. Bytes: ``(n-1)/n * x.nbytes``.
+    """
+    n = group_size(group)
+    if x.shape[dim] % n:
+        raise ValueError(f"reduce_scatter: size {x.shape[dim]} of dim {dim} is not a multiple "
+                         f"of the {n} ranks; pad it to a multiple of {n}.")
+    if n == 1:
+        return x
+    chunks = [c.contiguous() for c in x.chunk(n, dim=dim)]
+    out = torch.empty_like(chunks[0])
+    record(op, (n - 1) * _nbytes(x) // n)
+    try:
+        dist.reduce_scatter(out, chunks, group=group)
+    except RuntimeError as e:  # old gloo builds have no reduce_scatter: same sum, via all_reduce
+        if "support" not in str(e).lower():
+            raise
+        full = x.contiguous().clone()
+        dist.all_reduce(full, group=group)
+        out = full.chunk(n, dim=dim)[group_rank(group)].contiguous()
+    return out
+
+
+def all_to_all_single(x: torch.Tensor, output_split_sizes=None, input_split_sizes=None,
+                      group=None, op: str = "all_to_all") -> torch.Tensor:
+    """Block transpose along dim 0: rows ``input_split_sizes[j]`` go to rank ``j``.
+
+    Shapes: ``x`` ``(sum(input_split_sizes), ...)`` -> ``(sum(output_split_sizes), ...)``
+    where ``output_split_sizes[j]`` rows come from rank ``j`` (rank order). ``None`` =
+    equal splits (dim 0 a multiple of ``n``). Splits may be uneven and may be 0.
+    Bytes: the rows that leave the rank, ``x.nbytes - rows_kept * row_bytes``.
+    """
+    n = group_size(group)
+    r = group_rank(group)
+    rows = x.shape[0]
+    if input_split_sizes is None:
+        if rows % n:
+            raise ValueError(f"all_to_all_single: {rows} rows cannot be split evenly over {n} "
+                             "ranks; pass input_split_sizes or pad to a multiple of n.")
+        input_split_sizes = [rows // n] * n
+    input_split_sizes = [int(v) for v in input_split_sizes]
+    if len(input_split_sizes) != n or sum(input_split_sizes) != rows:
+        raise ValueError(f"input_split_sizes {input_split_sizes} must have {n} entries "
+                         f"summing to dim 0 = {rows}")
+    if output_split_sizes is None:
+        output_split_sizes = [rows // n] * n if rows % n == 0 else None
+        if output_split_sizes is None:  # pragma: no cover - caught above
+            raise ValueError("output_split_sizes needed")
+    output_split_sizes = [int(v) for v in output_split_sizes]
+    if len(output_split_sizes) != n:
+        raise ValueError(f"output_split_sizes needs {n} entries, got {output_split_sizes}")
+    row_bytes = math.prod(x.shape[1:]) * x.element_size()
+    record(op, (rows - input_split_sizes[r]) * row_bytes)
+    x = x.contiguous()
+    out = x.new_empty((sum(output_split_sizes), *x.shape[1:]))
+    if n == 1:
+        out.copy_(x)
+        return out
+    dist.all_to_all_single(out, x, output_split_sizes, input_split_sizes, group=group)
+    return out
+
+
+def check_same_shape(x: torch.Tensor, group=None, what: str = "tensor", dims=None) -> None:
+    """ValueError on every rank if ``x.shape`` (or ``x.shape[d] for d in dims``) differs
+    between the ranks of ``group``: a mismatched collective would hang or mix data.
+
+    One all-gather of a few int64s, recorded under ``"metadata"``.
+    """
+    n = group_size(group)
+    if n == 1:
+        return
+    shape = list(x.shape) if dims is None else [x.shape[d] for d in dims]
+    if len(shape) > 8:
+        raise ValueError(f"{what}: at most 8 dims are checked, got {len(shape)}")
+    mine = torch.tensor([len(shape)] + shape + [-1] * (8 - len(shape)), dtype=torch.int64)
+    dev = x.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    allv = all_gather(mine.to(dev)[None], dim=0, group=group, op="metadata").cpu()
+    if not bool((allv == allv[0]).all()):
+        rows = {r: tuple(allv[r, 1:1 + int(allv[r, 0])].tolist()) for r in range(n)}
+        raise ValueError(f"mismatched shards: {what} has different shapes on the ranks {rows}; "
+                         "every rank must hold an equal shard (same batch, tokens, heads, dim).")

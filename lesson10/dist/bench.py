@@ -1,0 +1,605 @@
+"""Timing harness for the real (torch.distributed) methods, and the one-off ``run`` command.
+
+Two entry points used by ``python -m lesson10``:
+
+* ``run_main(argv)`` -- ``python -m lesson10 run {ring,ulysses,sp,moe} --nproc N [sizes]``:
+  one multi-process run, checked against the single-process reference; prints the time,
+  the largest error and the bytes sent per rank next to :mod:`lesson10.cost`'s formula.
+* ``main(argv)`` -- ``python -m lesson10 bench {ring,ulysses,moe,sp,all}``: benchmarks that
+  write markdown tables (and a PNG when matplotlib is there) to ``benchmarks/results/``:
+
+  1. causal ring attention fwd+bwd, zig-zag vs contiguous, next to the lesson's
+     ``(N_c - 1/2)/(N_c/2)``;
+  2. overlap vs no overlap, and the exposed communication per round;
+  3. ring / Ulysses vs one process over the whole sequence: parallel efficiency;
+  4. the target: causal zig-zag ring fwd+bwd on 2 ranks x 1 thread vs one process with 2
+     threads running SDPA on the whole sequence (``b=1, s=4096, a=8, d=64``, float32).
+
+The same module runs under torchrun (the processes already exist)::
+
+    torchrun --nproc-per-node 2 -m lesson10.dist.bench ring --seq 4096
+    python -m lesson10.dist.bench ring --nproc 2          # starts the ranks itself
+
+Every worker below is a module-level function, so spawned ranks can import it. Times
+are medians over ``reps`` after a warm-up; each rep is the slowest rank's time.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .attention import attention
+from .comm import count_bytes
+from .ring import ring_attention
+from .shard import gather_sequence, shard_sequence
+
+__all__ = ["main", "run_main", "check_attention_cases", "time_attention_configs",
+           "check_shard_cases", "ring_error_messages",
+           "time_single_process", "ring_table", "RESULTS_DIR"]
+
+RESULTS_DIR = Path("benchmarks") / "results"
+_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+# ---------------------------------------------------------------------- helpers
+def _method_fn(method: str):
+    if method == "ring":
+        return ring_attention
+    if method == "ulysses":
+        try:
+            from .ulysses import ulysses_attention
+        except ImportError as e:  # pragma: no cover - depends on the other half
+            raise RuntimeError(f"lesson10.dist.ulysses is not available: {e}") from e
+        return ulysses_attention
+    raise ValueError(f"unknown attention method {method!r}; use 'ring' or 'ulysses'")
+
+
+def _device():
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _full_inputs(case: dict, device):
+    """The same full q, k, v, dout on every rank (seeded), shapes (b, s, a|a_kv, d)."""
+    g = torch.Generator().manual_seed(int(case.get("seed", 0)))
+    dt = _DTYPES[case.get("dtype", "float32")]
+    b, s, a, d = case["b"], case["s"], case["a"], case["d"]
+    a_kv = case.get("a_kv", a)
+    shapes = [(b, s, a, d), (b, s, a_kv, d), (b, s, a_kv, d), (b, s, a, d)]
+    return [torch.randn(sh, generator=g, dtype=torch.float64).to(dt).to(device) for sh in shapes]
+
+
+def _slowest(seconds: float) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def _sync():
+    if torch.cuda.is_available() and dist.get_backend() == "nccl":
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------- workers
+def check_attention_cases(cases: list[dict]) -> list[dict]:
+    """Worker: run each case through ring (or Ulysses) and the single-process reference.
+
+    A case: ``{"method": "ring", "b", "s", "a", "a_kv", "d", "dtype", "causal", "layout",
+    "overlap", "impl", "seed", "split"}``; ``split = m`` cuts the world into ``m``
+    groups of consecutive ranks, each running its own ring on its own sequence. Returns
+    per case the largest absolute errors of the output and of dq, dk, dv (gathered to
+    the full sequence), the bytes this rank sent in forward and backward, the ring size
+    ``n_ring`` and the time of one forward+backward.
+    """
+    device = _device()
+    results = []
+    world, rank = dist.get_world_size(), dist.get_rank()
+    for case in cases:
+        method = case.get("method", "ring")
+        layout = case.get("layout", "zigzag")
+        causal = bool(case.get("causal", True))
+        group, n_ring = None, world
+        if case.get("split"):
+            n_ring = world // int(case["split"])
+            groups = [dist.new_group(list(range(i, i + n_ring))) for i in range(0, world, n_ring)]
+            group = groups[rank // n_ring]
+            case = {**case, "seed": int(case.get("seed", 0)) + 1000 * (rank // n_ring)}
+        q, k, v, dout = _full_inputs(case, device)
+        ref = [t.clone().requires_grad_() for t in (q, k, v)]
+        o_ref, _ = attention(*ref, causal=causal)
+        o_ref.backward(dout)
+        loc = [shard_sequence(t, layout, group).detach().requires_grad_() for t in (q, k, v)]
+        kwargs = {}
+        if method == "ring":
+            kwargs = {"overlap": case.get("overlap", True), "impl": case.get("impl", "auto")}
+        fn = _method_fn(method)
+        dist.barrier()
+        t0 = time.perf_counter()
+        with count_bytes() as fwd:
+            out = fn(*loc, causal=causal, layout=layout, group=group, **kwargs)
+        with count_bytes() as bwd:
+            out.backward(shard_sequence(dout, layout, group))
+        _sync()
+        elapsed = _slowest(time.perf_counter() - t0)
+        full = [gather_sequence(t.detach(), layout, group)
+                for t in (out, loc[0].grad, loc[1].grad, loc[2].grad)]
+        errs = [float((x.double() - y.detach().double()).abs().max()) for x, y in
+                zip(full, (o_ref, ref[0].grad, ref[1].grad, ref[2].grad))]
+        results.append({**case, "err_out": errs[0], "err_dq": errs[1], "err_dk": errs[2],
+                        "err_dv": errs[3], "err": max(errs), "bytes_fwd": fwd.sent,
+                        "bytes_bwd": bwd.sent, "bytes_fwd_by_op": dict(fwd.by_op),
+                        "time_s": elapsed, "rank": rank, "n_ring": n_ring})
+    return results
+
+
+def check_shard_cases(cases: list[tuple]) -> list[dict]:
+    """Worker: for each ``(s, layout)`` shard a tensor whose entries are their global
+    token ids and gather it back. Returns the ids this rank holds, the round trip's
+    exactness, and the error message when ``s`` does not fit the layout."""
+    out = []
+    for s, layout in cases:
+        x = torch.arange(s, dtype=torch.float64).view(1, s, 1, 1).expand(2, s, 3, 1).contiguous()
+        try:
+            loc = shard_sequence(x, layout)
+        except ValueError as e:
+            out.append({"s": s, "layout": layout, "error": str(e)})
+            continue
+        back = gather_sequence(loc, layout)
+        out.append({"s": s, "layout": layout, "ids": loc[0, :, 0, 0].long().tolist(),
+                    "roundtrip": bool(torch.equal(back, x)), "error": None})
+    return out
+
+
+def ring_error_messages(n_heads_bad: int = 3) -> dict:
+    """Worker: the exceptions ``ring_attention`` raises for bad input (``type: message``)."""
+    r = dist.get_rank()
+    cases = {
+        "odd_zigzag": lambda: ring_attention(*(torch.randn(1, 3, 2, 4) for _ in range(3)), layout="zigzag"),
+        "heads": lambda: ring_attention(torch.randn(1, 4, 4, 4), torch.randn(1, 4, n_heads_bad, 4),
+                                        torch.randn(1, 4, n_heads_bad, 4)),
+        "kv_mismatch": lambda: ring_attention(torch.randn(1, 4, 2, 4), torch.randn(1, 4, 2, 4),
+                                              torch.randn(1, 6, 2, 4)),
+        "layout": lambda: ring_attention(*(torch.randn(1, 4, 2, 4) for _ in range(3)), layout="striped"),
+        "ranks_disagree": lambda: ring_attention(*(torch.randn(1, 4 + 2 * r, 2, 4) for _ in range(3))),
+    }
+    msgs = {}
+    for name, fn in cases.items():
+        try:
+            fn()
+            msgs[name] = None
+        except Exception as e:  # noqa: BLE001 - the test inspects type and text
+            msgs[name] = f"{type(e).__name__}: {e}"
+    return msgs
+
+
+def _sdpa_once(state, cfg):
+    """One fwd+bwd of ``F.scaled_dot_product_attention`` over the whole sequence, timed."""
+    if "sdpa" not in state:
+        dt = _DTYPES[cfg.get("dtype", "float32")]
+        g = torch.Generator().manual_seed(0)
+        b, s, a, d = cfg["b"], cfg["s"], cfg["a"], cfg["d"]
+        dev = _device()
+        q, k, v = (torch.randn(b, a, s, d, generator=g).to(dt).to(dev).requires_grad_() for _ in range(3))
+        state["sdpa"] = (q, k, v, torch.randn(b, a, s, d, generator=g).to(dt).to(dev))
+    q, k, v, dout = state["sdpa"]
+    q.grad = k.grad = v.grad = None
+    _sync()
+    t0 = time.perf_counter()
+    F.scaled_dot_product_attention(q, k, v, is_causal=cfg.get("causal", True)).backward(dout)
+    _sync()
+    return time.perf_counter() - t0
+
+
+def time_attention_configs(configs: list[dict], reps: int = 5, warmup: int = 1) -> list[dict]:
+    """Worker: median fwd+bwd time (slowest rank) of each config, and per-round timings.
+
+    A config: ``{"method": "ring"|"ulysses", "b", "s", "a", "a_kv", "d", "dtype",
+    "causal", "layout", "overlap"}`` (``s`` = whole sequence), or ``{"method": "sdpa",
+    "threads": t, ...}``: rank 0 alone runs PyTorch SDPA over the whole sequence with
+    ``t`` threads while the other ranks wait (the single-process reference, measured
+    side by side). Reps are interleaved (rep 1 of every config, then rep 2, ...), so a
+    change in the load of a shared machine hits every config alike. For ring attention
+    also the compute and the waiting time of every round (max over ranks, last rep):
+    waiting = exposed communication.
+    """
+    device = _device()
+    n, rank = dist.get_world_size(), dist.get_rank()
+    states = [{} for _ in configs]
+    times = [[] for _ in configs]
+    rounds = [None for _ in configs]
+    for i in range(warmup + reps):
+        for j, cfg in enumerate(configs):
+            method = cfg.get("method", "ring")
+            st = states[j]
+            dist.barrier()
+            if method == "sdpa":
+                t = 0.0
+                if rank == 0:
+                    old = torch.get_num_threads()
+                    torch.set_num_threads(int(cfg.get("threads", 1)))
+                    try:
+                        t = _sdpa_once(st, cfg)
+                    finally:
+                        torch.set_num_threads(old)
+                t = _slowest(t)
+                if i >= warmup:
+                    times[j].append(t)
+                continue
+            if "qkv" not in st:
+                b, s, a, d = cfg["b"], cfg["s"], cfg["a"], cfg["d"]
+                a_kv = cfg.get("a_kv", a)
+                dt = _DTYPES[cfg.get("dtype", "float32")]
+                c = s // n
+                g = torch.Generator().manual_seed(rank)
+                st["qkv"] = [torch.randn(b, c, h, d, generator=g).to(dt).to(device).requires_grad_()
+                             for h in (a, a_kv, a_kv)]
+                st["dout"] = torch.randn(b, c, a, d, generator=g).to(dt).to(device)
+            q, k, v = st["qkv"]
+            tm = [] if method == "ring" else None
+            kwargs = {"overlap": cfg.get("overlap", True), "timings": tm, "check": False} \
+                if method == "ring" else {}
+            q.grad = k.grad = v.grad = None
+            _sync()
+            t0 = time.perf_counter()
+            o = _method_fn(method)(q, k, v, causal=cfg.get("causal", True),
+                                   layout=cfg.get("layout", "zigzag"), **kwargs)
+            o.backward(st["dout"])
+            _sync()
+            t = _slowest(time.perf_counter() - t0)
+            if i >= warmup:
+                times[j].append(t)
+                rounds[j] = tm
+    out_rows = []
+    for j, cfg in enumerate(configs):
+        per_round = None
+        if rounds[j]:
+            vals = torch.tensor([[r["compute_s"], r["wait_s"]] for r in rounds[j]], dtype=torch.float64)
+            if dist.get_backend() == "nccl":
+                vals = vals.cuda()
+            dist.all_reduce(vals, op=dist.ReduceOp.MAX)
+            per_round = [{"phase": r["phase"], "round": r["round"], "compute_s": float(x[0]),
+                          "wait_s": float(x[1])} for r, x in zip(rounds[j], vals.cpu())]
+        out_rows.append({**cfg, "n": n, "median_s": statistics.median(times[j]),
+                         "times": times[j], "per_round": per_round})
+    return out_rows
+
+
+def time_single_process(s=4096, a=8, d=64, b=1, causal=True, threads=2, reps=5, warmup=1,
+                        dtype="float32") -> float:
+    """Median fwd+bwd time of ``F.scaled_dot_product_attention`` over the whole sequence,
+    in this process with ``threads`` torch threads (restored afterwards)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        dt = _DTYPES[dtype]
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(b, a, s, d, generator=g).to(dt).requires_grad_() for _ in range(3))
+        dout = torch.randn(b, a, s, d, generator=g).to(dt)
+        times = []
+        for i in range(warmup + reps):
+            q.grad = k.grad = v.grad = None
+            t0 = time.perf_counter()
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            o.backward(dout)
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    finally:
+        torch.set_num_threads(old)
+
+
+# ---------------------------------------------------------------------- tables
+def _md_table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _ms(x):
+    return f"{1e3 * x:.1f}"
+
+
+def ring_table(rows: list[dict]) -> str:
+    """Markdown for benchmarks 1-4 from :func:`time_attention_configs` rows (the
+    ``"sdpa"`` rows are the single-process references of the same launch)."""
+    out = []
+    by = {(r["method"], r["n"], r.get("layout"), r.get("overlap", True)): r for r in rows
+          if r["method"] != "sdpa"}
+    single = {(r["n"], r["threads"]): r["median_s"] for r in rows if r["method"] == "sdpa"}
+    ns = sorted({r["n"] for r in rows})
+    # (1) layouts
+    t1 = []
+    for n in ns:
+        z, c = by.get(("ring", n, "zigzag", True)), by.get(("ring", n, "contiguous", True))
+        if z and c:
+            ring_c = sum(r["compute_s"] for r in c["per_round"])
+            ring_z = sum(r["compute_s"] for r in z["per_round"])
+            t1.append([n, z["s"], _ms(c["median_s"]), _ms(z["median_s"]),
+                       f"{c['median_s'] / z['median_s']:.2f}", f"{ring_c / ring_z:.2f}",
+                       f"{(n - 0.5) / (n / 2):.2f}"])
+    if t1:
+        out += ["## 1. Causal ring attention: contiguous vs zig-zag (fwd+bwd)", "",
+                _md_table(["N_c", "s", "contiguous ms", "zig-zag ms", "measured ratio",
+                           "ratio of sum_k max_r compute", "lesson (N_c-1/2)/(N_c/2)"], t1), "",
+                "The lesson's ratio assumes one core per rank. With fewer free cores than "
+                "ranks, an idle rank hands its core to a busy one, and the measured ratio "
+                "moves towards 1 (the total work of both layouts is the same).", ""]
+    # (2) overlap
+    t2, t2r = [], []
+    for n in ns:
+        on, off = by.get(("ring", n, "zigzag", True)), by.get(("ring", n, "zigzag", False))
+        if on and off:
+            exp_on = sum(r["wait_s"] for r in on["per_round"])
+            exp_off = sum(r["wait_s"] for r in off["per_round"])
+            t2.append([n, _ms(off["median_s"]), _ms(on["median_s"]),
+                       f"{off['median_s'] / on['median_s']:.2f}", _ms(exp_off), _ms(exp_on)])
+            for a_, b_ in zip(off["per_round"], on["per_round"]):
+                t2r.append([n, a_["phase"], a_["round"], _ms(b_["compute_s"]), _ms(a_["wait_s"]),
+                            _ms(b_["wait_s"])])
+    if t2:
+        out += ["## 2. Overlap: transfer before compute vs overlapped (causal zig-zag, fwd+bwd)", "",
+                _md_table(["N_c", "no overlap ms", "overlap ms", "speed-up",
+                           "exposed comm, no overlap ms", "exposed comm, overlap ms"], t2), "",
+                "Per round (slowest rank; waiting time = communication not hidden):", "",
+                _md_table(["N_c", "phase", "round", "compute ms", "wait ms, no overlap",
+                           "wait ms, overlap"], t2r), ""]
+    # (3) parallel efficiency
+    t3 = []
+    for r in rows:
+        t_one = single.get((r["n"], 1))
+        if r["method"] == "sdpa" or not t_one:
+            continue
+        if r.get("overlap", True) and (r["method"] == "ulysses" or r.get("layout") == "zigzag"):
+            eff = t_one / (r["n"] * r["median_s"])
+            t3.append([r["method"], r["n"], r.get("layout"), _ms(r["median_s"]), _ms(t_one),
+                       f"{t_one / r['median_s']:.2f}", f"{eff:.0%}"])
+    if t3:
+        out += ["## 3. Parallel efficiency vs one process over the whole sequence (1 thread)", "",
+                _md_table(["method", "N_c", "layout", "parallel ms", "single ms", "speed-up",
+                           "efficiency = T_1/(N_c T_N)"], t3), ""]
+    # (4) target
+    z2 = by.get(("ring", 2, "zigzag", True))
+    if z2 and single.get((2, 2)):
+        ratio = z2["median_s"] / single[(2, 2)]
+        out += ["## 4. Target: zig-zag ring, 2 ranks x 1 thread vs one process SDPA, 2 threads", "",
+                _md_table(["s", "heads", "d", "ring 2x1 ms", "SDPA 1x2 ms", "ratio", "target",
+                           "met"],
+                          [[z2["s"], z2["a"], z2["d"], _ms(z2["median_s"]), _ms(single[(2, 2)]),
+                            f"{ratio:.2f}", "<= 1.5", "yes" if ratio <= 1.5 else "no"]]), ""]
+    return "\n".join(out)
+
+
+def _plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return None
+    ring = [r for r in rows if r["method"] == "ring" and r.get("overlap", True)]
+    if not ring:
+        return None
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for lay in ("contiguous", "zigzag"):
+        pts = sorted((r["n"], 1e3 * r["median_s"]) for r in ring if r.get("layout") == lay)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=lay)
+    ns = sorted({r["n"] for r in ring})
+    one = [r["median_s"] for r in rows if r["method"] == "sdpa" and r.get("threads") == 1]
+    if one:
+        ax.axhline(1e3 * statistics.median(one), color="grey", ls="--", label="1 process, 1 thread")
+    ax.set_xticks(ns)
+    ax.set_xlabel("ranks N_c")
+    ax.set_ylabel("fwd+bwd ms (causal)")
+    ax.set_title("ring attention on gloo/CPU")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------- commands
+def _common_args(p):
+    p.add_argument("--seq", type=int, default=4096, help="whole sequence length s")
+    p.add_argument("--heads", type=int, default=8, help="query heads a")
+    p.add_argument("--kv-heads", type=int, default=None, help="K/V heads (GQA); default = heads")
+    p.add_argument("--dim", type=int, default=64, help="head dim d")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    p.add_argument("--timeout", type=float, default=600.0)
+
+
+def main(argv=None) -> int:
+    """``python -m lesson10 bench {ring,ulysses,moe,sp,all} [--nproc 2 4] [--seq ...]``."""
+    p = argparse.ArgumentParser(prog="python -m lesson10 bench",
+                                description="benchmarks of the real multi-process methods")
+    p.add_argument("what", choices=["ring", "ulysses", "moe", "sp", "all"])
+    p.add_argument("--nproc", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--out", default=str(RESULTS_DIR), help="folder for the tables")
+    p.add_argument("--no-plot", action="store_true")
+    _common_args(p)
+    args = p.parse_args(argv)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    todo = ["ring", "ulysses", "moe", "sp"] if args.what == "all" else [args.what]
+    for what in todo:
+        if what in ("ring", "ulysses"):
+            _bench_attention(args, what, out_dir)
+        else:
+            _bench_other(args, what, out_dir)
+    return 0
+
+
+def _bench_attention(args, what, out_dir):
+    from .launch import launch
+    base = {"b": args.batch, "s": args.seq, "a": args.heads, "a_kv": args.kv_heads or args.heads,
+            "d": args.dim, "dtype": args.dtype, "causal": True}
+    rows = []
+    for n in args.nproc:
+        configs = [{**base, "method": "sdpa", "threads": 1}]
+        if n == 2:
+            configs.append({**base, "method": "sdpa", "threads": 2})
+        if what == "ring":
+            configs += [{**base, "method": "ring", "layout": lay, "overlap": ov}
+                        for lay, ov in (("zigzag", True), ("contiguous", True), ("zigzag", False))]
+        try:
+            _method_fn("ulysses")
+            configs.append({**base, "method": "ulysses", "layout": "contiguous"})
+        except RuntimeError:
+            pass
+        rows += launch(time_attention_configs, n, configs, args.reps, backend=args.backend,
+                       timeout=args.timeout, threads=1, quiet=True)[0]
+    text = [f"# {what} attention benchmark (gloo on CPU unless NCCL was chosen)", "",
+            f"b={args.batch}, s={args.seq}, heads={args.heads}, kv heads={base['a_kv']}, "
+            f"d={args.dim}, {args.dtype}; every rank 1 thread; median of {args.reps} reps after "
+            f"one warm-up; cores on this machine: {os.cpu_count()}; torch {torch.__version__}; "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Numbers from a shared "
+            "machine are noisy; with more ranks than cores the ranks share cores.", "",
+            ring_table(rows)]
+    md = out_dir / f"{what}.md"
+    md.write_text("\n".join(text) + "\n")
+    print("\n".join(text))
+    print(f"wrote {md}")
+    if what == "ring" and not args.no_plot:
+        png = _plot(rows, out_dir / "ring.png")
+        if png:
+            print(f"wrote {png}")
+    return rows
+
+
+def _bench_other(args, what, out_dir):
+    """SP and MoE benchmarks live with their implementations (``lesson10.dist.sp`` /
+    ``lesson10.dist.moe``: a ``bench(args, out_dir)`` function); skipped if absent."""
+    import importlib
+    try:
+        mod = importlib.import_module(f"lesson10.dist.{what}")
+    except ImportError as e:
+        print(f"skipping {what}: lesson10.dist.{what} is not available ({e})")
+        return None
+    fn = getattr(mod, "bench", None)
+    if fn is None:
+        print(f"skipping {what}: lesson10.dist.{what} has no bench(args, out_dir)")
+        return None
+    return fn(args, out_dir)
+
+
+# ---------------------------------------------------------------------- run
+def _run_parser(prog):
+    p = argparse.ArgumentParser(prog=prog, description="one checked multi-process run")
+    p.add_argument("method", choices=["ring", "ulysses", "sp", "moe"])
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--layout", default=None, help="zigzag | contiguous (default: ring zigzag, "
+                                                   "Ulysses contiguous)")
+    p.add_argument("--no-causal", action="store_true")
+    p.add_argument("--no-overlap", action="store_true")
+    _common_args(p)
+    p.set_defaults(seq=1024, dtype="float32")
+    return p
+
+
+def _case_from_args(args) -> dict:
+    layout = args.layout or ("zigzag" if args.method == "ring" else "contiguous")
+    return {"method": args.method, "b": args.batch, "s": args.seq, "a": args.heads,
+            "a_kv": args.kv_heads or args.heads, "d": args.dim, "dtype": args.dtype,
+            "causal": not args.no_causal, "layout": layout, "overlap": not args.no_overlap}
+
+
+def _report(res: dict, n: int) -> str:
+    from .. import cost
+    e = torch.empty((), dtype=_DTYPES[res["dtype"]]).element_size()
+    h, g = res["a"] * res["d"], res["a"] // res["a_kv"]
+    method = res["method"]
+    expect = cost.comm_bytes(method, res["s"], h, n, g=g, e=e) * res["b"]
+    tol = 1e-9 if res["dtype"] == "float64" else (1e-4 if res["dtype"] == "float32" else 5e-2)
+    ok = res["err"] <= tol
+    meta = res["bytes_fwd_by_op"].get("metadata", 0)     # shape checks, not the method's traffic
+    fwd = res["bytes_fwd"] - meta
+    lines = [f"{method} attention, N_c={n}, layout={res['layout']}, causal={res['causal']}, "
+             f"b={res['b']} s={res['s']} heads={res['a']} kv_heads={res['a_kv']} d={res['d']} "
+             f"{res['dtype']}",
+             f"  fwd+bwd time (slowest rank): {1e3 * res['time_s']:.1f} ms",
+             f"  max |error| vs single-process reference: {res['err']:.2e} "
+             f"(out {res['err_out']:.1e}, dq {res['err_dq']:.1e}, dk {res['err_dk']:.1e}, "
+             f"dv {res['err_dv']:.1e}) -> {'OK' if ok else 'TOO LARGE'} (tol {tol:g})",
+             f"  bytes sent per rank, forward: {fwd:,} "
+             f"(cost.comm_bytes('{method}', ...) = {expect:,.0f})"
+             + (f" + {meta:,} of shape checks" if meta else ""),
+             f"  bytes sent per rank, backward: {res['bytes_bwd']:,}"]
+    return "\n".join(lines), ok
+
+
+def run_main(argv=None) -> int:
+    """``python -m lesson10 run {ring,ulysses,sp,moe} --nproc N [--seq S --heads A --dim D]``."""
+    args = _run_parser("python -m lesson10 run").parse_args(argv)
+    if args.method in ("sp", "moe"):
+        return _run_other(args)
+    from .launch import launch
+    case = _case_from_args(args)
+    res = launch(check_attention_cases, args.nproc, [case], backend=args.backend,
+                 timeout=args.timeout)
+    text, ok = _report(res[0][0], args.nproc)
+    print(text)
+    return 0 if ok else 1
+
+
+def _run_other(args) -> int:
+    """SP and MoE runs live with their implementations: ``run(args)`` in
+    ``lesson10.dist.sp`` / ``lesson10.dist.moe``."""
+    import importlib
+    try:
+        mod = importlib.import_module(f"lesson10.dist.{args.method}")
+        fn = getattr(mod, "run")
+    except (ImportError, AttributeError) as e:
+        print(f"`run {args.method}` is not available yet ({e})", file=sys.stderr)
+        return 2
+    return fn(args) or 0
+
+
+def torchrun_main(argv=None) -> int:
+    """Body of ``torchrun --nproc-per-node N -m lesson10.dist.bench METHOD [sizes]``:
+    this process is one rank; run the checked case (and ``--reps`` timed reps)."""
+    from .launch import init_from_env, shutdown
+    p = _run_parser("torchrun ... -m lesson10.dist.bench")
+    p.add_argument("--reps", type=int, default=3)
+    args = p.parse_args(argv)
+    if args.method in ("sp", "moe"):
+        if os.environ.get("RANK", "0") == "0":
+            print(f"under torchrun only ring and ulysses run here; use "
+                  f"`python -m lesson10 run {args.method} --nproc N`", file=sys.stderr)
+        return 2
+    init_from_env(args.backend, timeout=args.timeout)
+    try:
+        n = dist.get_world_size()
+        case = _case_from_args(args)
+        res = check_attention_cases([case])[0]
+        timed = time_attention_configs([case], reps=args.reps)[0]
+        if dist.get_rank() == 0:
+            text, ok = _report(res, n)
+            print(text)
+            print(f"  median fwd+bwd over {args.reps} reps: {1e3 * timed['median_s']:.1f} ms")
+        return 0
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    # use the importable module's functions, so spawned ranks can find the workers
+    from lesson10.dist import bench as _bench
+    from lesson10.dist.launch import is_torchrun
+    if is_torchrun():
+        sys.exit(_bench.torchrun_main(sys.argv[1:]))
+    sys.exit(_bench.run_main(sys.argv[1:]))

@@ -1,0 +1,350 @@
+"""Start N ranks on one machine (or join a ``torchrun`` job) and collect their results.
+
+SPMD in one call::
+
+    from lesson10.dist.launch import launch
+    outs = launch(my_worker, 4, x)      # my_worker(x) runs in ranks 0..3
+    outs[2]                             # what rank 2 returned
+
+What :func:`launch` does for you:
+
+* spawns ``nprocs`` fresh Python processes (the ``spawn`` start method, so it also
+  works from a Jupyter kernel and with CUDA);
+* rendezvous on 127.0.0.1 through a ``TCPStore`` the parent opens on a free port
+  (no race for the port), and ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` /
+  ``MASTER_ADDR`` / ``MASTER_PORT`` set as ``torchrun`` would;
+* backend ``"auto"``: NCCL with one GPU per rank when there are at least ``nprocs``
+  GPUs, else gloo on CPU (it says which);
+* ``torch.set_num_threads(cpu_count // nprocs)`` per rank, so N ranks do not fight
+  for the cores;
+* faults: an exception in a rank becomes one :class:`RankError` in the caller that
+  names the rank and carries its traceback; a rank that hangs (a collective nobody
+  answers) ends in :class:`LaunchTimeout` after ``timeout`` seconds because the
+  parent watches a deadline itself; in every case all ranks are killed and joined,
+  so no process is left behind.
+
+The worker function must be importable by a fresh process: a module-level function
+of a module (``lesson10.dist._workers`` holds the ones the notebooks use). A
+function typed into a notebook cell is not, and gives a clear error.
+
+Under ``torchrun`` the processes already exist: call :func:`init_from_env` at the
+top of the program instead (see :func:`is_torchrun`).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import sys
+import time
+import traceback
+from multiprocessing.connection import wait
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+__all__ = [
+    "launch", "RankError", "LaunchTimeout", "choose_backend",
+    "init_from_env", "is_torchrun", "shutdown", "current_device",
+]
+
+
+class RankError(RuntimeError):
+    """An exception raised inside one rank, re-raised in the caller.
+
+    ``rank``: which rank failed; ``exc_type``: the name of the exception class
+    there (e.g. ``"ValueError"``); ``remote_traceback``: that rank's traceback
+    text; ``original``: the exception object itself when it could be pickled
+    (also chained as ``__cause__``).
+    """
+
+    def __init__(self, rank: int, exc_type: str, remote_traceback: str,
+                 original: BaseException | None = None, others: str = ""):
+        self.rank = rank
+        self.exc_type = exc_type
+        self.remote_traceback = remote_traceback
+        self.original = original
+        msg = f"rank {rank} raised {exc_type}:\n{remote_traceback.rstrip()}"
+        if others:
+            msg += f"\n(then also: {others})"
+        super().__init__(msg)
+
+
+class LaunchTimeout(TimeoutError):
+    """Some ranks did not finish within ``timeout`` seconds (they were killed)."""
+
+    def __init__(self, timeout: float, ranks: list[int]):
+        self.timeout = timeout
+        self.ranks = ranks
+        super().__init__(
+            f"rank(s) {ranks} did not finish within timeout={timeout:g} s and were killed. "
+            "Usually a collective that not every rank calls (or calls with other shapes); "
+            "if the work is just slow, pass a larger timeout=.")
+
+
+# --------------------------------------------------------------------- helpers
+def choose_backend(nprocs: int, backend: str = "auto") -> str:
+    """``"nccl"`` or ``"gloo"`` for ``nprocs`` ranks on this machine.
+
+    ``auto``: NCCL when CUDA has at least one GPU per rank, else gloo (CPU).
+    Asking for NCCL with fewer GPUs than ranks is a ``ValueError``.
+    """
+    if not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"nprocs must be a positive int, got {nprocs!r}")
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "nccl" if n_gpu >= nprocs and dist.is_nccl_available() else "gloo"
+    if backend == "nccl":
+        if n_gpu < nprocs:
+            raise ValueError(
+                f"backend='nccl' needs one GPU per rank: {nprocs} ranks but {n_gpu} GPU(s) "
+                f"visible. Use nprocs <= {n_gpu}, or backend='gloo' (CPU) / 'auto'.")
+        return "nccl"
+    if backend == "gloo":
+        return "gloo"
+    raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
+
+
+def current_device() -> torch.device:
+    """The device of this rank: ``cuda:LOCAL_RANK`` under NCCL, else CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _check_importable(fn) -> None:
+    if not callable(fn):
+        raise TypeError(f"fn must be a function, got {type(fn).__name__}")
+    mod = getattr(fn, "__module__", None)
+    qual = getattr(fn, "__qualname__", getattr(fn, "__name__", "?"))
+    hint = ("Each rank is a fresh Python process that imports the worker by name, so it "
+            "must be a module-level function of an importable module: move it into a .py "
+            "file (e.g. my_workers.py next to the notebook), import it, and pass that.")
+    if "<lambda>" in qual or "<locals>" in qual:
+        raise ValueError(f"worker {qual!r} is a lambda or a nested function. {hint}")
+    if mod == "__main__":
+        main = sys.modules.get("__main__")
+        interactive = (getattr(main, "__file__", None) is None
+                       or "ipykernel" in sys.modules or hasattr(sys, "ps1"))
+        if interactive:
+            raise ValueError(
+                f"worker {qual!r} is defined in a notebook / interactive session (__main__). {hint}")
+    try:
+        pickle.dumps(fn)
+    except Exception as e:  # pragma: no cover - depends on the object
+        raise ValueError(f"worker {qual!r} cannot be pickled by reference ({e}). {hint}") from None
+
+
+def _to_cpu(obj):
+    """Tensors -> detached CPU tensors, recursively through lists/tuples/dicts."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(_to_cpu(v) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def _set_env(rank: int, world: int, local_rank: int, port: int) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+
+# ---------------------------------------------------------------- child side
+def _entry(rank, nprocs, port, backend, timeout, threads, fn, args, kwargs, conn):
+    """Body of one spawned rank: init, run ``fn``, send ``("ok", bytes)`` or ``("err", ...)``."""
+    try:
+        _set_env(rank, nprocs, rank, port)
+        torch.set_num_threads(threads)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        store = dist.TCPStore("127.0.0.1", port, nprocs + 1, is_master=False,
+                              timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=nprocs,
+                                timeout=datetime.timedelta(seconds=timeout))
+        out = fn(*args, **kwargs)
+        try:
+            payload = pickle.dumps(_to_cpu(out))
+        except Exception as e:
+            raise TypeError(f"the return value of {fn.__name__} cannot be pickled: {e}") from e
+        conn.send(("ok", payload))
+    except BaseException as e:  # noqa: BLE001 - everything goes back to the caller
+        tb = traceback.format_exc()
+        try:
+            exc = pickle.dumps(e)
+        except Exception:
+            exc = None
+        try:
+            conn.send(("err", (type(e).__name__, tb, exc)))
+        except Exception:
+            pass
+    finally:
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        finally:
+            conn.close()
+
+
+# --------------------------------------------------------------- parent side
+def launch(fn, nprocs: int, *args, backend: str = "auto", timeout: float = 60.0,
+           threads: int | None = None, quiet: bool = False, **kwargs) -> list:
+    """Run ``fn(*args, **kwargs)`` in ``nprocs`` new ranks; return their results in rank order.
+
+    ``backend``: ``"auto"`` | ``"gloo"`` | ``"nccl"`` (see :func:`choose_backend`).
+    ``timeout``: seconds for the whole run (process start included); past it every
+    rank is killed and :class:`LaunchTimeout` is raised. ``threads``: torch threads
+    per rank (default ``cpu_count // nprocs``, at least 1). ``quiet``: do not print
+    the chosen backend. Tensors in the results come back detached, on the CPU.
+    Any exception in a rank raises :class:`RankError` here.
+    """
+    _check_importable(fn)
+    backend = choose_backend(nprocs, backend)
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // nprocs)
+    if not quiet:
+        where = "one GPU per rank" if backend == "nccl" else "CPU"
+        print(f"launch: {nprocs} rank(s), backend={backend} ({where}), {threads} thread(s) per rank")
+
+    # The parent owns the rendezvous store: port 0 lets the OS pick a free port.
+    store = dist.TCPStore("127.0.0.1", 0, nprocs + 1, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    port = store.port
+    ctx = mp.get_context("spawn")
+    procs, conns, finished = [], [], False
+    try:
+        for rank in range(nprocs):
+            recv, send = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_entry, name=f"lesson10-rank{rank}", daemon=True,
+                            args=(rank, nprocs, port, backend, timeout, threads, fn, args,
+                                  kwargs, send))
+            p.start()
+            send.close()  # the child holds the only writer: EOF when it dies
+            procs.append(p)
+            conns.append(recv)
+        results = _collect(procs, conns, timeout)
+        finished = True
+        return results
+    finally:
+        if finished:  # let the ranks tear down their process group (a few seconds at most)
+            end = time.monotonic() + 5.0
+            for p in procs:
+                p.join(max(0.0, end - time.monotonic()))
+        for p in procs:  # after an error, a timeout or Ctrl-C: kill at once
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join()
+        for c in conns:
+            c.close()
+        del store
+
+
+def _collect(procs, conns, timeout):
+    n = len(procs)
+    deadline = time.monotonic() + timeout
+    results = [None] * n
+    done = [False] * n
+    errors = []  # (rank, exc_type, traceback, pickled exception) in arrival order
+
+    def receive(r):
+        try:
+            kind, body = conns[r].recv()
+        except (EOFError, OSError):
+            code = procs[r].exitcode
+            if code is None:
+                procs[r].join(1.0)
+                code = procs[r].exitcode
+            errors.append((r, "ProcessDied",
+                           f"rank {r} exited (exit code {code}) without sending a result "
+                           "(killed, out of memory, os._exit, or it failed while starting: see its stderr; "
+                           "a script that calls launch() needs an `if __name__ == '__main__':` guard)",
+                           None))
+        else:
+            if kind == "ok":
+                results[r] = pickle.loads(body)
+            else:
+                errors.append((r, *body))
+        done[r] = True
+
+    while not all(done):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise LaunchTimeout(timeout, [r for r in range(n) if not done[r]])
+        ready = wait([conns[r] for r in range(n) if not done[r]], timeout=left)
+        for c in ready:
+            receive(conns.index(c))
+        if errors:
+            # Give the other ranks a moment to report (they usually fail in the collective).
+            grace = time.monotonic() + 0.5
+            while not all(done) and time.monotonic() < grace:
+                for c in wait([conns[r] for r in range(n) if not done[r]], timeout=0.1):
+                    receive(conns.index(c))
+            r, name, tb, exc = errors[0]
+            original = None
+            if exc is not None:
+                try:
+                    original = pickle.loads(exc)
+                except Exception:
+                    original = None
+            others = "; ".join(f"rank {r2} {n2}: {t2.strip().splitlines()[-1]}"
+                               for r2, n2, t2, _ in errors[1:])
+            raise RankError(r, name, tb, original, others) from original
+    return results
+
+
+# ------------------------------------------------------------------- torchrun
+def is_torchrun() -> bool:
+    """True inside a process started by ``torchrun`` (its env vars are set)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or all(
+        v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def init_from_env(backend: str = "auto", timeout: float = 300.0, threads: int | None = None,
+                  quiet: bool = False) -> tuple[int, int]:
+    """Initialise the default process group from ``torchrun``'s environment.
+
+    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+    ``MASTER_ADDR``/``MASTER_PORT``; picks NCCL when this node has a GPU per local
+    rank (``auto``), sets the CUDA device to ``LOCAL_RANK``, limits threads to
+    ``cpu_count // LOCAL_WORLD_SIZE``. Returns ``(rank, world_size)``. Does nothing
+    (but return them) when the group already exists. Without torchrun's variables
+    it is a one-rank group on 127.0.0.1 so that a plain ``python -m ...`` works too.
+    """
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if is_torchrun():
+        rank = int(os.environ["RANK"])
+        world = int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        init_method = "env://"
+    else:  # a plain `python ...`: one rank, nothing written to os.environ
+        import socket
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        rank, world, local_rank, local_world = 0, 1, 0, 1
+        init_method = f"tcp://127.0.0.1:{port}"
+    backend = choose_backend(local_world, backend)
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // local_world)
+    torch.set_num_threads(threads)
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout))
+    if rank == 0 and not quiet:
+        print(f"init_from_env: {world} rank(s), backend={backend}, {threads} thread(s) per rank")
+    return rank, world
+
+
+def shutdown() -> None:
+    """Destroy the default process group if there is one (end of a torchrun program)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

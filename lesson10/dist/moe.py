@@ -1,0 +1,276 @@
+"""Expert-parallel mixture of experts on real ``torch.distributed``.
+
+``N_e`` ranks, ``E`` experts, ``E/N_e`` of them on each rank (expert ``i`` on rank
+``i // (E/N_e)``). Each rank holds its own ``T`` tokens ``(T, h)``. One layer:
+
+1. **route** (replicated router, float32 or wider): ``logits = x W_r`` ``(T, E)``; each
+   token takes the ``k`` best of ``logits + bias`` (best first, ties to the lower id);
+   gates = softmax over the ``k`` chosen *logits* (the bias only steers the choice);
+2. **count exchange**: an all-gather of every rank's per-expert counts ``(N_e, E)``.
+   From it every rank knows, for each expert, how many copies earlier ranks sent, so
+   the capacity ``C = ceil(CF k N / E)`` is applied first come, first served in global
+   token order (rank 0's tokens first) with no further communication, and every rank
+   knows every split size of the next step;
+3. **dispatch**: ``all_to_all_single`` with uneven splits; each kept (token, expert)
+   copy goes to the rank of its expert, grouped by expert;
+4. **experts**: each local expert ``relu(x W1) W2`` runs on its rows (possibly none);
+5. **combine**: the inverse all-to-all brings the outputs home; ``y[t] = sum_j
+   gate[t, j] * out[t, j]`` over the kept copies (dropped copies add nothing; the
+   residual connection is the caller's).
+
+These conventions are those of ``lesson10.sim.moe`` (same routing, capacity, drop
+order, expert MLP), so the simulation and this implementation give the same numbers.
+Bytes: the two token all-to-alls send ``2 k T h e (N_e-1)/N_e`` per rank for uniform
+routing (``lesson10.cost.moe_a2a_bytes``); the counts are recorded as ``"metadata"``.
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import comm
+from .sp import copy_to_tp
+
+__all__ = ["ExpertParallelMoE", "all_to_all", "route_topk", "expert_capacity",
+           "init_moe_weights", "moe_reference", "switch_aux_loss", "update_expert_bias"]
+
+
+# ------------------------------------------------------------------ helpers
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` with uneven splits; backward = the same with splits swapped."""
+
+    @staticmethod
+    def forward(ctx, x, output_splits, input_splits, group):
+        ctx.splits, ctx.group = (output_splits, input_splits), group
+        return comm.all_to_all_single(x, output_splits, input_splits, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        out_s, in_s = ctx.splits
+        return comm.all_to_all_single(dy, in_s, out_s, ctx.group), None, None, None
+
+
+def all_to_all(x: torch.Tensor, output_splits, input_splits, group=None) -> torch.Tensor:
+    """Differentiable ``all_to_all_single`` along dim 0: ``input_splits[j]`` rows go to rank ``j``."""
+    return _AllToAll.apply(x, list(output_splits), list(input_splits), group)
+
+
+def route_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None):
+    """``logits (T, E)`` -> ``(experts (T, k) long, gates (T, k))``.
+
+    Experts: the ``k`` largest of ``logits + bias``, best first, ties to the lower id.
+    Gates: softmax over the chosen logits (no bias). Differentiable in the gates.
+    """
+    E = logits.shape[-1]
+    if not 1 <= k <= E:
+        raise ValueError(f"k = {k} must be between 1 and the number of experts E = {E}")
+    scores = logits.detach() if bias is None else logits.detach() + bias.to(logits.dtype)
+    experts = torch.sort(-scores, dim=-1, stable=True).indices[:, :k]   # (T, k)
+    gates = torch.softmax(logits.gather(1, experts), dim=-1)           # (T, k)
+    return experts, gates
+
+
+def expert_capacity(N: int, E: int, k: int, capacity_factor=None):
+    """``C = ceil(CF k N / E)`` (``CF`` read as the decimal it was written as), or ``None``."""
+    if capacity_factor is None:
+        return None
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) \
+            or not math.isfinite(capacity_factor) or capacity_factor <= 0:
+        raise ValueError(f"capacity_factor must be a number > 0 (or None for dropless), "
+                         f"got {capacity_factor!r}")
+    return math.ceil(Fraction(repr(float(capacity_factor))) * k * N / E)
+
+
+def switch_aux_loss(probs: torch.Tensor, experts: torch.Tensor, alpha: float = 1e-2):
+    """Switch load-balancing loss ``alpha E sum_i f_i P_i`` on one device (a tensor).
+
+    ``probs (T, E)``: router softmax; ``experts (T, k)``; ``f_i`` = share of the ``k T``
+    copies that chose expert ``i``; ``P_i`` = mean probability of expert ``i``. Uniform
+    routing gives ``alpha``.
+    """
+    E = probs.shape[-1]
+    f = torch.bincount(experts.reshape(-1), minlength=E).to(probs.dtype) / experts.numel()
+    return alpha * E * (f * probs.mean(0)).sum()
+
+
+def update_expert_bias(bias: torch.Tensor, load: torch.Tensor, rate: float) -> torch.Tensor:
+    """DeepSeek-V3 balancing without a loss: ``bias - rate * sign(load - mean(load))``."""
+    load = load.to(bias.dtype)
+    return bias - rate * torch.sign(load - load.mean())
+
+
+def init_moe_weights(h: int, E: int, d_ff: int, seed: int = 0, dtype=torch.float32):
+    """Full weights ``(router_w (h, E), w1 (E, h, d_ff), w2 (E, d_ff, h))``, seeded.
+
+    Every rank calling it with the same seed gets the same tensors (build a rank's
+    shard, or a single-process reference, from them).
+    """
+    g = torch.Generator().manual_seed(seed)
+    router_w = torch.randn(h, E, generator=g, dtype=torch.float64) / math.sqrt(h)
+    w1 = torch.randn(E, h, d_ff, generator=g, dtype=torch.float64) / math.sqrt(h)
+    w2 = torch.randn(E, d_ff, h, generator=g, dtype=torch.float64) / math.sqrt(d_ff)
+    rdtype = torch.promote_types(dtype, torch.float32)
+    return router_w.to(rdtype), w1.to(dtype), w2.to(dtype)
+
+
+def moe_reference(x, router_w, w1, w2, k: int, capacity_factor=None, bias=None,
+                  alpha: float = 1e-2):
+    """Dense single-process MoE on all ``N`` tokens ``x (N, h)`` in global order.
+
+    Returns ``(y (N, h), aux_loss)``; differentiable in ``x`` and every weight. Drops
+    by a running count per expert over the copies in row-major (token, choice) order.
+    """
+    N, _ = x.shape
+    E = router_w.shape[1]
+    logits = x.to(router_w.dtype) @ router_w                        # (N, E)
+    experts, gates = route_topk(logits, k, bias)
+    C = expert_capacity(N, E, k, capacity_factor)
+    onehot = F.one_hot(experts.reshape(-1), E)                     # (N k, E)
+    arrival = (onehot.cumsum(0) - 1).gather(1, experts.reshape(-1, 1)).reshape(N, k)
+    keep = torch.ones_like(arrival, dtype=torch.bool) if C is None else arrival < C
+    y = torch.zeros_like(x)
+    for e in range(E):
+        rows, slots = torch.nonzero((experts == e) & keep, as_tuple=True)
+        out = torch.relu(x[rows] @ w1[e]) @ w2[e]
+        y = y.index_add(0, rows, gates[rows, slots, None].to(x.dtype) * out)
+    aux = switch_aux_loss(torch.softmax(logits, -1), experts, alpha)
+    return y, aux
+
+
+# -------------------------------------------------------------------- layer
+class ExpertParallelMoE(nn.Module):
+    """An MoE layer whose ``E`` experts are spread over the ``N_e`` ranks of ``group``.
+
+    Build it from the full weights (``router_w (h, E)``, ``w1 (E, h, d_ff)``,
+    ``w2 (E, d_ff, h)``; the same on every rank: pass them, or a ``seed`` for
+    :func:`init_moe_weights`). The rank keeps experts ``r E/N_e .. (r+1) E/N_e - 1``.
+    ``capacity_factor=None`` is dropless. ``forward(x)``: ``x (..., h)`` this rank's
+    tokens (any count) -> ``y`` of the same shape, without the residual.
+
+    After a forward: ``aux_loss`` is this rank's share of the Switch loss (the shares
+    of all ranks add up to the loss over all tokens, so adding it to this rank's loss
+    gives the right gradients); ``counts`` / ``load``: copies per expert over all ranks
+    before / after drops; ``dropped``: copies dropped over all ranks. The router weight
+    is replicated, so its gradient is all-reduced over ``group`` in the backward
+    (``reduce_router_grad=False`` if a data-parallel wrapper already does that).
+    ``bias`` is DeepSeek-V3's routing bias (a buffer); :meth:`update_bias` moves it.
+    """
+
+    def __init__(self, h: int, E: int, d_ff: int, k: int, capacity_factor=None, group=None,
+                 router_w=None, w1=None, w2=None, seed: int = 0, dtype=torch.float32,
+                 alpha: float = 1e-2, reduce_router_grad: bool = True):
+        super().__init__()
+        n, r = comm.group_size(group), comm.group_rank(group)
+        if E % n:
+            raise ValueError(f"E = {E} experts do not split over N_e = {n} ranks; "
+                             f"use E a multiple of N_e.")
+        if not 1 <= k <= E:
+            raise ValueError(f"k = {k} must be between 1 and E = {E}")
+        expert_capacity(1, E, k, capacity_factor)          # validates capacity_factor
+        if router_w is None or w1 is None or w2 is None:
+            router_w, w1, w2 = init_moe_weights(h, E, d_ff, seed, dtype)
+        if tuple(router_w.shape) != (h, E) or tuple(w1.shape) != (E, h, d_ff) \
+                or tuple(w2.shape) != (E, d_ff, h):
+            raise ValueError(f"expected router_w ({h}, {E}), w1 ({E}, {h}, {d_ff}), "
+                             f"w2 ({E}, {d_ff}, {h}); got {tuple(router_w.shape)}, "
+                             f"{tuple(w1.shape)}, {tuple(w2.shape)}")
+        El = E // n
+        local = slice(r * El, (r + 1) * El)
+        rdtype = torch.promote_types(w1.dtype, torch.float32)
+        self.router_w = nn.Parameter(router_w.detach().to(rdtype).clone())
+        self.w1 = nn.Parameter(w1.detach()[local].clone())     # (E/N_e, h, d_ff)
+        self.w2 = nn.Parameter(w2.detach()[local].clone())     # (E/N_e, d_ff, h)
+        self.register_buffer("bias", torch.zeros(E, dtype=rdtype, device=router_w.device))
+        self.h, self.E, self.d_ff, self.k = h, E, d_ff, k
+        self.capacity_factor, self.group, self.alpha = capacity_factor, group, alpha
+        self.reduce_router_grad = reduce_router_grad
+        self.aux_loss = self.counts = self.load = None
+        self.dropped = 0
+
+    def update_bias(self, rate: float) -> torch.Tensor:
+        """DeepSeek-V3 step: lower the bias of overloaded experts, raise the others.
+
+        Uses the global ``load`` of the last forward (the same on every rank, so the
+        replicated bias stays identical). Returns the new bias.
+        """
+        if self.load is None:
+            raise ValueError("update_bias needs a forward pass first (it uses its load)")
+        with torch.no_grad():
+            self.bias.copy_(update_expert_bias(self.bias, self.load, rate))
+        return self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        if shape[-1] != self.h:
+            raise ValueError(f"expected tokens of size h = {self.h}, got shape {tuple(shape)}")
+        x = x.reshape(-1, self.h)                                # (T, h)
+        n, r = comm.group_size(self.group), comm.group_rank(self.group)
+        E, k, El = self.E, self.k, self.E // n
+        T = x.shape[0]
+
+        # 1. route (router in float32 or wider)
+        w_r = self.router_w
+        if self.reduce_router_grad:
+            w_r = copy_to_tp(w_r, self.group, op="param_grad")  # replicated: sum its grads
+        logits = x.to(w_r.dtype) @ w_r                           # (T, E)
+        experts, gates = route_topk(logits, k, self.bias)        # (T, k), (T, k)
+
+        # 2. count exchange: per-expert counts of every rank, (N_e, E)
+        flat = experts.reshape(-1)                               # (T k,) row-major (t, j)
+        counts = torch.bincount(flat, minlength=E)               # (E,)
+        dev = counts.device
+        all_counts = comm.all_gather(counts[None], dim=0, group=self.group,
+                                     op="metadata")              # (N_e, E)
+        N = int(all_counts.sum()) // k                           # tokens over all ranks
+        C = expert_capacity(N, E, k, self.capacity_factor)
+        before = all_counts.cumsum(0) - all_counts               # copies of earlier ranks
+        if C is None:
+            kept = all_counts                                    # (N_e, E)
+        else:
+            kept = (C - before).clamp(min=0).minimum(all_counts)
+        # this rank's copies grouped by expert (stable: each group in (t, j) order)
+        perm = torch.sort(flat, stable=True).indices             # (T k,)
+        sorted_e = flat[perm]
+        start = counts.cumsum(0) - counts                        # first sorted slot per expert
+        arrival = torch.arange(flat.numel(), device=dev) - start[sorted_e]
+        send = perm[arrival < kept[r][sorted_e]]                 # kept copies, grouped by expert
+        tok, slot = send // k, send % k                          # (m_send,)
+        send_splits = kept[r].reshape(n, El).sum(1).tolist()     # rows to each rank
+        recv_counts = kept[:, r * El:(r + 1) * El]               # (N_e, E/N_e) rows per source, expert
+        recv_splits = recv_counts.sum(1).tolist()                # rows from each rank
+
+        # 3. dispatch
+        xr = all_to_all(x[tok], recv_splits, send_splits, self.group)   # (m_recv, h)
+
+        # 4. local experts; rows arrive as (source rank, expert) blocks
+        eid = torch.arange(El, device=dev).repeat(n).repeat_interleave(recv_counts.reshape(-1))
+        order = torch.sort(eid, stable=True).indices             # group rows by local expert
+        xg = xr[order]                                           # (m_recv, h) by expert
+        sizes = torch.bincount(eid, minlength=El).tolist()
+        outs = [torch.relu(xe @ self.w1[e]) @ self.w2[e]         # (rows_e, h), rows_e may be 0
+                for e, xe in enumerate(torch.split(xg, sizes))]
+        yg = torch.cat(outs) if outs else xg
+        yr = yg[torch.argsort(order)]                            # back to arrival order
+
+        # 5. combine and weighted sum
+        yb = all_to_all(yr, send_splits, recv_splits, self.group)        # (m_send, h)
+        y = torch.zeros_like(x).index_add(0, tok, gates[tok, slot, None].to(x.dtype) * yb)
+
+        # balancing statistics (global) and this rank's share of the Switch loss
+        total = all_counts.sum(0)
+        self.counts, self.load = total, kept.sum(0)
+        self.dropped = int(total.sum() - self.load.sum())
+        f = total.to(logits.dtype) / (k * N)                     # share of copies per expert
+        self.aux_loss = self.alpha * E * (f * torch.softmax(logits, -1).sum(0)).sum() / N
+        return y.reshape(shape)
+
+
+def run(args) -> int:
+    """``python -m lesson10 run moe --nproc N [--seq S ...]``: uniform and random routing
+    against the dense reference, with drops, loads and all-to-all bytes."""
+    from ._workers import cli_run
+    return cli_run("moe", args)

@@ -1,0 +1,166 @@
+"""DeepSpeed-Ulysses on real ``torch.distributed``: shard by tokens, attend by heads.
+
+Each of the ``N_c`` ranks holds ``c = s/N_c`` tokens of Q, K, V: ``(b, c, a, d)``.
+One all-to-all per tensor turns it into *all* ``s`` tokens for ``a/N_c`` heads
+(``seq_to_heads``); attention then runs locally with any kernel, here PyTorch's
+SDPA; a last all-to-all brings the output back to token sharding
+(``heads_to_seq``). An all-to-all is a block transpose of an ``N_c x N_c`` grid
+(token blocks x head groups), so the backward of one direction is the other.
+
+Layouts: after ``seq_to_heads`` the rank holds the token blocks of ranks
+``0..N_c-1`` one after the other, i.e. the global ids ``concat(shard_positions)``.
+For causal attention we permute them to natural order, run causal SDPA, and
+permute back; without a mask the order does not matter.
+
+GQA: K/V have ``n_kv`` heads, ``g = a / n_kv`` query heads share one. Rank ``r``
+gets query heads ``r a/N_c ..`` and they use exactly K/V heads ``r n_kv/N_c ..``,
+so K/V travel compact when ``n_kv`` is a multiple of ``N_c`` (``g`` times fewer
+bytes). Otherwise ``replicate_kv=True`` copies each K/V head ``m`` times first
+(``n_kv m = lcm(n_kv, N_c)``), at ``m`` times the K/V bytes.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import comm
+
+__all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "layout_order"]
+
+
+def _seq_to_heads(x, group):
+    """``(b, c, H, d)`` token shard -> ``(b, N c, H/N, d)`` head shard (plain tensors)."""
+    n = comm.group_size(group)
+    b, c, H, d = x.shape
+    if H % n:
+        raise ValueError(f"seq_to_heads: {H} heads do not split over N_c = {n} ranks; "
+                         f"the head count must be a multiple of N_c.")
+    x = x.reshape(b, c, n, H // n, d)            # (b, c, N, H/N, d): head groups
+    x = x.permute(2, 0, 1, 3, 4).contiguous()    # (N, b, c, H/N, d): block j -> rank j
+    y = comm.all_to_all_single(x, group=group)   # (N, b, c, H/N, d): block j from rank j
+    y = y.permute(1, 0, 2, 3, 4)                 # (b, N, c, H/N, d): token blocks in rank order
+    return y.reshape(b, n * c, H // n, d)        # (b, s, H/N, d)
+
+
+def _heads_to_seq(y, group):
+    """``(b, N c, H/N, d)`` head shard -> ``(b, c, H, d)`` token shard (plain tensors)."""
+    n = comm.group_size(group)
+    b, s, Hn, d = y.shape
+    if s % n:
+        raise ValueError(f"heads_to_seq: {s} tokens do not split over N_c = {n} ranks")
+    c = s // n
+    y = y.reshape(b, n, c, Hn, d)                # (b, N, c, H/N, d): token block j of rank j
+    y = y.permute(1, 0, 2, 3, 4).contiguous()    # (N, b, c, H/N, d): block j -> rank j
+    x = comm.all_to_all_single(y, group=group)   # (N, b, c, H/N, d): head group j from rank j
+    x = x.permute(1, 2, 0, 3, 4)                 # (b, c, N, H/N, d)
+    return x.reshape(b, c, n * Hn, d)            # (b, c, H, d)
+
+
+class _SeqToHeads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _seq_to_heads(x, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _heads_to_seq(dy, ctx.group), None
+
+
+class _HeadsToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, group):
+        ctx.group = group
+        return _heads_to_seq(y, group)
+
+    @staticmethod
+    def backward(ctx, dx):
+        return _seq_to_heads(dx, ctx.group), None
+
+
+def seq_to_heads(x: torch.Tensor, group=None) -> torch.Tensor:
+    """All-to-all ``(b, s/N_c, H, d)`` -> ``(b, s, H/N_c, d)``; backward is :func:`heads_to_seq`."""
+    return _SeqToHeads.apply(x, group)
+
+
+def heads_to_seq(y: torch.Tensor, group=None) -> torch.Tensor:
+    """All-to-all ``(b, s, H/N_c, d)`` -> ``(b, s/N_c, H, d)``; backward is :func:`seq_to_heads`."""
+    return _HeadsToSeq.apply(y, group)
+
+
+def layout_order(s: int, n: int, layout: str) -> torch.Tensor:
+    """Global token ids in the order ``seq_to_heads`` leaves them: ``concat(shard_positions)``."""
+    from ..layouts import shard_positions
+    import numpy as np
+    return torch.from_numpy(np.concatenate(shard_positions(s, n, layout)).astype(np.int64))
+
+
+def _check(q, k, v, n, replicate_kv):
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("ulysses_attention expects q, k, v of shape (b, s/N_c, heads, d); got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if (q.shape[0], q.shape[1], q.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]):
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, local "
+                         "tokens and head dim (only the head count may differ: GQA)")
+    a, n_kv = q.shape[2], k.shape[2]
+    if a % n_kv:
+        raise ValueError(f"{a} query heads are not a multiple of {n_kv} K/V heads (GQA needs it)")
+    if a % n:
+        raise ValueError(f"Ulysses splits heads over N_c = {n} ranks: {a} query heads are not a "
+                         f"multiple of {n}. Use N_c dividing {a}, or ring attention.")
+    if n_kv % n == 0:
+        return 1
+    if not replicate_kv:
+        raise ValueError(
+            f"Ulysses with N_c = {n} ranks needs the {n_kv} K/V heads to be a multiple of N_c "
+            f"(each rank needs whole K/V heads): without copying, N_c can be at most "
+            f"{n_kv} (and must divide it). Use ring attention (or Ulysses inside groups "
+            f"of {n_kv} ranks and ring across them), or pass replicate_kv=True to copy K/V heads "
+            "at a higher communication cost.")
+    return math.lcm(n_kv, n) // n_kv
+
+
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                      layout: str = "contiguous", group=None, replicate_kv: bool = False,
+                      scale: float | None = None, check_shapes: bool = True) -> torch.Tensor:
+    """Attention of local shards ``q`` ``(b, c, a, d)``, ``k``/``v`` ``(b, c, n_kv, d)``.
+
+    ``c = s/N_c`` tokens per rank, held as ``layout`` says (``contiguous``,
+    ``zigzag``, ``striped``). Returns this rank's output shard ``(b, c, a, d)``, equal
+    to full attention over the ``s`` tokens restricted to this rank's tokens.
+    Differentiable. Forward bytes: four all-to-alls, ``(N_c-1)/N_c`` of the local
+    Q, K, V and output (K, V at ``n_kv`` heads). ``check_shapes``: first compare the
+    shard shapes of all ranks (one tiny all-gather, ``"metadata"`` bytes), so mismatched
+    shards give a ValueError on every rank instead of a hang; turn off when timing.
+    """
+    n = comm.group_size(group)
+    m = _check(q, k, v, n, replicate_kv)
+    if check_shapes:
+        comm.check_same_shape(q, group, "q")
+        comm.check_same_shape(k, group, "k")
+    b, c, a, d = q.shape
+    s = n * c
+    order = layout_order(s, n, layout) if causal else None   # validates s for the layout
+    if m > 1:
+        k = k.repeat_interleave(m, dim=2)            # (b, c, n_kv m, d): copies of each K/V head
+        v = v.repeat_interleave(m, dim=2)
+    qh = seq_to_heads(q, group)                      # (b, s, a/N, d)
+    kh = seq_to_heads(k, group)                      # (b, s, n_kv'/N, d)
+    vh = seq_to_heads(v, group)                      # (b, s, n_kv'/N, d)
+    g = qh.shape[2] // kh.shape[2]                   # query heads per K/V head
+    if causal:
+        inv = torch.argsort(order).to(q.device)      # natural position t sits at row inv[t]
+        qh, kh, vh = qh[:, inv], kh[:, inv], vh[:, inv]   # (b, s, ., d) in natural order
+    # SDPA wants (b, heads, s, d); repeat K/V heads only here, inside the local attention
+    qt = qh.transpose(1, 2)                          # (b, a/N, s, d)
+    kt = kh.transpose(1, 2).repeat_interleave(g, dim=1)   # (b, a/N, s, d)
+    vt = vh.transpose(1, 2).repeat_interleave(g, dim=1)   # (b, a/N, s, d)
+    o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+    o = o.transpose(1, 2)                            # (b, s, a/N, d)
+    if causal:
+        o = o[:, order.to(q.device)]                 # back to layout order (b, s, a/N, d)
+    return heads_to_seq(o, group)                    # (b, c, a, d)

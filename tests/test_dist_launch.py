@@ -1,0 +1,145 @@
+"""lesson10.dist.launch: results in rank order, faults become one clear error, no process
+is left behind, backend choice, torchrun."""
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from lesson10.dist import _workers as w
+import torch.distributed as dist
+
+from lesson10.dist.launch import (LaunchTimeout, RankError, choose_backend, init_from_env,
+                                  is_torchrun, launch, shutdown)
+
+
+def _alive(pid: int) -> bool:
+    """True if ``pid`` is a live (non-zombie) process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _pids(d):
+    return [int(open(os.path.join(d, f)).read()) for f in sorted(os.listdir(d))]
+
+
+def test_results_in_rank_order_and_env():
+    outs = launch(w.whoami, 2, quiet=True)
+    assert [o["rank"] for o in outs] == [0, 1]
+    assert all(o["world"] == 2 and o["backend"] == "gloo" for o in outs)
+    assert [o["env"]["RANK"] for o in outs] == ["0", "1"]
+    assert all(o["env"]["MASTER_ADDR"] == "127.0.0.1" for o in outs)
+    assert outs[0]["env"]["MASTER_PORT"] == outs[1]["env"]["MASTER_PORT"]
+    assert all(o["threads"] == max(1, os.cpu_count() // 2) for o in outs)
+    assert outs[0]["pid"] != outs[1]["pid"] != os.getpid()
+    assert not any(_alive(o["pid"]) for o in outs)
+    assert multiprocessing.active_children() == []
+
+
+def test_exception_names_rank_with_traceback(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(w.fail_on, 2, 1, str(tmp_path), timeout=30, quiet=True)
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "ValueError"
+    assert isinstance(err.original, ValueError)
+    assert "deliberate failure in rank 1" in str(err)
+    assert "fail_on" in err.remote_traceback and "Traceback" in err.remote_traceback
+    assert time.monotonic() - t0 < 30          # rank 0, stuck in the all-reduce, was not waited for
+    pids = _pids(tmp_path)
+    assert len(pids) == 2 and not any(_alive(p) for p in pids)
+    assert multiprocessing.active_children() == []
+
+
+def test_rank_that_dies_silently():
+    with pytest.raises(RankError) as info:
+        launch(w.exit_on, 2, 0, 3, timeout=30, quiet=True)
+    assert info.value.rank == 0 and info.value.exc_type == "ProcessDied"
+    assert "exit code 3" in str(info.value)
+    assert multiprocessing.active_children() == []
+
+
+def test_hang_ends_in_timeout_and_kills_everyone(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:
+        launch(w.hang_on, 2, 0, str(tmp_path), timeout=8, quiet=True)
+    assert time.monotonic() - t0 < 8 + 5
+    assert set(info.value.ranks) == {0, 1}
+    pids = _pids(tmp_path)
+    assert len(pids) == 2 and not any(_alive(p) for p in pids)
+    assert multiprocessing.active_children() == []
+
+
+def test_backend_choice_and_nccl_without_gpus():
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert choose_backend(n_gpu + 1, "auto") == "gloo"
+    assert choose_backend(2, "gloo") == "gloo"
+    with pytest.raises(ValueError, match="one GPU per rank"):
+        choose_backend(n_gpu + 1, "nccl")
+    with pytest.raises(ValueError, match="one GPU per rank"):
+        launch(w.whoami, n_gpu + 1, backend="nccl", quiet=True)
+    with pytest.raises(ValueError, match="backend"):
+        choose_backend(2, "mpi-please")
+    with pytest.raises(ValueError):
+        choose_backend(0)
+
+
+def test_unimportable_workers_are_rejected(monkeypatch):
+    with pytest.raises(ValueError, match="module"):
+        launch(lambda: 1, 2, quiet=True)
+
+    def nested():
+        return 1
+    with pytest.raises(ValueError, match="module"):
+        launch(nested, 2, quiet=True)
+
+    def cell_fn():
+        return 1
+    cell_fn.__module__, cell_fn.__qualname__ = "__main__", "cell_fn"
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)   # as in an interactive session
+    with pytest.raises(ValueError, match="notebook"):
+        launch(cell_fn, 2, quiet=True)
+    assert multiprocessing.active_children() == []
+
+
+def test_is_torchrun_reads_env(monkeypatch):
+    for v in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(v, raising=False)
+    assert not is_torchrun()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    assert is_torchrun()
+
+
+def test_init_from_env_without_torchrun_is_one_rank(monkeypatch):
+    for v in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(v, raising=False)
+    threads = torch.get_num_threads()
+    try:
+        assert init_from_env(backend="gloo", quiet=True, threads=threads) == (0, 1)
+        assert init_from_env() == (0, 1)                 # already initialised: no-op
+        x = torch.arange(3.0)
+        dist.all_reduce(x)
+        assert torch.equal(x, torch.arange(3.0)) and dist.get_backend() == "gloo"
+    finally:
+        shutdown()
+    assert not dist.is_initialized() and not is_torchrun()
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
+                    reason="torchrun not installed next to this python")
+def test_same_worker_under_torchrun():
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    p = subprocess.run([torchrun, "--nproc-per-node", "2", "-m", "lesson10.dist._workers"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    # 1 + 2 summed over the two ranks, on both ranks (lines of the two ranks may interleave)
+    found = re.findall(r"rank (\d)/2 backend=gloo sum=(\d+)", p.stdout)
+    assert sorted(found) == [("0", "3"), ("1", "3")], p.stdout

@@ -1,0 +1,102 @@
+"""Expert-parallel MoE on gloo: outputs and gradients (input, router, experts) equal a
+single-process dense MoE with the same weights, drops included; the same numbers as
+lesson10.sim.moe; uniform routing sends exactly lesson10.cost.moe_a2a_bytes."""
+import math
+
+import pytest
+
+from lesson10 import cost
+from lesson10.dist import _workers as w
+
+H, E, DFF, K = 8, 8, 6, 2
+TOL = {"float64": 1e-9, "float32": 1e-4}
+BASE = dict(h=H, E=E, d_ff=DFF, k=K)
+
+
+def cases(n):
+    last = list(range(E - E // n, E))                    # the experts of the last rank
+    good = {
+        "dropless": dict(BASE, T=6),
+        "drops": dict(BASE, T=6, cf=1.0),
+        "uneven": dict(BASE, T=[5, 3, 4, 2][:n], cf=0.75),
+        "no_tokens": dict(BASE, T=[6, 0, 3, 0][:n], cf=1.0),
+        "top1": dict(BASE, T=6, k=1, cf=1.5),
+        "unused_expert": dict(BASE, T=6, bias=[-1e9] + [0.0] * (E - 1), rate=0.1),
+        "idle_rank": dict(BASE, T=6, bias=[-1e9 if i in last else 0.0 for i in range(E)]),
+        "uniform": dict(BASE, T=4, uniform=True),
+        "float32": dict(BASE, T=6, cf=1.25, dtype="float32"),
+    }
+    bad = {"E": dict(BASE, T=4, E=n + 1), "cf": dict(BASE, T=4, cf=-1.0),
+           "k": dict(BASE, T=4, k=E + 1)}
+    return good, bad
+
+
+w.register("moe", "moe_cases", lambda n: ([*cases(n)[0].values(), *cases(n)[1].values()],))
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def run(request):
+    n = request.param
+    good, bad = cases(n)
+    outs = w.registered_results(n, "moe")
+    return n, good, bad, [dict(zip(list(good) + list(bad), o)) for o in outs]
+
+
+def test_matches_dense_reference_and_sim(run):
+    n, good, _, outs = run
+    for rank_out in outs:
+        for name in good:
+            res = rank_out[name]
+            tol = TOL[res["case"].get("dtype", "float64")]
+            for key in ("y_err", "dx_err", "router_grad_err", "w1_grad_err", "w2_grad_err", "aux_err"):
+                assert res[key] < tol, (name, key, res)
+            if "sim_err" in res:
+                assert res["sim_err"] < 1e-12 and res["sim_aux_err"] < 1e-12, (name, res)
+
+
+def test_capacity_drops_first_come_first_served(run):
+    n, good, _, outs = run
+    for name in ("drops", "uneven", "no_tokens", "top1", "float32"):
+        res = outs[0][name]
+        c = res["case"]
+        N = sum(c["T"]) if isinstance(c["T"], list) else c["T"] * n
+        C = math.ceil(c["cf"] * c["k"] * N / E)
+        assert res["load"] == [min(x, C) for x in res["counts"]]
+        assert res["dropped"] == sum(max(0, x - C) for x in res["counts"])
+        assert all(o[name]["load"] == res["load"] for o in outs)   # every rank agrees
+    assert outs[0]["drops"]["dropped"] > 0 and outs[0]["uneven"]["dropped"] > 0
+
+
+def test_experts_without_tokens(run):
+    n, _, _, outs = run
+    assert outs[0]["unused_expert"]["load"][0] == 0
+    assert outs[0]["unused_expert"]["w_grad_zero"][0]           # expert 0 lives on rank 0
+    idle = outs[-1]["idle_rank"]
+    assert all(x == 0 for x in idle["load"][E - E // n:]) and all(idle["w_grad_zero"])
+    assert idle["fwd"]["all_to_all"] > 0                          # it still sends its tokens away
+
+
+def test_expert_bias_update_matches_sim(run):
+    _, _, _, outs = run
+    for rank_out in outs:
+        assert rank_out["unused_expert"]["bias_err"] == 0.0
+        assert rank_out["unused_expert"]["bias_changed"]
+
+
+def test_uniform_routing_bytes_and_aux_loss(run):
+    n, good, _, outs = run
+    for rank_out in outs:
+        res = rank_out["uniform"]
+        assert res["load"] == [K * 4 * n // E] * E                 # exactly uniform
+        want = cost.moe_a2a_bytes(K, 4, H, n, e=res["elem"])
+        assert res["fwd"]["all_to_all"] == want
+        assert res["bwd"]["all_to_all"] == want
+        assert res["aux"] == pytest.approx(0.5, abs=1e-12)         # = alpha for uniform routing
+
+
+def test_bad_input_errors(run):
+    n, _, bad, outs = run
+    for rank_out in outs:
+        assert f"N_e = {n}" in rank_out["E"]["error"]
+        assert "capacity_factor" in rank_out["cf"]["error"]
+        assert "k = " in rank_out["k"]["error"]
