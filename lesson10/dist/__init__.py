@@ -5,7 +5,7 @@ Start ranks with :func:`launch` (gloo on CPU, NCCL with one GPU per rank) or
 with ``torchrun`` (see :func:`init_from_env`). Local tensors are ``(b, s/N, a, d)``
 with the sequence on dim 1. Measure what a method sends with :func:`count_bytes`.
 """
-from .attention import attention, local_attention, merge
+from .attention import attention as reference_attention, local_attention, merge
 from .comm import ByteCounter, count_bytes
 from .launch import LaunchTimeout, RankError, init_from_env, is_torchrun, launch, shutdown
 from .moe import ExpertParallelMoE, moe_reference, route_topk, switch_aux_loss, update_expert_bias
@@ -18,7 +18,7 @@ from .ulysses import heads_to_seq, seq_to_heads, ulysses_attention
 __all__ = [
     "launch", "init_from_env", "is_torchrun", "shutdown", "RankError", "LaunchTimeout",
     "count_bytes", "ByteCounter",
-    "attention", "local_attention", "merge",
+    "reference_attention", "local_attention", "merge",
     "shard_sequence", "gather_sequence", "local_positions",
     "ring_attention", "RingAttention",
     "seq_to_heads", "heads_to_seq", "ulysses_attention",

@@ -138,7 +138,8 @@ def _cuda_kernel_ok(q):
         _CUDA_VERIFIED[key] = False
         try:
             g = torch.Generator(device=q.device).manual_seed(0)
-            t = [torch.randn(1, 40, 4, 16, device=q.device, generator=g, dtype=torch.float32) for _ in range(4)]
+            t = [torch.randn(1, 40, 4, 16, device=q.device, generator=g, dtype=torch.float32)
+                 for _ in range(4)]
             k2, v2 = t[1][:, :, :2], t[2][:, :, :2]
             ok = True
             for causal in (False, True):

@@ -1,0 +1,139 @@
+"""Single-process tests of lesson10.dist.attention: reference, merge, fast local kernel."""
+import math
+
+import pytest
+import torch
+
+from lesson10.dist.attention import attention, local_attention, local_attention_backward, merge
+
+
+def _naive(q, k, v, causal, q_pos=None, k_pos=None):
+    """Independent reference: loops over heads, torch.softmax, K/V heads by index h // g."""
+    b, sq, a, d = q.shape
+    g = a // k.shape[2]
+    q_pos = torch.arange(sq) if q_pos is None else torch.as_tensor(q_pos)
+    k_pos = torch.arange(k.shape[1]) if k_pos is None else torch.as_tensor(k_pos)
+    outs, lses = [], []
+    for h in range(a):
+        x = q[:, :, h] @ k[:, :, h // g].transpose(1, 2) / math.sqrt(d)
+        if causal:
+            x = x.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        outs.append(torch.softmax(x, -1) @ v[:, :, h // g])
+        lses.append(torch.logsumexp(x, -1))
+    return torch.stack(outs, 2), torch.stack(lses, 2)
+
+
+def _qkv(b=2, s=9, a=4, a_kv=2, d=8, sk=None, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    sk = s if sk is None else sk
+    return (torch.randn(b, s, a, d, generator=g, dtype=dtype),
+            torch.randn(b, sk, a_kv, d, generator=g, dtype=dtype),
+            torch.randn(b, sk, a_kv, d, generator=g, dtype=dtype))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("a_kv", [4, 2, 1])
+def test_reference_matches_naive(causal, a_kv):
+    q, k, v = _qkv(a_kv=a_kv)
+    out, lse = attention(q, k, v, causal=causal)
+    o2, l2 = _naive(q, k, v, causal)
+    assert out.shape == q.shape and lse.shape == q.shape[:3]
+    assert torch.allclose(out, o2, atol=1e-12) and torch.allclose(lse, l2, atol=1e-12)
+
+
+def test_positions_and_empty_rows_are_nan_free():
+    q, k, v = _qkv(s=4, a=2, a_kv=2)
+    q_pos, k_pos = [0, 1, 5, 6], [2, 3, 4, 5]         # queries 0 and 1 see no key
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    out, lse = attention(qr, kr, vr, causal=True, q_pos=q_pos, k_pos=k_pos)
+    assert torch.isinf(lse[:, :2]).all() and (lse[:, :2] < 0).all()
+    assert (out[:, :2] == 0).all()
+    o2, _ = _naive(q[:, 2:], k, v, True, q_pos[2:], k_pos)
+    assert torch.allclose(out[:, 2:], o2, atol=1e-12)
+    (out.sum() + lse[:, 2:].sum()).backward()
+    assert all(torch.isfinite(t.grad).all() for t in (qr, kr, vr))
+
+
+def test_merge_of_disjoint_key_sets_is_exact_and_commutative():
+    q, k, v = _qkv(s=10, sk=10)
+    pos = torch.arange(10)
+    full_o, full_l = attention(q, k, v, causal=True)
+    perm = torch.randperm(10, generator=torch.Generator().manual_seed(3))
+    a_idx, b_idx = perm[:4].sort().values, perm[4:].sort().values
+    oa, la = attention(q, k[:, a_idx], v[:, a_idx], True, pos, pos[a_idx])
+    ob, lb = attention(q, k[:, b_idx], v[:, b_idx], True, pos, pos[b_idx])
+    assert torch.isinf(la).any() or torch.isinf(lb).any()   # some queries see nothing in a set
+    for o, l in (merge(oa, la, ob, lb), merge(ob, lb, oa, la)):
+        assert o.dtype == torch.float64
+        assert torch.allclose(o, full_o, atol=1e-12) and torch.allclose(l, full_l, atol=1e-12)
+
+
+def test_merge_edge_cases():
+    o1, o2 = torch.randn(3, 2, 4), torch.randn(3, 2, 4)
+    ninf = torch.full((3, 2), float("-inf"))
+    big = torch.full((3, 2), 1e4)
+    o, l = merge(o1, big, o2, ninf)                       # empty side has weight 0
+    assert o.dtype == torch.float32 and torch.equal(o, o1) and torch.equal(l, big)
+    o, l = merge(o1, ninf, o2, ninf)                      # nothing seen at all
+    assert (o == 0).all() and torch.isinf(l).all() and not torch.isnan(o).any()
+    o, l = merge(o1, big, o2, big)                        # equal weights, no overflow
+    assert torch.allclose(o, (o1 + o2) / 2) and torch.allclose(l, big + math.log(2))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("impl", ["kernel", "einsum"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("a_kv", [4, 2])
+def test_local_attention_and_backward_match_autograd(dtype, tol, impl, causal, a_kv):
+    q, k, v = _qkv(a_kv=a_kv, dtype=dtype)
+    dout = torch.randn(q.shape, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = _naive(qr, kr, vr, causal)
+    ref.backward(dout)
+    out, lse = local_attention(q, k, v, causal=causal, impl=impl)
+    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1])         # (b, a, s)
+    assert torch.allclose(out, ref, atol=tol) and torch.allclose(lse.transpose(1, 2), ref_lse, atol=tol)
+    dq, dk, dv = local_attention_backward(dout, q, k, v, out, lse, causal=causal, impl=impl)
+    for got, want in ((dq, qr.grad), (dk, kr.grad), (dv, vr.grad)):
+        assert got.shape == want.shape and torch.allclose(got, want, atol=10 * tol)
+
+
+@pytest.mark.parametrize("impl", ["kernel", "einsum"])
+def test_block_backward_with_final_lse_sums_to_full_gradient(impl):
+    """Ring attention's backward: each key block's share, from the final (out, lse)."""
+    q, k, v = _qkv(s=8, a_kv=2)
+    dout = torch.randn(q.shape, dtype=q.dtype)
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    ref, _ = _naive(qr, kr, vr, False)
+    ref.backward(dout)
+    out, lse = local_attention(q, k, v)
+    dq = torch.zeros_like(q)
+    dks, dvs = [], []
+    for blk in (slice(0, 3), slice(3, 8)):
+        g = local_attention_backward(dout, q, k[:, blk], v[:, blk], out, lse, impl=impl)
+        dq += g[0]
+        dks.append(g[1])
+        dvs.append(g[2])
+    assert torch.allclose(dq, qr.grad, atol=1e-12)
+    assert torch.allclose(torch.cat(dks, 1), kr.grad, atol=1e-12)
+    assert torch.allclose(torch.cat(dvs, 1), vr.grad, atol=1e-12)
+
+
+def test_auto_uses_einsum_for_masks_the_kernel_cannot_express():
+    q, k, v = _qkv(s=4)
+    q_pos, k_pos = [0, 1, 6, 7], [2, 3, 4, 5]
+    out, lse = local_attention(q, k, v, causal=True, q_pos=q_pos, k_pos=k_pos)
+    o2, l2 = attention(q, k, v, causal=True, q_pos=q_pos, k_pos=k_pos)
+    assert torch.allclose(out, o2) and torch.equal(torch.isinf(lse), torch.isinf(l2.transpose(1, 2)))
+    with pytest.raises(ValueError, match="cannot express"):
+        local_attention(q, k, v, causal=True, q_pos=q_pos, k_pos=k_pos, impl="kernel")
+
+
+def test_bad_shapes_raise_clear_errors():
+    q, k, v = _qkv(a=4, a_kv=4)
+    with pytest.raises(ValueError, match="multiple"):
+        attention(q, k[:, :, :3], v[:, :, :3])
+    with pytest.raises(ValueError, match="same shape"):
+        attention(q, k, v[:, :5])
+    with pytest.raises(ValueError, match="4-D"):
+        local_attention(q[0], k[0], v[0])

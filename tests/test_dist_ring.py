@@ -1,0 +1,120 @@
+"""Ring attention on real torch.distributed (gloo, 2 and 4 ranks), against one process.
+
+All cases run inside ONE launch per rank count (starting ranks costs seconds); the
+worker ``lesson10.dist.bench.check_attention_cases`` gathers each rank's output and
+gradients to the full sequence and compares them with autograd through plain
+attention on the whole sequence.
+"""
+import itertools
+
+import numpy as np
+import pytest
+
+from lesson10 import cost
+from lesson10.dist.bench import check_attention_cases, ring_error_messages
+from lesson10.dist.launch import launch
+from lesson10.dist.ring import ring_blocks
+from lesson10.layouts import causal_work, shard_positions
+
+B, S, A, D = 2, 24, 4, 8          # s = 24 splits into 2*N_c chunks for N_c = 2 and 4
+E = {"float64": 8, "float32": 4}
+TOL = {"float64": 1e-9, "float32": 1e-4}
+
+
+def _cases():
+    cases = []
+    for dtype, causal, layout, a_kv in itertools.product(
+            ("float64", "float32"), (True, False), ("zigzag", "contiguous"), (4, 2)):
+        cases.append(dict(method="ring", b=B, s=S, a=A, a_kv=a_kv, d=D, dtype=dtype,
+                          causal=causal, layout=layout, seed=len(cases)))
+    # the transfer-before-compute variant and the einsum fallback give the same answer
+    cases.append(dict(method="ring", b=B, s=S, a=A, a_kv=1, d=D, dtype="float64", causal=True,
+                      layout="zigzag", overlap=False, seed=99))
+    cases.append(dict(method="ring", b=B, s=S, a=A, a_kv=2, d=D, dtype="float64", causal=True,
+                      layout="contiguous", impl="einsum", seed=98))
+    return cases
+
+
+def _split_case():
+    """Two independent rings of 2 ranks inside 4 ranks (group= argument)."""
+    return dict(method="ring", b=1, s=S, a=A, a_kv=2, d=D, dtype="float64", causal=True,
+                layout="zigzag", split=2, seed=7)
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def results(request):
+    n = request.param
+    cases = _cases() + ([_split_case()] if n == 4 else [])
+    return n, launch(check_attention_cases, n, cases, backend="gloo", timeout=120, quiet=True)
+
+
+@pytest.fixture(scope="module")
+def errors():
+    return launch(ring_error_messages, 2, backend="gloo", timeout=60, quiet=True)
+
+
+def test_outputs_and_gradients_match_single_process(results):
+    n, out = results
+    assert len(out) == n and all(len(rows) == len(_cases()) + (n == 4) for rows in out)
+    for rank_rows in out:
+        for row in rank_rows:
+            for key in ("err_out", "err_dq", "err_dk", "err_dv"):
+                assert row[key] < TOL[row["dtype"]], (n, key, row)
+
+
+def test_bytes_match_cost_formula(results):
+    """Forward: N_c - 1 hops of compact K and V (cost.comm_bytes('ring')); backward: the
+    same K/V hops plus N_c hops of dK/dV, so (2 N_c - 1)/(N_c - 1) times the forward."""
+    n, out = results
+    for rank_rows in out:
+        for row in rank_rows:
+            g = row["a"] // row["a_kv"]
+            n = row["n_ring"]
+            h = row["a"] * row["d"]
+            want = cost.comm_bytes("ring", row["s"], h, n, g=g, e=E[row["dtype"]]) * row["b"]
+            assert row["bytes_fwd"] == want
+            assert set(row["bytes_fwd_by_op"]) == {"p2p"}
+            assert row["bytes_bwd"] * (n - 1) == row["bytes_fwd"] * (2 * n - 1)
+
+
+def test_gqa_sends_g_times_fewer_bytes(results):
+    _, out = results
+    rows = {(r["dtype"], r["causal"], r["layout"], r["a_kv"]): r["bytes_fwd"] for r in out[0][:16]}
+    for (dt, c, lay, a_kv), nb in rows.items():
+        if a_kv == 2:
+            assert 2 * nb == rows[(dt, c, lay, 4)]
+
+
+def test_bad_input_gives_clear_errors(errors):
+    for msgs in errors:
+        assert msgs["odd_zigzag"].startswith("ValueError") and "even" in msgs["odd_zigzag"]
+        assert msgs["heads"].startswith("ValueError") and "multiple" in msgs["heads"]
+        assert msgs["kv_mismatch"].startswith("ValueError")
+        assert msgs["layout"].startswith("ValueError") and "zigzag" in msgs["layout"]
+        assert msgs["ranks_disagree"].startswith("ValueError") and "every rank" in msgs["ranks_disagree"]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_skipped_blocks_are_exactly_the_masked_ones(n, layout):
+    """The blocks ring_blocks computes hold every visible pair, and off the diagonal no
+    masked pair; per (round, rank) their visible pairs are the lesson's causal_work."""
+    s = 4 * n
+    c = s // n
+    pos = shard_positions(s, n, layout)
+    work = causal_work(n, layout, s=s)
+    computed = np.zeros((n, n))
+    for k in range(n):
+        for r in range(n):
+            src = (r - k) % n
+            for qs, ks, cz in ring_blocks(layout, True, r, src, c):
+                qp, kp = pos[r][qs], pos[src][ks]
+                vis = kp[None, :] <= qp[:, None]
+                if not cz:
+                    assert vis.all()
+                computed[k, r] += vis.sum()
+    np.testing.assert_array_equal(computed, work)
+    if layout == "zigzag":
+        # equal work per round: the diagonal round is c(c+... )/2 pairs, the others c^2/2
+        assert all(len(set(row)) == 1 for row in computed)
+        assert (computed[1:] == c * c / 2).all()
