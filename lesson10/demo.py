@@ -21,17 +21,16 @@ def run_demo(seed: int = 0, e: int = 2) -> list[tuple]:
     rng = np.random.default_rng(seed)
     rows = []
 
-    # Megatron SP vs TP on a token-wise op (LayerNorm): same numbers, same bytes.
+    # Megatron SP vs TP on a token-wise op (RMSNorm): same numbers, same bytes.
     t, s, h = 4, 16, 8
     partials = [rng.standard_normal((s, h)) for _ in range(t)]
 
-    def layer_norm(x):
-        mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
-        return (x - mu) / np.sqrt(var + 1e-5)
+    def rms_norm(x):                              # token-wise: each row scaled by its own RMS
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6)
 
     g_tp, g_sp = sim.SimGroup(t, e=e), sim.SimGroup(t, e=e)
-    tp = sim.tp_forward(partials, layer_norm, g_tp)
-    sp = sim.sp_forward(partials, layer_norm, g_sp)
+    tp = sim.tp_forward(partials, rms_norm, g_tp)
+    sp = sim.sp_forward(partials, rms_norm, g_sp)
     err = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(tp, sp))
     one_pair = 2 * (t - 1) / t * s * h * e          # one all-reduce = one RS + one AG
     rows.append(_row("TP (all-reduce)", t, 0.0, g_tp.bytes_sent.max(), one_pair, "2(t-1)/t*s*h*e"))

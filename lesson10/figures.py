@@ -472,7 +472,7 @@ def moe_routing(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float = 
 def draw_moe_capacity(fig=None, *, E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float = 0.0,
                       capacity_factor: float | None = 1.25, seed: int = 0) -> Figure:
     """Top: every (token, expert) copy as a dot stacked on its expert in arrival order; the
-    dashed line is the capacity, blue copies are computed, magenta copies dropped. Bottom:
+    copies above the dashed capacity line (magenta) are dropped, those below (blue) are computed. Bottom:
     the computed load of each GPU (blue) and the time the others wait for the busiest (violet)."""
     r = moe_routing(E=E, Ne=Ne, k=k, T=T, skew=skew, capacity_factor=capacity_factor, seed=seed)
     fig = _figure(fig, (8, 5.5))

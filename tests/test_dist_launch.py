@@ -70,8 +70,8 @@ def test_rank_that_dies_silently():
 def test_hang_ends_in_timeout_and_kills_everyone(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
-        launch(w.hang_on, 2, 0, str(tmp_path), timeout=8, quiet=True)
-    assert time.monotonic() - t0 < 8 + 5
+        launch(w.hang_on, 2, 0, str(tmp_path), timeout=15, quiet=True)
+    assert time.monotonic() - t0 < 15 + 5
     assert set(info.value.ranks) == {0, 1}
     pids = _pids(tmp_path)
     assert len(pids) == 2 and not any(_alive(p) for p in pids)
