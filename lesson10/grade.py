@@ -135,21 +135,23 @@ def grade_notebook(path, timeout: int = 300, kernel_name: str | None = None) -> 
 
 
 def format_table(reports: list[dict]) -> str:
-    lines = [f"{'notebook':<28s} {'exercise':<20s} {'result':<14s} {'points':>7s}"]
+    # the path as given, so that submissions/alice/01.ipynb and submissions/bob/01.ipynb differ
+    w = max([28] + [len(str(rep["notebook"])) for rep in reports])
+    lines = [f"{'notebook':<{w}s} {'exercise':<20s} {'result':<14s} {'points':>7s}"]
     lines.append("-" * len(lines[0]))
     for rep in reports:
-        name = Path(rep["notebook"]).name
+        name = str(rep["notebook"])
         if not rep["exercises"]:
-            lines.append(f"{name:<28s} {'(no checks found)':<20s}")
+            lines.append(f"{name:<{w}s} {'(no checks found)':<20s}")
         for e in rep["exercises"]:
-            lines.append(f"{name:<28s} {e['exercise']:<20s} {e['status']:<14s} "
+            lines.append(f"{name:<{w}s} {e['exercise']:<20s} {e['status']:<14s} "
                          f"{e['points']:>3d}/{e['max_points']:<3d}")
         for err in rep["errors"][:3]:
-            lines.append(f"{'':<28s} ! {err}")
+            lines.append(f"{'':<{w}s} ! {err}")
     got = sum(r["points"] for r in reports)
     total = sum(r["max_points"] for r in reports)
     lines.append("-" * len(lines[0]))
-    lines.append(f"{'total':<28s} {'':<20s} {'':<14s} {got:>3d}/{total:<3d}")
+    lines.append(f"{'total':<{w}s} {'':<20s} {'':<14s} {got:>3d}/{total:<3d}")
     return "\n".join(lines)
 
 

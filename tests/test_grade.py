@@ -62,7 +62,7 @@ def test_failed_and_missing_checks_and_the_table(tmp_path, capsys):
     status = grade.main([str(path), "--timeout", "60"])
     table = capsys.readouterr().out
     assert status == 1
-    rows = {line.split()[1]: line for line in table.splitlines() if line.startswith(path.name)}
+    rows = {line.split()[1]: line for line in table.splitlines() if line.startswith(str(path))}
     assert "passed" in rows["ring_time"] and "1/1" in rows["ring_time"]
     assert "failed" in rows["causal_work"] and "0/2" in rows["causal_work"]
     assert "failed" in rows["zigzag_positions"]

@@ -13,7 +13,12 @@ Two entry points used by ``python -m lesson10``:
   2. overlap vs no overlap, and the exposed communication per round;
   3. ring / Ulysses vs one process over the whole sequence: parallel efficiency;
   4. the target: causal zig-zag ring fwd+bwd on 2 ranks x 1 thread vs one process with 2
-     threads running SDPA on the whole sequence (``b=1, s=4096, a=8, d=64``, float32).
+     threads running SDPA on the whole sequence (``b=1, s=4096, a=8, d=64``, float32);
+  5. ``moe``: expert-parallel MoE fwd+bwd for capacity factors x router skews: step time,
+     drop rate, all-to-all bytes next to ``cost.moe_a2a_bytes``, load imbalance, and one
+     process running the dense MoE (:func:`time_moe_configs`, ``moe.md``);
+  6. ``sp``: one LN+MLP block, TP vs TP + SP: time, bytes (equal) and the activation memory
+     autograd saves per rank, next to the lesson's terms (:func:`time_sp_configs`, ``sp.md``).
 
 The same module runs under torchrun (the processes already exist)::
 
@@ -43,7 +48,9 @@ from .shard import gather_sequence, shard_sequence
 
 __all__ = ["main", "run_main", "check_attention_cases", "time_attention_configs",
            "check_shard_cases", "ring_error_messages",
-           "time_single_process", "ring_table", "RESULTS_DIR"]
+           "time_single_process", "ring_table", "RESULTS_DIR",
+           "time_moe_configs", "moe_table", "time_sp_configs", "sp_table",
+           "sp_block_activation_bytes"]
 
 RESULTS_DIR = Path("benchmarks") / "results"
 _DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -410,6 +417,411 @@ def _plot(rows, path):
     return path
 
 
+# ---------------------------------------------------------------------- MoE benchmark
+def _popularity(E: int, seed: int = 0) -> torch.Tensor:
+    """Fixed per-expert popularity ``u (E,)``, standard normal from ``seed`` (float64)."""
+    return torch.randn(E, generator=torch.Generator().manual_seed(10_000 + seed), dtype=torch.float64)
+
+
+def _moe_tokens(T: int, h: int, rank: int, seed: int, dtype):
+    """This rank's tokens ``x (T, h)`` and output gradient ``dy (T, h)``, seeded by (seed, rank)."""
+    g = torch.Generator().manual_seed(1000 * seed + rank + 1)
+    return (torch.randn(T, h, generator=g, dtype=torch.float64).to(dtype),
+            torch.randn(T, h, generator=g, dtype=torch.float64).to(dtype))
+
+
+def _moe_dense_once(st, cfg, n):
+    """Rank 0 alone: fwd+bwd of :func:`lesson10.dist.moe.moe_reference` on all ``n T`` tokens."""
+    from .moe import init_moe_weights, moe_reference
+    if "dense" not in st:
+        dt = _DTYPES[cfg.get("dtype", "float32")]
+        h, E, d_ff, T, seed = cfg["h"], cfg["E"], cfg["d_ff"], cfg["T"], cfg.get("seed", 0)
+        params = [w.clone().requires_grad_() for w in init_moe_weights(h, E, d_ff, seed, dt)]
+        xs, dys = zip(*(_moe_tokens(T, h, r, seed, dt) for r in range(n)))
+        x = torch.cat(xs).requires_grad_()
+        bias = cfg.get("skew", 0.0) * _popularity(E, seed).to(params[0].dtype)
+        st["dense"] = (x, torch.cat(dys), params, bias)
+    x, dy, params, bias = st["dense"]
+    for t in (x, *params):
+        t.grad = None
+    t0 = time.perf_counter()
+    y, aux = moe_reference(x, *params, cfg["k"], cfg.get("cf"), bias)
+    ((y * dy).sum() + aux).backward()
+    return time.perf_counter() - t0
+
+
+def time_moe_configs(configs: list[dict], reps: int = 5, warmup: int = 1) -> list[dict]:
+    """Worker: expert-parallel MoE (:class:`ExpertParallelMoE`) fwd+bwd, one row per config.
+
+    A config: ``{"method": "ep", "T" (tokens per rank), "h", "E", "k", "d_ff", "cf"
+    (capacity factor or None), "skew", "dtype", "seed"}``, or ``{"method": "dense", ...}``:
+    rank 0 alone runs the single-process :func:`moe_reference` on all ``N = N_e T`` tokens
+    (1 thread) while the other ranks wait. Router skew: the layer's routing bias (the
+    buffer DeepSeek-V3's balancing moves; it steers the top-k choice, not the gates) is
+    set to ``skew * u`` with a fixed standard-normal popularity ``u_i`` per expert. The
+    router logits ``x W_r`` are about N(0, 1) per entry (``x ~ N(0, 1)``, ``W_r ~ N(0, 1/h)``),
+    so this is :func:`lesson10.sim.simulate_moe`'s skew model with Gaussian in place of
+    Gumbel noise. Step = forward, loss ``sum(y * dy) + aux_loss``, backward.
+    Returns per config: median step time (slowest rank), drop rate, the all-to-all bytes
+    every rank sent in forward and backward (``"metadata"``/``"param_grad"`` excluded), the
+    copies routed to each expert (before drops) and kept on each rank (after drops).
+    Reps are interleaved over the configs, as in :func:`time_attention_configs`.
+    """
+    from .moe import ExpertParallelMoE
+    n, rank = dist.get_world_size(), dist.get_rank()
+    device = _device()
+    states = [{} for _ in configs]
+    times = [[] for _ in configs]
+    for i in range(warmup + reps):
+        for j, cfg in enumerate(configs):
+            st = states[j]
+            dist.barrier()
+            if cfg.get("method", "ep") == "dense":
+                t = 0.0
+                if rank == 0:
+                    old = torch.get_num_threads()
+                    torch.set_num_threads(int(cfg.get("threads", 1)))
+                    try:
+                        t = _moe_dense_once(st, cfg, n)
+                    finally:
+                        torch.set_num_threads(old)
+                t = _slowest(t)
+                if i >= warmup:
+                    times[j].append(t)
+                continue
+            if "layer" not in st:
+                dt = _DTYPES[cfg.get("dtype", "float32")]
+                seed = cfg.get("seed", 0)
+                layer = ExpertParallelMoE(cfg["h"], cfg["E"], cfg["d_ff"], cfg["k"],
+                                          capacity_factor=cfg.get("cf"), seed=seed,
+                                          dtype=dt).to(device)
+                with torch.no_grad():
+                    layer.bias.copy_(cfg.get("skew", 0.0) * _popularity(cfg["E"], seed))
+                x, dy = (t.to(device) for t in _moe_tokens(cfg["T"], cfg["h"], rank, seed, dt))
+                st.update(layer=layer, x=x.requires_grad_(), dy=dy)
+            layer, x, dy = st["layer"], st["x"], st["dy"]
+            layer.zero_grad(set_to_none=True)
+            x.grad = None
+            _sync()
+            t0 = time.perf_counter()
+            with count_bytes() as fwd:
+                y = layer(x)
+            with count_bytes() as bwd:
+                ((y * dy).sum() + layer.aux_loss).backward()
+            _sync()
+            t = _slowest(time.perf_counter() - t0)
+            if i >= warmup:
+                times[j].append(t)
+            skip = ("metadata", "param_grad")
+            st["bytes"] = [sum(v for op, v in c.by_op.items() if op not in skip) for c in (fwd, bwd)]
+    rows = []
+    for j, cfg in enumerate(configs):
+        row = {**cfg, "n": n, "median_s": statistics.median(times[j]), "times": times[j]}
+        st = states[j]
+        if "layer" in st:
+            layer = st["layer"]
+            mine = torch.tensor(st["bytes"], dtype=torch.int64, device=device)
+            parts = [torch.empty_like(mine) for _ in range(n)]
+            dist.all_gather(parts, mine)
+            El = cfg["E"] // n
+            N = cfg["T"] * n
+            row.update(bytes_fwd=[int(p[0]) for p in parts], bytes_bwd=[int(p[1]) for p in parts],
+                       counts=layer.counts.cpu().tolist(),
+                       load_rank=layer.load.cpu().reshape(n, El).sum(1).tolist(),
+                       dropped=layer.dropped, drop_rate=layer.dropped / (cfg["k"] * N),
+                       elem=torch.empty((), dtype=_DTYPES[cfg.get("dtype", "float32")]).element_size())
+        rows.append(row)
+    return rows
+
+
+def _ratio(vals) -> float:
+    m = sum(vals) / len(vals)
+    return max(vals) / m if m > 0 else 1.0
+
+
+def moe_table(rows: list[dict]) -> str:
+    """Markdown for the MoE benchmark from :func:`time_moe_configs` rows."""
+    from .. import cost
+    out = []
+    dense = {(r["n"], r.get("skew", 0.0)): r["median_s"] for r in rows if r.get("method") == "dense"}
+    t1 = []
+    for r in rows:
+        if r.get("method") == "dense":
+            continue
+        n, cf, skew = r["n"], r.get("cf"), r.get("skew", 0.0)
+        formula = cost.moe_a2a_bytes(r["k"], r["T"], r["h"], n, e=r["elem"])
+        fwd = r["bytes_fwd"]
+        t1.append([n, "none" if cf is None else f"{cf:g}", f"{skew:g}", _ms(r["median_s"]),
+                   f"{100 * r['drop_rate']:.1f}", f"{sum(fwd) / n:,.0f}", f"{max(fwd):,}",
+                   f"{formula:,.0f}", f"{sum(r['bytes_bwd']) / n:,.0f}",
+                   f"{_ratio(r['counts']):.2f}", f"{_ratio(r['load_rank']):.2f}"])
+    if t1:
+        out += ["## Expert-parallel MoE: fwd+bwd per step", "",
+                _md_table(["N_e", "CF", "skew", "ms/step", "dropped %",
+                           "a2a bytes/rank fwd (mean)", "fwd (max rank)",
+                           "cost.moe_a2a_bytes (uniform)", "bwd (mean)",
+                           "max/mean expert load (routed)", "max/mean rank load (kept)"], t1), ""]
+    t2 = []
+    for r in rows:
+        if r.get("method") == "dense" or r.get("cf") is not None:
+            continue
+        t_one = dense.get((r["n"], r.get("skew", 0.0)))
+        if t_one:
+            t2.append([r["n"], f"{r.get('skew', 0.0):g}", r["n"] * r["T"], _ms(t_one),
+                       _ms(r["median_s"]), f"{t_one / r['median_s']:.2f}",
+                       f"{t_one / (r['n'] * r['median_s']):.0%}"])
+    if t2:
+        out += ["## Dropless expert parallelism vs one process running the dense MoE", "",
+                _md_table(["N_e", "skew", "tokens N", "dense 1 process ms", "EP ms", "speed-up",
+                           "efficiency = T_1/(N_e T_N)"], t2), ""]
+    return "\n".join(out)
+
+
+def _bench_moe(args, out_dir):
+    from .launch import launch
+    T, h, E, k, d_ff = args.tokens, args.hidden or 256, args.experts, args.topk, args.ffn or 512
+    base = {"T": T, "h": h, "E": E, "k": k, "d_ff": d_ff, "dtype": args.dtype, "seed": 0}
+    cfs, skews = (None, 1.0, 1.25), (0.0, 1.0, 2.0)
+    bad = [n for n in args.nproc if E % n]
+    if bad:
+        raise ValueError(f"bench moe: E = {E} experts do not split over N_e = {bad} ranks; "
+                         "pass --experts a multiple of every --nproc")
+    if not 1 <= k <= E:
+        raise ValueError(f"bench moe: --topk {k} must be between 1 and --experts {E}")
+    rows = []
+    for n in args.nproc:
+        configs = [{**base, "method": "ep", "cf": cf, "skew": sk} for cf in cfs for sk in skews]
+        configs += [{**base, "method": "dense", "cf": None, "skew": sk} for sk in (0.0, max(skews))]
+        rows += launch(time_moe_configs, n, configs, args.reps, backend=args.backend,
+                       timeout=args.timeout, threads=1, quiet=True)[0]
+    text = ["# Expert-parallel MoE benchmark (gloo on CPU unless NCCL was chosen)", "",
+            f"T={T} tokens per rank, h={h}, E={E} experts, top-{k}, d_ff={d_ff}, {args.dtype}; "
+            "step = forward + loss sum(y dy) + aux loss + backward; every rank 1 thread; median "
+            f"of {args.reps} reps after one warm-up, each rep the slowest rank; cores on this "
+            f"machine: {os.cpu_count()}; torch {torch.__version__}; "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
+            "Router skew: the layer's routing bias (it steers which experts a token picks, "
+            "not the gates) is set to skew * u_i, with u_i a fixed standard-normal popularity "
+            "per expert; the logits x W_r are about N(0, 1), so skew is in units of the logits' "
+            "spread (the skew model of `lesson10.sim.simulate_moe`, with Gaussian noise). "
+            "Bytes: what each rank sends in the dispatch and combine all-to-alls (the count "
+            "exchange and the router-gradient all-reduce are left out); the formula "
+            "2 k T h e (N_e-1)/N_e assumes uniform routing and no drops. Loads: copies per "
+            "expert before drops, and per rank after drops (the busiest rank sets the step time). "
+            "Numbers from a shared machine are noisy; with more ranks than cores the ranks "
+            "share cores.", "", moe_table(rows)]
+    md = out_dir / "moe.md"
+    md.write_text("\n".join(text) + "\n")
+    print("\n".join(text))
+    print(f"wrote {md}")
+    return rows
+
+
+# ---------------------------------------------------------------------- SP benchmark
+def sp_block_activation_bytes(s, b, h, t: int = 1, sp: bool = False, e: float = 2,
+                              mask_bytes: float = 1, ffn_mult: int = 4,
+                              regather: bool = True, stats_bytes: float = 0) -> float:
+    """Activation bytes one rank stores for the backward of LN -> MLP -> dropout (one block).
+
+    Terms (Korthikanti et al. 2022, the MLP half of a layer plus one LayerNorm), with
+    ``e`` bytes per activation and ``mask_bytes`` per dropout-mask element:
+
+    ============================  ============  =====================
+    stored tensor                 TP            TP + SP
+    ============================  ============  =====================
+    LayerNorm input               ``sbh e``     ``sbh e / t``
+    fc1 input (= LN output)       ``sbh e``     ``sbh e / t`` (``sbh e`` if not ``regather``)
+    GELU input, fc2 input         ``2 sb (4h/t) e`` both
+    dropout mask                  ``sbh m``     ``sbh m / t``
+    ============================  ============  =====================
+
+    With ``e=2, mask_bytes=1``: TP ``sbh (5 + 16/t)``, TP + SP ``21 sbh / t``; adding the
+    attention half and the other LayerNorm (``sbh (5 + 8/t)`` resp. ``13 sbh / t``) gives
+    :func:`lesson10.cost.activation_bytes` (``10 + 24/t``, ``34/t``). ``regather=False``:
+    the all-gathered fc1 input is kept in full for the weight gradient (plain autograd)
+    instead of re-gathered in the backward as Megatron does. ``stats_bytes``: bytes per
+    token of the LayerNorm statistics (mean and 1/std: 8 in float32; the lesson ignores
+    them, default 0), for ``s b`` tokens (TP) or ``s b / t`` (SP).
+    """
+    sbh = s * b * h
+    mlp = 2 * sbh * ffn_mult * e / t
+    if sp:
+        return (sbh * e / t + sbh * e / (t if regather else 1) + mlp + sbh * mask_bytes / t
+                + s * b * stats_bytes / t)
+    return 2 * sbh * e + mlp + sbh * mask_bytes + s * b * stats_bytes
+
+
+def _saved_bytes(params):
+    """``(hooks, seen)``: inside ``with hooks``, every tensor autograd saves for the backward
+    adds ``{storage pointer: storage bytes}`` to ``seen`` (storages of ``params`` skipped), so
+    ``sum(seen.values())`` is the memory the saved activations keep alive."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    seen = {}
+
+    def pack(t):
+        stg = t.untyped_storage()
+        if stg.data_ptr() not in skip:
+            seen[stg.data_ptr()] = stg.nbytes()
+        return t
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), seen
+
+
+def time_sp_configs(configs: list[dict], reps: int = 5, warmup: int = 1) -> list[dict]:
+    """Worker: :class:`SequenceParallelBlock` fwd+bwd, TP (``"sp": False``) or TP + SP.
+
+    A config: ``{"sp": bool, "b", "s", "h", "ffn", "p" (dropout), "dtype", "seed"}``; ``s``
+    is the whole sequence (TP: every rank holds all of it, SP: its ``s/t`` tokens).
+    Returns per config: median fwd+bwd time (slowest rank), bytes this rank sent forward and
+    backward by op, and ``saved_bytes``: unique storage bytes of the tensors autograd keeps
+    for the backward (``saved_tensors_hooks``, weights excluded), measured on one extra
+    step, max over ranks.
+    """
+    from .sp import SequenceParallelBlock, sp_shard
+    n = dist.get_world_size()
+    device = _device()
+    states = [{} for _ in configs]
+    times = [[] for _ in configs]
+    for i in range(warmup + reps):
+        for j, cfg in enumerate(configs):
+            st = states[j]
+            if "block" not in st:
+                dt = _DTYPES[cfg.get("dtype", "float32")]
+                b, s, h = cfg["b"], cfg["s"], cfg["h"]
+                blk = SequenceParallelBlock(h, cfg["ffn"], sequence_parallel=cfg["sp"],
+                                            p=cfg.get("p", 0.1), seed=cfg.get("seed", 0),
+                                            dtype=dt, check_shapes=False).to(device)
+                g = torch.Generator().manual_seed(cfg.get("seed", 0) + 1)
+                x = torch.randn(b, s, h, generator=g, dtype=torch.float64).to(dt)
+                dy = torch.randn(b, s, h, generator=g, dtype=torch.float64).to(dt)
+                if cfg["sp"]:
+                    x, dy = sp_shard(x), sp_shard(dy)
+                st.update(block=blk, x=x.to(device).requires_grad_(), dy=dy.to(device))
+                # one extra step: the bytes sent and the memory saved for the backward
+                hooks, seen = _saved_bytes(list(blk.parameters()))
+                with count_bytes() as fwd:
+                    with hooks:
+                        y = blk(st["x"])
+                st["saved"] = sum(seen.values())
+                with count_bytes() as bwd:
+                    y.backward(st["dy"])
+                st["fwd"], st["bwd"] = dict(fwd.by_op), dict(bwd.by_op)
+            blk, x, dy = st["block"], st["x"], st["dy"]
+            blk.zero_grad(set_to_none=True)
+            x.grad = None
+            dist.barrier()
+            _sync()
+            t0 = time.perf_counter()
+            blk(x).backward(dy)
+            _sync()
+            t = _slowest(time.perf_counter() - t0)
+            if i >= warmup:
+                times[j].append(t)
+    rows = []
+    for j, cfg in enumerate(configs):
+        st = states[j]
+        saved = torch.tensor([st["saved"]], dtype=torch.int64, device=device)
+        dist.all_reduce(saved, op=dist.ReduceOp.MAX)
+        rows.append({**cfg, "n": n, "median_s": statistics.median(times[j]), "times": times[j],
+                     "bytes_fwd_by_op": st["fwd"], "bytes_bwd_by_op": st["bwd"],
+                     "saved_bytes": int(saved),
+                     "elem": torch.empty((), dtype=_DTYPES[cfg.get("dtype", "float32")]).element_size()})
+    return rows
+
+
+def _act_bytes(by_op: dict) -> int:
+    return sum(v for op, v in by_op.items() if op not in ("metadata", "param_grad"))
+
+
+def sp_table(rows: list[dict]) -> str:
+    """Markdown for the SP benchmark from :func:`time_sp_configs` rows."""
+    from .. import cost
+    t1, t2 = [], []
+    by = {(r["n"], r["sp"]): r for r in rows}
+    for (n, sp), r in sorted(by.items()):
+        s, b, h, e = r["s"], r["b"], r["h"], r["elem"]
+        mult = r["ffn"] // h if r["ffn"] % h == 0 else r["ffn"] / h
+        t1.append([n, "TP + SP" if sp else "TP", _ms(r["median_s"]),
+                   f"{_act_bytes(r['bytes_fwd_by_op']):,}", f"{_act_bytes(r['bytes_bwd_by_op']):,}",
+                   f"{r['bytes_bwd_by_op'].get('param_grad', 0):,}",
+                   f"{cost.comm_bytes('sp', s, h, n, e=e) * b / 2:,.0f}"])
+        impl = sp_block_activation_bytes(s, b, h, n, sp, e=e, mask_bytes=e, ffn_mult=mult,
+                                         regather=False, stats_bytes=8)
+        lesson_blk = sp_block_activation_bytes(s, b, h, n, sp, e=2, mask_bytes=1, ffn_mult=mult)
+        t2.append([n, "TP + SP" if sp else "TP", f"{r['saved_bytes']:,}",
+                   f"{r['saved_bytes'] / (s * b * h):.2f}", f"{impl / (s * b * h):.2f}",
+                   f"{lesson_blk / (s * b * h):.2f}",
+                   f"{cost.activation_bytes(s, b, h, 1, t=n, sp=sp) / (s * b * h):.2f}"])
+    ratio = []
+    for n in sorted({r["n"] for r in rows}):
+        tp, sp = by.get((n, False)), by.get((n, True))
+        if tp and sp:
+            s, b, h = tp["s"], tp["b"], tp["h"]
+            mult = tp["ffn"] // h if tp["ffn"] % h == 0 else tp["ffn"] / h
+            lesson = [sp_block_activation_bytes(s, b, h, n, m, ffn_mult=mult) for m in (False, True)]
+            layer = [cost.activation_bytes(s, b, h, 1, t=n, sp=m) for m in (False, True)]
+            ratio.append([n, f"{sp['saved_bytes'] / tp['saved_bytes']:.3f}",
+                          f"{lesson[1] / lesson[0]:.3f}", f"{layer[1] / layer[0]:.3f}",
+                          f"{tp['median_s'] / sp['median_s']:.2f}"])
+    out = ["## Time and bytes (fwd+bwd)", "",
+           _md_table(["t", "mode", "fwd+bwd ms", "activation bytes/rank fwd", "bwd",
+                      "+ LN/bias grad all-reduce (SP only)",
+                      "cost.comm_bytes('sp')/2 (one of a layer's two all-reduces)"], t1), "",
+           "## Activation memory saved for the backward, per rank", "",
+           _md_table(["t", "mode", "measured bytes", "measured / sbh",
+                      "this code's terms / sbh (fp32, float mask, full fc1 input, LN stats)",
+                      "lesson's terms for LN+MLP+dropout / sbh (bf16, 1-byte mask)",
+                      "cost.activation_bytes / sbh (whole layer, flash)"], t2), "",
+           _md_table(["t", "SP / TP measured", "SP / TP lesson's block terms",
+                      "SP / TP cost.activation_bytes (layer)", "time TP / TP+SP"], ratio), ""]
+    return "\n".join(out)
+
+
+def _bench_sp(args, out_dir):
+    from .launch import launch
+    b, s, h = args.batch, args.seq or 2048, args.hidden or 512
+    ffn = args.ffn or 4 * h
+    base = {"b": b, "s": s, "h": h, "ffn": ffn, "p": 0.1, "dtype": args.dtype, "seed": 0}
+    bad = [n for n in args.nproc if s % n or ffn % n]
+    if bad:
+        raise ValueError(f"bench sp: s = {s} tokens and ffn = {ffn} must be multiples of the "
+                         f"TP degree t; not so for t in {bad}. Change --seq / --ffn or --nproc.")
+    rows = []
+    for n in args.nproc:
+        configs = [{**base, "sp": False}, {**base, "sp": True}]
+        rows += launch(time_sp_configs, n, configs, args.reps, backend=args.backend,
+                       timeout=args.timeout, threads=1, quiet=True)[0]
+    text = ["# Sequence parallelism benchmark: TP vs TP + SP (gloo on CPU unless NCCL was chosen)", "",
+            f"One `SequenceParallelBlock` (LayerNorm -> column-parallel fc1 -> GELU -> "
+            f"row-parallel fc2 -> dropout p=0.1 -> residual), b={b}, s={s}, h={h}, ffn={ffn}, "
+            f"{args.dtype}; every rank 1 thread; median of {args.reps} reps after one warm-up, "
+            f"each rep the slowest rank; cores on this machine: {os.cpu_count()}; torch "
+            f"{torch.__version__}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
+            "Bytes: what each rank sends for activations (shape checks and the SP-only "
+            "all-reduce of the LayerNorm and fc2-bias gradients shown apart). TP: one "
+            "all-reduce each way; TP + SP: an all-gather and a reduce-scatter each way, the same "
+            "bytes. This block is half a transformer layer (no attention), so it sends half of "
+            "`cost.comm_bytes('sp', ...)`.", "",
+            "Memory: the unique storages autograd keeps for the backward "
+            "(`torch.autograd.graph.saved_tensors_hooks`, weights excluded), in units of "
+            "sbh bytes. The lesson's 34 sbh/t counts a whole layer in bf16 with 1-byte dropout "
+            "masks; the part this block models (one LayerNorm, the MLP, one dropout) is "
+            "sbh (5 + 16/t) with TP and 21 sbh/t with TP + SP. This code differs in three ways: "
+            "float32 (e = 4), a float32 dropout mask (4 bytes, not 1), and under SP autograd keeps "
+            "the all-gathered fc1 input (s tokens) for the weight gradient, where Megatron keeps "
+            "only its s/t shard and all-gathers again in the backward. The 'this code' column "
+            "counts exactly those terms (4 sbh (3 + 8/t) with TP, 4 sbh (1 + 10/t) with TP + SP) "
+            "plus the LayerNorm mean and 1/std (8 bytes per token held). So SP saves memory "
+            "here, but does not divide the block's memory by t as in the lesson's count. "
+            "Time: under TP every rank also runs the LayerNorm and the dropout mask (a hash per "
+            "element) on all s tokens, under TP + SP on s/t of them.", "", sp_table(rows)]
+    md = out_dir / "sp.md"
+    md.write_text("\n".join(text) + "\n")
+    print("\n".join(text))
+    print(f"wrote {md}")
+    return rows
+
+
 # ---------------------------------------------------------------------- commands
 def _common_args(p):
     p.add_argument("--seq", type=int, default=4096, help="whole sequence length s")
@@ -432,15 +844,31 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(RESULTS_DIR), help="folder for the tables")
     p.add_argument("--no-plot", action="store_true")
     _common_args(p)
+    p.set_defaults(seq=None)
+    g = p.add_argument_group("moe and sp sizes")
+    g.add_argument("--hidden", type=int, default=None, help="h (default: moe 256, sp 512)")
+    g.add_argument("--ffn", type=int, default=None, help="d_ff (default: moe 512, sp 4h)")
+    g.add_argument("--tokens", type=int, default=2048, help="moe: tokens T per rank")
+    g.add_argument("--experts", type=int, default=8, help="moe: experts E")
+    g.add_argument("--topk", type=int, default=2, help="moe: experts per token k")
     args = p.parse_args(argv)
+    for name in ("seq", "hidden", "ffn", "tokens", "experts", "topk", "reps", "batch"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            p.error(f"--{name} must be a positive integer, got {v}")
+    if any(n < 1 for n in args.nproc):
+        p.error(f"--nproc must be positive, got {args.nproc}")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = ["ring", "ulysses", "moe", "sp"] if args.what == "all" else [args.what]
     for what in todo:
         if what in ("ring", "ulysses"):
-            _bench_attention(args, what, out_dir)
+            _bench_attention(argparse.Namespace(**{**vars(args), "seq": args.seq or 4096}),
+                             what, out_dir)
+        elif what == "moe":
+            _bench_moe(args, out_dir)
         else:
-            _bench_other(args, what, out_dir)
+            _bench_sp(args, out_dir)
     return 0
 
 
@@ -479,22 +907,6 @@ def _bench_attention(args, what, out_dir):
         if png:
             print(f"wrote {png}")
     return rows
-
-
-def _bench_other(args, what, out_dir):
-    """SP and MoE benchmarks live with their implementations (``lesson10.dist.sp`` /
-    ``lesson10.dist.moe``: a ``bench(args, out_dir)`` function); skipped if absent."""
-    import importlib
-    try:
-        mod = importlib.import_module(f"lesson10.dist.{what}")
-    except ImportError as e:
-        print(f"skipping {what}: lesson10.dist.{what} is not available ({e})")
-        return None
-    fn = getattr(mod, "bench", None)
-    if fn is None:
-        print(f"skipping {what}: lesson10.dist.{what} has no bench(args, out_dir)")
-        return None
-    return fn(args, out_dir)
 
 
 # ---------------------------------------------------------------------- run
