@@ -1,5 +1,6 @@
 """`python -m lesson10 bench moe|sp` on tiny sizes (gloo, 2 ranks): the tables and their checks."""
 import re
+from fractions import Fraction
 
 import pytest
 
@@ -50,29 +51,65 @@ def test_bench_moe_writes_the_table(tmp_path, capsys):
     assert all(r[2] == str(2 * T) for r in dense)
 
 
-def test_bench_sp_writes_the_table(tmp_path):
-    s, h, t = 16, 8, 2
-    rc = bench.main(["sp", "--nproc", str(t), "--seq", str(s), "--hidden", str(h),
-                     "--reps", "1", "--out", str(tmp_path)])
+@pytest.fixture(scope="module")
+def sp_md(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sp")
+    rc = bench.main(["sp", "--nproc", "2", "4", "--seq", str(SP_S), "--hidden", str(SP_H),
+                     "--reps", "1", "--out", str(out)])
     assert rc == 0
-    md = (tmp_path / "sp.md").read_text()
-    time_part, mem_part = md.split("## Time and bytes")[1].split("## Activation memory")
+    return (out / "sp.md").read_text()
+
+
+SP_S, SP_H = 16, 8          # b = 1, ffn = 4h, p = 0.1 (the benchmark's defaults)
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_bench_sp_bytes(sp_md, t):
+    s, h, e = SP_S, SP_H, 4                                  # timed rows: float32
+    time_part = sp_md.split("## Time and bytes")[1].split("## Activation memory")[0]
     byt = {r[1]: r for r in _rows(time_part, str(t))}
-    mem = {r[1]: r for r in _rows(mem_part, str(t)) if len(r) == 7}
-    ratio = [r for r in _rows(mem_part, str(t)) if len(r) == 5]
-    assert set(byt) == set(mem) == {"TP", "TP + SP"} and len(ratio) == 1
+    assert set(byt) == {"TP", "TP + SP"} and all(r[2] == "float32" for r in byt.values())
     # same activation bytes both ways, = one all-reduce of (s, h) float32 = half a layer's
-    half_layer = cost.comm_bytes("sp", s, h, t, e=4) / 2
-    for col in (3, 4):                                      # forward, backward
-        assert _num(byt["TP"][col]) == _num(byt["TP + SP"][col]) == half_layer
-    assert _num(byt["TP"][5]) == 0                          # no parameter all-reduce under TP
-    assert _num(byt["TP + SP"][5]) > 0                      # LN weights are partial sums under SP
-    # activation memory per rank: SP keeps less than TP, as this code's terms predict
-    assert _num(mem["TP + SP"][2]) < _num(mem["TP"][2])
-    for r in mem.values():
-        assert _num(r[2]) / (s * h) == pytest.approx(_num(r[3]), abs=0.01)
-        assert _num(r[3]) == pytest.approx(_num(r[4]), rel=0.05)
-    assert _num(ratio[0][1]) < 1
+    half_layer = cost.comm_bytes("sp", s, h, t, e=e) / 2
+    for col in (4, 5):                                      # forward, backward
+        assert _num(byt["TP"][col]) == _num(byt["TP + SP"][col]) == half_layer == _num(byt["TP"][8])
+    # SP re-gathers the s/t shard of the fc1 input in the backward: (t-1)/t of (s, h)
+    assert _num(byt["TP"][6]) == 0
+    assert _num(byt["TP + SP"][6]) == (t - 1) * s * h * e / t
+    assert _num(byt["TP"][7]) == 0                          # no parameter all-reduce under TP
+    assert _num(byt["TP + SP"][7]) == cost.all_reduce_bytes(3 * h * e, t)   # LN w, b; fc2 bias
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_bench_sp_memory_is_the_count(sp_md, t):
+    s, h = SP_S, SP_H
+    sbh = s * h
+    mem_part = sp_md.split("## Activation memory")[1]
+    mem = {(r[1], r[2]): r for r in _rows(mem_part, str(t)) if len(r) == 10}
+    ratio = {r[1]: r for r in _rows(mem_part, str(t)) if len(r) == 7}
+    assert set(mem) == {(m, d) for m in ("TP", "TP + SP") for d in ("float32", "bfloat16")}
+    assert set(ratio) == {"float32", "bfloat16"}
+    for (mode, dt), r in mem.items():
+        e = 4 if dt == "float32" else 2
+        sp = mode == "TP + SP"
+        tokens = s // t if sp else s
+        measured, count, stats = _num(r[3]), _num(r[4]), _num(r[5])
+        # CPU LayerNorm keeps mean and 1/std in the input dtype: two numbers per token held
+        assert stats == 2 * e * tokens
+        # LN input e, fc1 input e (SP: its s/t shard), GELU in/out 2 * 4e/t, bool mask 1
+        want = sbh * (10 * e + 1) / t if sp else sbh * (2 * e + 1 + 8 * e / t)
+        assert measured == count == want + stats
+        if dt == "bfloat16":                                # the lesson's terms, exactly
+            assert measured - stats == (21 * sbh / t if sp else sbh * (5 + 16 / t))
+    # SP / TP without the LN statistics: the lesson's (21/t) / (5 + 16/t) in bfloat16
+    sp_b, tp_b = (mem[(m, "bfloat16")] for m in ("TP + SP", "TP"))
+    got = Fraction(int(_num(sp_b[3]) - _num(sp_b[5])), int(_num(tp_b[3]) - _num(tp_b[5])))
+    assert got == Fraction(21, 5 * t + 16)
+    assert _num(ratio["bfloat16"][3]) == _num(ratio["bfloat16"][4]) == round(21 / (5 * t + 16), 4)
+    assert _num(ratio["float32"][3]) == round(41 / (9 * t + 32), 4)
+    # storing the shard makes SP save memory in every dtype
+    for dt in ("float32", "bfloat16"):
+        assert _num(ratio[dt][2]) < 1
 
 
 @pytest.mark.parametrize("t", [1, 2, 4, 8])

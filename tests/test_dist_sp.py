@@ -1,6 +1,7 @@
 """Megatron SP on gloo: SequenceParallelBlock as TP and as TP+SP matches the single-process
 block in outputs and every gradient (LayerNorm included), and both modes send the same
-bytes, equal to lesson10.cost."""
+activation bytes, equal to lesson10.cost; SP adds one re-gather of the fc1 input in the
+backward ("ag_recompute")."""
 import pytest
 
 from lesson10 import cost
@@ -42,8 +43,12 @@ def test_dropout_is_active_and_sharding_invariant(run):
                 assert 0.1 < res["dropped"] < 0.6      # about p = 0.3 of the elements dropped
 
 
+SIDE = ("param_grad", "metadata", "ag_recompute")
+
+
 def _activation_bytes(by_op):
-    return sum(v for k, v in by_op.items() if k not in ("param_grad", "metadata"))
+    """Bytes of the TP/SP activation collectives (the lesson's count), without the side ops."""
+    return sum(v for k, v in by_op.items() if k not in SIDE)
 
 
 def test_tp_and_sp_send_the_same_bytes_as_the_lesson(run):
@@ -56,14 +61,38 @@ def test_tp_and_sp_send_the_same_bytes_as_the_lesson(run):
             want = cost.comm_bytes("sp", S, H, n, e=e) / 2 * B
             assert _activation_bytes(res["fwd"]) == want
             assert _activation_bytes(res["bwd"]) == want
-            if sp:
-                assert set(res["fwd"]) - {"metadata"} == {"all_gather", "reduce_scatter"}
-                # LayerNorm weight+bias and the row-parallel bias: 3h gradients all-reduced
-                assert res["bwd"]["param_grad"] == cost.all_reduce_bytes(3 * H * e, n)
-            else:
-                assert set(res["fwd"]) == {"all_reduce"} and "param_grad" not in res["bwd"]
             tp = by_case[(False, p, dt)]
             assert _activation_bytes(res["fwd"]) == _activation_bytes(tp["fwd"])
+            assert _activation_bytes(res["bwd"]) == _activation_bytes(tp["bwd"])
+            if sp:
+                assert set(res["fwd"]) - {"metadata"} == {"all_gather", "reduce_scatter"}
+                assert set(res["bwd"]) == {"all_gather", "reduce_scatter", "ag_recompute", "param_grad"}
+                # LayerNorm weight+bias and the row-parallel bias: 3h gradients all-reduced
+                assert res["bwd"]["param_grad"] == cost.all_reduce_bytes(3 * H * e, n)
+                # the fc1 input, kept as its s/t shard, is all-gathered again in the
+                # backward: (t-1)/t of the (b, s, h) LayerNorm output, per rank
+                assert res["bwd"]["ag_recompute"] == (n - 1) * B * S * H * e / n
+                assert "ag_recompute" not in res["fwd"]
+            else:
+                assert set(res["fwd"]) == {"all_reduce"} and set(res["bwd"]) == {"all_reduce"}
+
+
+def test_dropout_saves_only_a_one_byte_mask():
+    import torch
+
+    from lesson10.dist.sp import token_dropout
+    b, s, h, p = 2, 6, 4, 0.5
+    x = torch.randn(b, s, h, dtype=torch.float64, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = token_dropout(x * 1.0, p, seed=7, positions=torch.arange(s), seq_len=s)
+    assert [(t.dtype, t.element_size(), tuple(t.shape)) for t in saved] == [(torch.bool, 1, (b, s, h))]
+    keep = saved[0]
+    assert torch.equal(y, x * keep / (1 - p))
+    dy = torch.randn(b, s, h, dtype=torch.float64)
+    y.backward(dy)
+    assert torch.equal(x.grad, dy * keep / (1 - p))
+    assert 0 < keep.sum() < keep.numel()
 
 
 def test_bad_input_errors(run):

@@ -43,7 +43,9 @@ def test_sp_same_output_and_bytes(res):
         assert sp["tp"]["bwd"] == sp["sp"]["bwd"] == want
         assert sp["tp"]["fwd_side"] == {} and sp["tp"]["bwd_side"] == {}
         # LN weight, LN bias and the row-parallel bias: 3h partial sums per block
-        assert sp["sp"]["bwd_side"] == {"param_grad": 2 * 2 * (N - 1) / N * 3 * h * E8}
+        # ... and the re-gather of the LayerNorm output shard, (t-1)/t of (b, s, h) per block
+        assert sp["sp"]["bwd_side"] == {"param_grad": 2 * 2 * (N - 1) / N * 3 * h * E8,
+                                        "ag_recompute": 2 * (N - 1) / N * b * s * h * E8}
         assert sp["tp"]["tokens_per_rank"] == s and sp["sp"]["tokens_per_rank"] == s // N
         assert sp["tp_vs_sp"] < TOL
         for m in ("tp", "sp"):

@@ -635,13 +635,18 @@ def sp_block_activation_bytes(s, b, h, t: int = 1, sp: bool = False, e: float = 
     dropout mask                  ``sbh m``     ``sbh m / t``
     ============================  ============  =====================
 
-    With ``e=2, mask_bytes=1``: TP ``sbh (5 + 16/t)``, TP + SP ``21 sbh / t``; adding the
-    attention half and the other LayerNorm (``sbh (5 + 8/t)`` resp. ``13 sbh / t``) gives
+    In general (``m = ffn_mult``): TP ``sbh (2e + mask + 2me/t)``, TP + SP
+    ``sbh (2e + mask + 2me) / t``: SP divides every term by ``t``. With ``e=2,
+    mask_bytes=1``: TP ``sbh (5 + 16/t)``, TP + SP ``21 sbh / t``; adding the attention
+    half and the other LayerNorm (``sbh (5 + 8/t)`` resp. ``13 sbh / t``) gives
     :func:`lesson10.cost.activation_bytes` (``10 + 24/t``, ``34/t``). ``regather=False``:
-    the all-gathered fc1 input is kept in full for the weight gradient (plain autograd)
-    instead of re-gathered in the backward as Megatron does. ``stats_bytes``: bytes per
-    token of the LayerNorm statistics (mean and 1/std: 8 in float32; the lesson ignores
-    them, default 0), for ``s b`` tokens (TP) or ``s b / t`` (SP).
+    the all-gathered fc1 input is kept in full for the weight gradient (plain autograd
+    around an all-gather) instead of re-gathered in the backward as Megatron and
+    :class:`lesson10.dist.sp.SequenceParallelBlock` do. ``stats_bytes``: bytes per token
+    of the LayerNorm statistics (mean and 1/std, each one number per token: 8 in float32;
+    the lesson ignores them, default 0), for ``s b`` tokens (TP) or ``s b / t`` (SP).
+    With ``e`` the dtype's size, ``mask_bytes=1`` and ``stats_bytes`` = twice the size of
+    the LayerNorm statistics' dtype, this is exactly what autograd keeps for the block.
     """
     sbh = s * b * h
     mlp = 2 * sbh * ffn_mult * e / t
@@ -670,12 +675,14 @@ def _saved_bytes(params):
 def time_sp_configs(configs: list[dict], reps: int = 5, warmup: int = 1) -> list[dict]:
     """Worker: :class:`SequenceParallelBlock` fwd+bwd, TP (``"sp": False``) or TP + SP.
 
-    A config: ``{"sp": bool, "b", "s", "h", "ffn", "p" (dropout), "dtype", "seed"}``; ``s``
-    is the whole sequence (TP: every rank holds all of it, SP: its ``s/t`` tokens).
-    Returns per config: median fwd+bwd time (slowest rank), bytes this rank sent forward and
-    backward by op, and ``saved_bytes``: unique storage bytes of the tensors autograd keeps
-    for the backward (``saved_tensors_hooks``, weights excluded), measured on one extra
-    step, max over ranks.
+    A config: ``{"sp": bool, "b", "s", "h", "ffn", "p" (dropout), "dtype", "seed"}``, and
+    ``"time": False`` to measure bytes and memory only (no timed reps); ``s`` is the whole
+    sequence (TP: every rank holds all of it, SP: its ``s/t`` tokens).
+    Returns per config: median fwd+bwd time (slowest rank; None if not timed), bytes this
+    rank sent forward and backward by op, ``saved_bytes``: unique storage bytes of the
+    tensors autograd keeps for the backward (``saved_tensors_hooks``, weights excluded),
+    measured on one extra step, max over ranks, and ``stats_elem``: bytes per number of
+    the LayerNorm mean and 1/std on this device (float32 on GPU even for bf16 input).
     """
     from .sp import SequenceParallelBlock, sp_shard
     n = dist.get_world_size()
@@ -706,6 +713,11 @@ def time_sp_configs(configs: list[dict], reps: int = 5, warmup: int = 1) -> list
                 with count_bytes() as bwd:
                     y.backward(st["dy"])
                 st["fwd"], st["bwd"] = dict(fwd.by_op), dict(bwd.by_op)
+                probe = st["x"].detach()[:1, :1]
+                stats = torch.native_layer_norm(probe, (h,), None, None, 1e-5)[1]
+                st["stats_elem"] = stats.element_size()
+            if not cfg.get("time", True):
+                continue
             blk, x, dy = st["block"], st["x"], st["dy"]
             blk.zero_grad(set_to_none=True)
             x.grad = None
@@ -722,58 +734,78 @@ def time_sp_configs(configs: list[dict], reps: int = 5, warmup: int = 1) -> list
         st = states[j]
         saved = torch.tensor([st["saved"]], dtype=torch.int64, device=device)
         dist.all_reduce(saved, op=dist.ReduceOp.MAX)
-        rows.append({**cfg, "n": n, "median_s": statistics.median(times[j]), "times": times[j],
+        rows.append({**cfg, "n": n, "times": times[j],
+                     "median_s": statistics.median(times[j]) if times[j] else None,
                      "bytes_fwd_by_op": st["fwd"], "bytes_bwd_by_op": st["bwd"],
-                     "saved_bytes": int(saved),
+                     "saved_bytes": int(saved), "stats_elem": st["stats_elem"],
                      "elem": torch.empty((), dtype=_DTYPES[cfg.get("dtype", "float32")]).element_size()})
     return rows
 
 
 def _act_bytes(by_op: dict) -> int:
-    return sum(v for op, v in by_op.items() if op not in ("metadata", "param_grad"))
+    return sum(v for op, v in by_op.items() if op not in ("metadata", "param_grad", "ag_recompute"))
+
+
+def _sp_counts(r: dict) -> dict:
+    """The count of a :func:`time_sp_configs` row, in bytes: ``"code"`` (this code's terms:
+    its dtype, 1-byte mask, fc1 input kept as a shard, LayerNorm statistics), ``"stats"``
+    (the LayerNorm statistics alone), ``"lesson"`` (bf16, 1-byte mask, no statistics)."""
+    s, b, h, n, sp, e = r["s"], r["b"], r["h"], r["n"], r["sp"], r["elem"]
+    mult = r["ffn"] // h if r["ffn"] % h == 0 else r["ffn"] / h
+    stats = 2 * r["stats_elem"]
+    code = sp_block_activation_bytes(s, b, h, n, sp, e=e, mask_bytes=1, ffn_mult=mult,
+                                     stats_bytes=stats)
+    return {"code": code, "stats": s * b * stats / (n if sp else 1),
+            "lesson": sp_block_activation_bytes(s, b, h, n, sp, e=2, mask_bytes=1, ffn_mult=mult)}
 
 
 def sp_table(rows: list[dict]) -> str:
-    """Markdown for the SP benchmark from :func:`time_sp_configs` rows."""
+    """Markdown for the SP benchmark from :func:`time_sp_configs` rows (timed rows in the
+    first table; every row, timed or memory-only, in the memory tables)."""
     from .. import cost
     t1, t2 = [], []
-    by = {(r["n"], r["sp"]): r for r in rows}
-    for (n, sp), r in sorted(by.items()):
+    by = {(r["n"], r.get("dtype", "float32"), r["sp"]): r for r in rows}
+    for (n, dt, sp), r in sorted(by.items()):
         s, b, h, e = r["s"], r["b"], r["h"], r["elem"]
-        mult = r["ffn"] // h if r["ffn"] % h == 0 else r["ffn"] / h
-        t1.append([n, "TP + SP" if sp else "TP", _ms(r["median_s"]),
-                   f"{_act_bytes(r['bytes_fwd_by_op']):,}", f"{_act_bytes(r['bytes_bwd_by_op']):,}",
-                   f"{r['bytes_bwd_by_op'].get('param_grad', 0):,}",
-                   f"{cost.comm_bytes('sp', s, h, n, e=e) * b / 2:,.0f}"])
-        impl = sp_block_activation_bytes(s, b, h, n, sp, e=e, mask_bytes=e, ffn_mult=mult,
-                                         regather=False, stats_bytes=8)
-        lesson_blk = sp_block_activation_bytes(s, b, h, n, sp, e=2, mask_bytes=1, ffn_mult=mult)
-        t2.append([n, "TP + SP" if sp else "TP", f"{r['saved_bytes']:,}",
-                   f"{r['saved_bytes'] / (s * b * h):.2f}", f"{impl / (s * b * h):.2f}",
-                   f"{lesson_blk / (s * b * h):.2f}",
-                   f"{cost.activation_bytes(s, b, h, 1, t=n, sp=sp) / (s * b * h):.2f}"])
+        sbh = s * b * h
+        mode = "TP + SP" if sp else "TP"
+        bwd = r["bytes_bwd_by_op"]
+        if r["median_s"] is not None:
+            t1.append([n, mode, dt, _ms(r["median_s"]), f"{_act_bytes(r['bytes_fwd_by_op']):,}",
+                       f"{_act_bytes(bwd):,}", f"{bwd.get('ag_recompute', 0):,}",
+                       f"{bwd.get('param_grad', 0):,}",
+                       f"{cost.comm_bytes('sp', s, h, n, e=e) * b / 2:,.0f}"])
+        c = _sp_counts(r)
+        t2.append([n, mode, dt, f"{r['saved_bytes']:,}", f"{c['code']:,.0f}", f"{c['stats']:,.0f}",
+                   f"{r['saved_bytes'] / sbh:.3f}", f"{(r['saved_bytes'] - c['stats']) / sbh:.3f}",
+                   f"{c['lesson'] / sbh:.3f}",
+                   f"{cost.activation_bytes(s, b, h, 1, t=n, sp=sp) / sbh:.2f}"])
     ratio = []
-    for n in sorted({r["n"] for r in rows}):
-        tp, sp = by.get((n, False)), by.get((n, True))
+    for n, dt in sorted({(r["n"], r.get("dtype", "float32")) for r in rows}):
+        tp, sp = by.get((n, dt, False)), by.get((n, dt, True))
         if tp and sp:
             s, b, h = tp["s"], tp["b"], tp["h"]
-            mult = tp["ffn"] // h if tp["ffn"] % h == 0 else tp["ffn"] / h
-            lesson = [sp_block_activation_bytes(s, b, h, n, m, ffn_mult=mult) for m in (False, True)]
+            ct, cs = _sp_counts(tp), _sp_counts(sp)
             layer = [cost.activation_bytes(s, b, h, 1, t=n, sp=m) for m in (False, True)]
-            ratio.append([n, f"{sp['saved_bytes'] / tp['saved_bytes']:.3f}",
-                          f"{lesson[1] / lesson[0]:.3f}", f"{layer[1] / layer[0]:.3f}",
-                          f"{tp['median_s'] / sp['median_s']:.2f}"])
+            timed = tp["median_s"] is not None and sp["median_s"] is not None
+            ratio.append([n, dt, f"{sp['saved_bytes'] / tp['saved_bytes']:.4f}",
+                          f"{(sp['saved_bytes'] - cs['stats']) / (tp['saved_bytes'] - ct['stats']):.4f}",
+                          f"{cs['lesson'] / ct['lesson']:.4f}", f"{layer[1] / layer[0]:.4f}",
+                          f"{tp['median_s'] / sp['median_s']:.2f}" if timed else "-"])
     out = ["## Time and bytes (fwd+bwd)", "",
-           _md_table(["t", "mode", "fwd+bwd ms", "activation bytes/rank fwd", "bwd",
+           _md_table(["t", "mode", "dtype", "fwd+bwd ms", "activation bytes/rank fwd", "bwd",
+                      "+ re-gather of the fc1 input (SP only)",
                       "+ LN/bias grad all-reduce (SP only)",
                       "cost.comm_bytes('sp')/2 (one of a layer's two all-reduces)"], t1), "",
            "## Activation memory saved for the backward, per rank", "",
-           _md_table(["t", "mode", "measured bytes", "measured / sbh",
-                      "this code's terms / sbh (fp32, float mask, full fc1 input, LN stats)",
+           _md_table(["t", "mode", "dtype", "measured bytes", "this code's count (bytes)",
+                      "of which LN mean+1/std", "measured / sbh",
+                      "(measured - LN stats) / sbh",
                       "lesson's terms for LN+MLP+dropout / sbh (bf16, 1-byte mask)",
                       "cost.activation_bytes / sbh (whole layer, flash)"], t2), "",
-           _md_table(["t", "SP / TP measured", "SP / TP lesson's block terms",
-                      "SP / TP cost.activation_bytes (layer)", "time TP / TP+SP"], ratio), ""]
+           _md_table(["t", "dtype", "SP / TP measured", "SP / TP measured without LN stats",
+                      "SP / TP lesson's block terms", "SP / TP cost.activation_bytes (layer)",
+                      "time TP / TP+SP"], ratio), ""]
     return "\n".join(out)
 
 
@@ -789,6 +821,8 @@ def _bench_sp(args, out_dir):
     rows = []
     for n in args.nproc:
         configs = [{**base, "sp": False}, {**base, "sp": True}]
+        if args.dtype != "bfloat16":           # the lesson's dtype, for its memory count
+            configs += [{**base, "sp": m, "dtype": "bfloat16", "time": False} for m in (False, True)]
         rows += launch(time_sp_configs, n, configs, args.reps, backend=args.backend,
                        timeout=args.timeout, threads=1, quiet=True)[0]
     text = ["# Sequence parallelism benchmark: TP vs TP + SP (gloo on CPU unless NCCL was chosen)", "",
@@ -800,19 +834,25 @@ def _bench_sp(args, out_dir):
             "Bytes: what each rank sends for activations (shape checks and the SP-only "
             "all-reduce of the LayerNorm and fc2-bias gradients shown apart). TP: one "
             "all-reduce each way; TP + SP: an all-gather and a reduce-scatter each way, the same "
-            "bytes. This block is half a transformer layer (no attention), so it sends half of "
+            "bytes, plus in the backward the re-gather of the fc1 input ((t-1)/t of sbh e, "
+            "shown apart), the price of storing only its s/t shard. This block is half a transformer layer (no attention), so it sends half of "
             "`cost.comm_bytes('sp', ...)`.", "",
             "Memory: the unique storages autograd keeps for the backward "
             "(`torch.autograd.graph.saved_tensors_hooks`, weights excluded), in units of "
-            "sbh bytes. The lesson's 34 sbh/t counts a whole layer in bf16 with 1-byte dropout "
-            "masks; the part this block models (one LayerNorm, the MLP, one dropout) is "
-            "sbh (5 + 16/t) with TP and 21 sbh/t with TP + SP. This code differs in three ways: "
-            "float32 (e = 4), a float32 dropout mask (4 bytes, not 1), and under SP autograd keeps "
-            "the all-gathered fc1 input (s tokens) for the weight gradient, where Megatron keeps "
-            "only its s/t shard and all-gathers again in the backward. The 'this code' column "
-            "counts exactly those terms (4 sbh (3 + 8/t) with TP, 4 sbh (1 + 10/t) with TP + SP) "
-            "plus the LayerNorm mean and 1/std (8 bytes per token held). So SP saves memory "
-            "here, but does not divide the block's memory by t as in the lesson's count. "
+            "sbh bytes, measured in the benchmark's dtype and, for the memory only, in bfloat16 "
+            "(the lesson's 2 bytes per activation). The lesson's 34 sbh/t counts a whole layer; "
+            "the part this block models (one LayerNorm, the MLP, one dropout) is sbh (5 + 16/t) "
+            "with TP and 21 sbh/t with TP + SP; with e bytes per activation and a 1-byte mask, "
+            "sbh (2e + 1 + 8e/t) resp. sbh (10e + 1)/t. The code stores exactly these tensors: the "
+            "LayerNorm input, the fc1 input (under TP + SP only its s/t shard: the backward "
+            "all-gathers it again, the 're-gather' bytes, instead of keeping the gathered copy), "
+            "the GELU input and output (s tokens, ffn/t features), and the dropout mask as bool; "
+            "plus the LayerNorm mean and 1/std (two numbers per token held), which the lesson "
+            "leaves out. 'This code's count' is those terms in bytes: it equals the measured "
+            "bytes. Without the LayerNorm statistics, the bfloat16 rows are the lesson's terms "
+            "exactly, and so is their SP / TP ratio; in a dtype of e bytes the 1-byte mask is a "
+            "smaller share, so the ratio is ((10e + 1)/t) / (2e + 1 + 8e/t) (float32: "
+            "(41/t) / (9 + 32/t)) instead. "
             "Time: under TP every rank also runs the LayerNorm and the dropout mask (a hash per "
             "element) on all s tokens, under TP + SP on s/t of them.", "", sp_table(rows)]
     md = out_dir / "sp.md"

@@ -17,7 +17,8 @@ numbers, one per rank (bytes may differ between ranks, e.g. in the MoE).
 
 Collectives that only carry shapes or counts (``"metadata"``) and the all-reduce
 of replicated weight gradients (``"param_grad"``) are reported apart from the
-activation traffic that the lesson's formulas count.
+activation traffic that the lesson's formulas count, and so is SP's backward re-gather of
+the LayerNorm output it kept only a shard of (``"ag_recompute"``).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ __all__ = ["hello", "sp_demo", "ring_demo", "ulysses_demo", "ulysses_gqa_error",
            "moe_demo", "all_demos", "SIDE_OPS"]
 
 #: ops that are not activation traffic: shape/count exchanges and weight-gradient sums
-SIDE_OPS = ("metadata", "param_grad")
+SIDE_OPS = ("metadata", "param_grad", "ag_recompute")
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -118,7 +119,7 @@ def sp_demo(b: int = 2, s: int = 8, h: int = 16, ffn: int = 32, p: float = 0.1,
     Returns ``{"tp": ..., "sp": ..., "tp_vs_sp", "formula_fwd", "t", "e"}``; per mode:
     ``out_err``, ``dx_err``, ``grad_err`` (largest over the weight gradients, this
     rank's shard of the reference's), ``fwd``/``bwd`` activation bytes, ``fwd_side``/
-    ``bwd_side`` (metadata, param_grad), ``tokens_per_rank`` of the LayerNorm input.
+    ``bwd_side`` (metadata, param_grad, ag_recompute), ``tokens_per_rank`` of the LayerNorm input.
     ``tp_vs_sp``: largest difference between the TP output and the SP output
     all-gathered. ``formula_fwd = cost.comm_bytes("sp", s, h, t, e=e) * b``.
     """

@@ -17,16 +17,27 @@ Plain TP uses the first pair around a column-parallel then row-parallel matmul;
 TP + SP replaces it by the second pair, so the token-wise parts of the layer
 (LayerNorm, dropout, residual) hold only ``s/t`` tokens per rank. A ring
 all-reduce is a reduce-scatter plus an all-gather, so both modes send the same
-bytes. One thing changes: under SP each rank applies the LayerNorm (and the
+activation bytes (in the backward SP adds one re-gather, below). One more change: under SP each rank applies the LayerNorm (and the
 row-parallel bias) to its own tokens only, so their weight gradients are partial
 sums and must be all-reduced over the TP group; we do it by passing those
 weights through ``copy_to_tp`` (identity forward, all-reduce backward).
+
+Under SP the column-parallel linear does not use ``gather_from_sp`` + ``F.linear``:
+autograd would then keep the all-gathered input (all ``s`` tokens) on every rank
+for the weight gradient. :class:`_SPColumnLinear` keeps only the rank's ``s/t``
+shard and gathers it a second time in the backward (bytes under ``"ag_recompute"``),
+while the input gradient is being computed, as Megatron-LM does: ``(t-1)/t`` of
+``(b, s, h)`` more bytes per rank in the backward, for ``(t-1)/t`` of that tensor
+less memory. The dropout mask is kept as ``bool`` (1 byte per element). With both,
+every tensor a block saves per rank under SP is ``1/t`` of its TP-replicated
+counterpart (see ``lesson10.dist.bench.sp_block_activation_bytes``).
 """
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -135,6 +146,21 @@ def _hash_uniform(idx: torch.Tensor, seed: int) -> torch.Tensor:
     return x.to(torch.float64) / m
 
 
+class _MaskedScale(torch.autograd.Function):
+    """``y = x * keep / (1 - p)``; saves only ``keep`` (``bool``, 1 byte per element)."""
+
+    @staticmethod
+    def forward(ctx, x, keep, p):
+        ctx.save_for_backward(keep)
+        ctx.p = p
+        return x * keep / (1.0 - p)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (keep,) = ctx.saved_tensors
+        return dy * keep / (1.0 - ctx.p), None, None
+
+
 def token_dropout(x: torch.Tensor, p: float, seed: int, positions: torch.Tensor,
                   seq_len: int) -> torch.Tensor:
     """Dropout whose mask depends only on (seed, batch row, global token, feature).
@@ -142,7 +168,8 @@ def token_dropout(x: torch.Tensor, p: float, seed: int, positions: torch.Tensor,
     ``x``: ``(b, s_local, h)``; ``positions``: the ``s_local`` global token ids of
     this rank; ``seq_len``: the full ``s``. So a token is dropped the same way
     whether its row sits on one rank (TP) or was split over ranks (SP), and in the
-    single-process reference. Kept values are scaled by ``1 / (1 - p)``.
+    single-process reference. Kept values are scaled by ``1 / (1 - p)``. For the
+    backward only the ``bool`` mask ``(b, s_local, h)`` is stored: 1 byte per element.
     """
     if p == 0.0:
         return x
@@ -152,17 +179,120 @@ def token_dropout(x: torch.Tensor, p: float, seed: int, positions: torch.Tensor,
     bi = torch.arange(b, dtype=torch.int64)[:, None, None]
     ti = positions.to(torch.int64)[None, :, None]
     fi = torch.arange(h, dtype=torch.int64)[None, None, :]
-    keep = _hash_uniform((bi * seq_len + ti) * h + fi, seed) >= p
-    return x * keep.to(device=x.device, dtype=x.dtype) / (1.0 - p)
+    keep = _hash_uniform((bi * seq_len + ti) * h + fi, seed) >= p      # bool
+    return _MaskedScale.apply(x, keep.to(x.device), float(p))
 
 
 # ------------------------------------------------------------------- linears
+def _all_gather_start(x: torch.Tensor, group, op: str):
+    """Start an all-gather of ``x`` (every rank the same shape); ``(work, parts)``.
+
+    Bytes ``(n-1) x.nbytes`` go to :func:`comm.record` under ``op`` when it starts;
+    ``torch.cat(parts, dim)`` after ``work.wait()`` is the gathered tensor.
+    """
+    n = comm.group_size(group)
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(n)]
+    comm.record(op, (n - 1) * x.numel() * x.element_size())
+    return dist.all_gather(parts, x, group=group, async_op=True), parts
+
+
+def _reduce_scatter_start(x: torch.Tensor, dim: int, group):
+    """Start a reduce-scatter of ``x`` along ``dim``; ``(work or None, out)``.
+
+    Same bytes and result as :func:`comm.reduce_scatter`; where the backend has no
+    asynchronous reduce-scatter it runs that one synchronously (``work`` is None).
+    """
+    n = comm.group_size(group)
+    chunks = [c.contiguous() for c in x.chunk(n, dim=dim)]
+    out = torch.empty_like(chunks[0])
+    try:
+        work = dist.reduce_scatter(out, chunks, group=group, async_op=True)
+    except RuntimeError as e:
+        if "support" not in str(e).lower():
+            raise
+        return None, comm.reduce_scatter(x, dim=dim, group=group)
+    comm.record("reduce_scatter", (n - 1) * x.numel() * x.element_size() // n)
+    return work, out
+
+
+class _SPColumnLinear(torch.autograd.Function):
+    """Column-parallel ``y = all_gather_s(x) W_r^T + b_r`` that stores only the local ``x``.
+
+    Shapes (``t`` ranks, rank ``r``): ``x`` ``(b, s/t, in)`` = tokens ``r s/t ..
+    (r+1) s/t - 1``; ``W_r`` ``(out/t, in)``, ``b_r`` ``(out/t,)``: this rank's rows;
+    ``X = all_gather_s(x)`` ``(b, s, in)``; ``y`` ``(b, s, out/t)``.
+
+    Math. Forward ``y = X W_r^T + b_r``. Backward, from ``dy = dL/dy`` ``(b, s, out/t)``:
+
+    * ``dX_r = dy W_r`` ``(b, s, in)`` is rank ``r``'s part of ``dL/dX``: every rank's
+      output columns used all of ``X``, so ``dL/dX = sum_r dX_r``, and rank ``r`` needs
+      only its own tokens of it: ``dx = reduce_scatter_s(dX_r)`` ``(b, s/t, in)``;
+    * ``dW_r = dy^T X`` ``(out/t, in)`` (summed over batch and tokens) needs the full
+      ``X``, which is not kept: it is all-gathered again from the saved ``x``
+      (``(t-1)/t`` of ``X`` sent per rank, op name ``"ag_recompute"``);
+    * ``db_r = sum over batch and tokens of dy``.
+
+    Saved for the backward: ``x`` only (``s/t`` tokens; plain autograd around an
+    all-gather would keep ``X``, ``s`` tokens). Order in the backward, to hide the
+    extra all-gather: start it, compute ``dX_r`` meanwhile, wait, start the
+    reduce-scatter of ``dX_r``, compute ``dW_r`` meanwhile, wait.
+
+    Worked example, ``t = 2``, ``s = 4``, tokens ``x0 x1 x2 x3`` (each ``(in,)``), ``W``
+    split into rows ``W_0`` (rank 0) and ``W_1`` (rank 1)::
+
+        step               rank 0                        rank 1
+        input (saved)      x0 x1                         x2 x3
+        forward gather     X = x0 x1 x2 x3               X = x0 x1 x2 x3
+        forward output     y = X W_0^T + b_0             y = X W_1^T + b_1
+        kept until bwd     x0 x1                         x2 x3
+        backward start     gather X again (async)        gather X again (async)
+        meanwhile          dX_0 = dy W_0  (4 tokens)     dX_1 = dy W_1  (4 tokens)
+        reduce-scatter     dx = (dX_0 + dX_1)[0:2]       dx = (dX_0 + dX_1)[2:4]
+        meanwhile          dW_0 = dy^T X                 dW_1 = dy^T X
+
+    Each rank sends ``(t-1)/t`` of ``X`` in the forward all-gather, the same again in
+    the re-gather, and ``(t-1)/t`` of ``dX_r`` in the reduce-scatter.
+    ``X`` lives only inside the forward and inside the backward, never in between.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group):
+        ctx.group, ctx.has_bias = group, bias is not None
+        ctx.save_for_backward(x, weight)                       # x: (b, s/t, in) only
+        full = comm.all_gather(x, dim=1, group=group)          # (b, s, in), not saved
+        return F.linear(full, weight, bias)                    # (b, s, out/t)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx = dw = db = None
+        if need_w:                                             # re-gather X, overlapped
+            gather, parts = _all_gather_start(x, ctx.group, "ag_recompute")
+        if need_x:
+            dX = dy.matmul(weight)                             # (b, s, in), partial sum
+        if need_w:
+            gather.wait()
+        if need_x:
+            rs, dx = _reduce_scatter_start(dX, 1, ctx.group)   # (b, s/t, in)
+        if need_w:
+            full = torch.cat(parts, dim=1)                     # (b, s, in)
+            dw = dy.reshape(-1, dy.shape[-1]).t().matmul(full.reshape(-1, full.shape[-1]))
+        if need_b and ctx.has_bias:
+            db = dy.reshape(-1, dy.shape[-1]).sum(0)
+        if need_x and rs is not None:
+            rs.wait()
+        return dx, dw, db, None
+
+
 class ColumnParallelLinear(nn.Module):
     """``y = x W^T + b`` with the rows of ``W`` (output columns of ``y``) split over ranks.
 
     Built from the full ``weight`` ``(out, in)`` and ``bias`` ``(out,)``; rank ``r``
     keeps rows ``r out/t .. (r+1) out/t``. Input: ``(b, s, in)`` (TP, replicated) or
-    ``(b, s/t, in)`` (SP: all-gathered here first). Output: ``(b, s, out/t)``.
+    ``(b, s/t, in)`` (SP: all-gathered here first; only the shard is kept for the
+    backward, see :class:`_SPColumnLinear`). Output: ``(b, s, out/t)``.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -180,9 +310,11 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         if self.sequence_parallel:
-            x = gather_from_sp(x, dim=1, group=self.group)   # (b, s/t, in) -> (b, s, in)
-        else:
-            x = copy_to_tp(x, self.group)                    # (b, s, in), dx all-reduced
+            if comm.group_size(self.group) == 1:
+                return F.linear(x, self.weight, self.bias)
+            # (b, s/t, in) -> all-gather -> (b, s, out/t); stores only the s/t shard
+            return _SPColumnLinear.apply(x, self.weight, self.bias, self.group)
+        x = copy_to_tp(x, self.group)                        # (b, s, in), dx all-reduced
         return F.linear(x, self.weight, self.bias)           # (b, s, out/t)
 
 
@@ -259,7 +391,9 @@ class SequenceParallelBlock(nn.Module):
     backward (``copy_to_tp`` before the column-parallel one).
     ``sequence_parallel=True`` (TP + SP): input and output ``(b, s/t, h)``, rank
     ``r`` holding tokens ``r s/t .. (r+1) s/t - 1`` (see :func:`sp_shard`); an
-    all-gather and a reduce-scatter in each direction instead, same bytes.
+    all-gather and a reduce-scatter in each direction instead, same bytes, plus in the
+    backward one more all-gather of the LN output (``"ag_recompute"``, ``(t-1)/t`` of
+    ``(b, s, h)``), because only its ``s/t`` shard is kept (:class:`_SPColumnLinear`).
     The weights come from ``reference`` (a :class:`ReferenceBlock`, else one is built
     from ``seed``), so the result matches it exactly, gradients included.
     ``check_shapes``: under SP, first check that every rank holds a shard of the same
