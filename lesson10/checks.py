@@ -224,10 +224,11 @@ def _fmt(x) -> str:
 
 def _as_array(exercise, x, where, what) -> np.ndarray:
     try:
+        _real_only(x)
         arr = np.asarray(x, dtype=float)
     except (TypeError, ValueError) as exc:
-        _fail(exercise, where, f"{what} is not an array of numbers ({type(x).__name__}: {exc})",
-              show=False, hint="return NumPy arrays")
+        _fail(exercise, where, f"{what} is not an array of real numbers ({type(x).__name__}: {exc})",
+              show=False, hint="return NumPy arrays of real numbers")
     return arr
 
 
@@ -291,11 +292,23 @@ def _compare_shards(exercise, yours, target, *, where, what, axes, tol=1e-9, hin
     return err
 
 
+def _real_only(x) -> None:
+    """TypeError for complex numbers or text, which ``float()`` would silently cast or parse."""
+    raw = np.asarray(x)
+    items = raw.ravel() if raw.dtype.kind == "O" else ()
+    if raw.dtype.kind == "c" or any(isinstance(e, (complex, np.complexfloating)) for e in items):
+        raise TypeError(f"it holds complex numbers (dtype {raw.dtype}); return real numbers")
+    if raw.dtype.kind in "USV" or any(isinstance(e, (str, bytes)) for e in items):
+        raise TypeError(f"it holds text (dtype {raw.dtype}), not numbers")
+
+
 def _number(exercise, x, where, what) -> float:
     try:
+        _real_only(x)
         val = float(x)
-    except (TypeError, ValueError):
-        _fail(exercise, where, f"{what} should be a number, got {type(x).__name__}", show=False)
+    except (TypeError, ValueError) as exc:
+        _fail(exercise, where, f"{what} should be a real number, got {type(x).__name__} ({exc})",
+              show=False)
     return val
 
 

@@ -86,6 +86,7 @@ def shard_positions(s: int, n: int, layout: str = "contiguous") -> list[np.ndarr
 
 def ring_source(r: int, k: int, n: int) -> int:
     """Rank whose K/V block rank ``r`` holds in ring round ``k``: ``(r - k) mod n``."""
+    n = _check_int("n (number of ranks)", n)
     return (r - k) % n
 
 
@@ -142,11 +143,15 @@ def ring_time(work) -> float:
     ``work`` has shape ``(rounds, ranks)`` as returned by :func:`causal_work`. Returns
     an int for integer work, a float otherwise.
     """
-    work = np.asarray(work)
+    try:
+        work = np.asarray(work)
+    except ValueError:                          # ragged nested lists
+        raise ValueError("work must be a 2-D array (rounds, ranks); got rows of different "
+                         "lengths") from None
     if work.ndim != 2 or work.size == 0:
         raise ValueError(f"work must be a non-empty 2-D array (rounds, ranks), got shape {work.shape}")
-    if not np.issubdtype(work.dtype, np.number) or np.any(~np.isfinite(work)) or np.any(work < 0):
-        raise ValueError("work must hold finite, non-negative numbers")
+    if work.dtype.kind not in "iuf" or np.any(~np.isfinite(work)) or np.any(work < 0):
+        raise ValueError("work must hold finite, non-negative real numbers")
     t = work.max(axis=1).sum()
     return int(t) if np.issubdtype(work.dtype, np.integer) else float(t)
 

@@ -36,5 +36,6 @@ def test_table_and_cli(rows):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert "worst error" in out.stdout and "ring zigzag" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "lesson10", "nonsense"], capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-m", "lesson10", "nonsense"], capture_output=True, text=True,
+                         timeout=60)
     assert bad.returncode == 2 and "unknown command" in bad.stderr

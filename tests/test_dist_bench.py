@@ -31,3 +31,49 @@ def test_run_ring_checks_against_reference_and_cost(capsys):
     # forward bytes equal the formula: (N_c - 1) * 2 c h e / g = 1 * 2*16*32*8/2
     m = re.search(r"forward: ([\d,]+) \(cost.comm_bytes\('ring', \.\.\.\) = ([\d,]+)\)", out)
     assert m and m.group(1) == m.group(2) == f"{2 * 16 * 32 * 8 // 2:,}"
+
+
+# `python -m lesson10 run sp | moe | ulysses` (the ring case is above); expected bytes from
+# the lesson's formulas, written out here
+def _run(capsys, *argv):
+    rc = bench.run_main([*argv, "--nproc", "2", "--dtype", "float64"])
+    return rc, capsys.readouterr().out
+
+
+def test_run_sp_tp_and_sp_match_and_send_the_same_bytes(capsys):
+    t, s, h, e = 2, 8, 8, 8                                  # h = heads * dim
+    rc, out = _run(capsys, "sp", "--seq", str(s), "--heads", "2", "--dim", "4")
+    assert rc == 0 and out.rstrip().endswith("OK")
+    one_all_reduce = 2 * (t - 1) / t * s * h * e            # one block: one all-reduce = RS + AG
+    tp = re.search(r"^TP +t=2 .*max error (\S+), forward bytes .* = ([\d,]+) ", out, re.M)
+    sp = re.search(r"^TP \+ SP t=2 .*max error (\S+), forward bytes (.*) = ([\d,]+) ", out, re.M)
+    assert tp and sp, out
+    assert float(tp.group(1)) < 1e-12 and float(sp.group(1)) < 1e-12
+    assert int(tp.group(2).replace(",", "")) == int(sp.group(3).replace(",", "")) == one_all_reduce
+    assert "'reduce_scatter': 256" in sp.group(2) and "'all_gather': 256" in sp.group(2)
+
+
+def test_run_moe_uniform_routing_sends_the_formula(capsys):
+    n, T, h, k, e = 2, 8, 8, 2, 8                           # T = seq / N_e, h = heads * dim
+    rc, out = _run(capsys, "moe", "--seq", str(n * T), "--heads", "2", "--dim", "4")
+    assert rc == 0 and out.rstrip().endswith("OK")
+    uni = re.search(r"^MoE uniform routing: .*max error (\S+), dropped 0, max/mean load 1\.00, "
+                    r"all-to-all bytes ([\d,]+)", out, re.M)
+    assert uni, out
+    assert float(uni.group(1)) < 1e-12
+    assert int(uni.group(2).replace(",", "")) == 2 * k * T * h * e * (n - 1) / n
+    capped = re.search(r"^MoE random routing, CF=1.25: .*max error (\S+),", out, re.M)
+    assert capped and float(capped.group(1)) < 1e-12, out
+
+
+def test_run_ulysses_checks_against_reference_and_cost(capsys):
+    n, s, a, a_kv, d, e = 2, 16, 4, 2, 4, 8
+    rc, out = _run(capsys, "ulysses", "--seq", str(s), "--heads", str(a), "--kv-heads", str(a_kv),
+                   "--dim", str(d))
+    assert rc == 0 and "-> OK" in out
+    # Q and out: s/N_c tokens x h columns; K and V: h/g columns; (N_c - 1)/N_c of each sent
+    h, g = a * d, a // a_kv
+    want = (n - 1) / n * (2 * s // n * h + 2 * s // n * h // g) * e
+    m = re.search(r"forward: ([\d,]+) \(cost.comm_bytes\('ulysses', \.\.\.\) = ([\d,]+)\)", out)
+    assert m and m.group(1) == m.group(2) == f"{int(want):,}", out
+    assert re.search(rf"backward: {int(want):,}$", out, re.M), out

@@ -35,16 +35,17 @@ def _cases():
     return cases
 
 
-def _split_case():
-    """Two independent rings of 2 ranks inside 4 ranks (group= argument)."""
-    return dict(method="ring", b=1, s=S, a=A, a_kv=2, d=D, dtype="float64", causal=True,
-                layout="zigzag", split=2, seed=7)
+def _split_cases():
+    """Two independent groups of 2 ranks inside 4 ranks (group= argument): ring attention,
+    and Ulysses (whose other tests use the whole world)."""
+    return [dict(method=m, b=1, s=S, a=A, a_kv=2, d=D, dtype="float64", causal=True,
+                 layout="zigzag", split=2, seed=7) for m in ("ring", "ulysses")]
 
 
 @pytest.fixture(scope="module", params=[2, 4])
 def results(request):
     n = request.param
-    cases = _cases() + ([_split_case()] if n == 4 else [])
+    cases = _cases() + (_split_cases() if n == 4 else [])
     return n, launch(check_attention_cases, n, cases, backend="gloo", timeout=120, quiet=True)
 
 
@@ -55,11 +56,13 @@ def errors():
 
 def test_outputs_and_gradients_match_single_process(results):
     n, out = results
-    assert len(out) == n and all(len(rows) == len(_cases()) + (n == 4) for rows in out)
+    n_split = len(_split_cases()) if n == 4 else 0
+    assert len(out) == n and all(len(rows) == len(_cases()) + n_split for rows in out)
     for rank_rows in out:
         for row in rank_rows:
             for key in ("err_out", "err_dq", "err_dk", "err_dv"):
                 assert row[key] < TOL[row["dtype"]], (n, key, row)
+        assert [row["n_ring"] for row in rank_rows[len(_cases()):]] == [2] * n_split
 
 
 def test_bytes_match_cost_formula(results):
@@ -71,7 +74,13 @@ def test_bytes_match_cost_formula(results):
             g = row["a"] // row["a_kv"]
             n = row["n_ring"]
             h = row["a"] * row["d"]
-            want = cost.comm_bytes("ring", row["s"], h, n, g=g, e=E[row["dtype"]]) * row["b"]
+            want = cost.comm_bytes(row["method"], row["s"], h, n, g=g, e=E[row["dtype"]]) * row["b"]
+            if row["method"] == "ulysses":
+                # four all-to-alls each way (plus a small all-gather of the shapes, checked
+                # to be equal on every rank, recorded apart as "metadata")
+                assert set(row["bytes_fwd_by_op"]) == {"all_to_all", "metadata"}
+                assert row["bytes_fwd_by_op"]["all_to_all"] == want == row["bytes_bwd"]
+                continue
             assert row["bytes_fwd"] == want
             assert set(row["bytes_fwd_by_op"]) == {"p2p"}
             assert row["bytes_bwd"] * (n - 1) == row["bytes_fwd"] * (2 * n - 1)

@@ -46,6 +46,7 @@ def test_reduce_scatter_gives_block_r_of_the_sum(axis):
     for o, b in zip(out, blocks):
         np.testing.assert_allclose(o, b, atol=1e-14)
     np.testing.assert_allclose(g.bytes_sent, cost.reduce_scatter_bytes(xs[0].size, n))
+    np.testing.assert_allclose(g.bytes_sent, (n - 1) / n * xs[0].size * 1)   # half an all-reduce
 
 
 def test_reduce_scatter_rejects_uneven_split():
@@ -153,3 +154,22 @@ def test_zigzag_needs_a_multiple_of_2n():
 def test_gather_sequence_rejects_inconsistent_positions():
     with pytest.raises(ValueError, match="exactly once"):
         gather_sequence([np.zeros(2), np.zeros(2)], [np.array([0, 1]), np.array([1, 2])])
+
+
+def test_axis_range_edges():
+    xs = _xs(2, (2, 4))
+    g = SimGroup(2)
+    # axis -ndim is axis 0 (valid); ndim and -ndim - 1 are out of range
+    assert np.array_equal(g.all_gather(xs, axis=-2)[0], np.concatenate(xs, axis=0))
+    assert np.array_equal(g.reduce_scatter(xs, axis=1)[1], sum(xs)[:, 2:])
+    for bad in (2, -3):
+        with pytest.raises(ValueError, match="out of range"):
+            g.all_gather(xs, axis=bad)
+        with pytest.raises(ValueError, match="out of range"):
+            g.reduce_scatter(xs, axis=bad)
+
+
+def test_gather_sequence_rejects_a_position_past_the_end():
+    # 4 tokens: ids must be 0..3; id 4 would index past the end
+    with pytest.raises(ValueError, match="exactly once"):
+        gather_sequence([np.zeros(2), np.zeros(2)], [np.array([0, 1]), np.array([2, 4])])

@@ -55,6 +55,10 @@ def test_bytes_equal_the_lesson_formula(a, a_kv):
     ulysses_attention(*_shards(q, k, v, n, "contiguous"), group=group)
     g = a // a_kv
     np.testing.assert_allclose(group.bytes_sent, cost.comm_bytes("ulysses", s, a * d, n, g=g, e=e))
+    # the lesson's derivation: Q and the output (s/N_c tokens, h = a d columns) and K, V
+    # (h/g columns), each all-to-all sending (N_c - 1)/N_c of it
+    c, h = s // n, a * d
+    np.testing.assert_allclose(group.bytes_sent, (n - 1) / n * (2 * c * h + 2 * c * h / g) * e)
     assert [r.op for r in group.history] == ["all_to_all"] * 4
 
 

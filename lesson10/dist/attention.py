@@ -30,7 +30,22 @@ __all__ = ["attention", "merge", "local_attention", "local_attention_backward", 
 
 
 # --------------------------------------------------------------------------- checks
+def _check_float(**tensors):
+    """Every argument must be a floating-point tensor, all of one dtype (no silent casts)."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}; "
+                             f"convert it with torch.as_tensor(...)")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} has dtype {t.dtype}; attention needs floating-point tensors "
+                             f"(float32, float64, bfloat16 or float16): cast with .float()")
+    dtypes = {name: t.dtype for name, t in tensors.items()}
+    if len(set(dtypes.values())) > 1:
+        raise ValueError(f"mixed dtypes {dtypes}; cast them all to one dtype first (e.g. .float())")
+
+
 def _check_qkv(q, k, v):
+    _check_float(q=q, k=k, v=v)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"q, k, v must be 4-D (b, s, a, d); got shapes {tuple(q.shape)}, {tuple(k.shape)}, "
@@ -46,7 +61,22 @@ def _check_qkv(q, k, v):
         raise ValueError(
             f"GQA needs the number of query heads ({a}) to be a multiple of the number of K/V "
             f"heads ({a_kv})")
+    if q.shape[3] == 0:
+        raise ValueError("the head dim d (dim 3) is 0: attention needs d >= 1")
     return a // a_kv
+
+
+_IMPLS = ("auto", "kernel", "einsum")
+
+
+def _check_impl(impl, q, k):
+    """Validate ``impl``; empty blocks always take the einsum path (the CPU kernel crashes
+    the process on a zero-length sequence)."""
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    if q.shape[1] == 0 or k.shape[1] == 0:
+        return "einsum"
+    return impl
 
 
 def visible_mask(q_pos, k_pos, causal: bool, device=None):
@@ -59,12 +89,19 @@ def visible_mask(q_pos, k_pos, causal: bool, device=None):
 
 
 def _positions(q_pos, k_pos, s_q, s_k, device):
-    q_pos = torch.arange(s_q, device=device) if q_pos is None else torch.as_tensor(q_pos, device=device)
-    k_pos = torch.arange(s_k, device=device) if k_pos is None else torch.as_tensor(k_pos, device=device)
+    try:
+        q_pos = torch.arange(s_q, device=device) if q_pos is None else torch.as_tensor(q_pos, device=device)
+        k_pos = torch.arange(s_k, device=device) if k_pos is None else torch.as_tensor(k_pos, device=device)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"q_pos and k_pos must be integer token ids ({e})") from None
     if q_pos.shape != (s_q,) or k_pos.shape != (s_k,):
         raise ValueError(
             f"q_pos must have {s_q} entries and k_pos {s_k} (one global position per token); got "
             f"{tuple(q_pos.shape)} and {tuple(k_pos.shape)}")
+    if q_pos.is_floating_point() or q_pos.is_complex() or q_pos.dtype == torch.bool \
+            or k_pos.is_floating_point() or k_pos.is_complex() or k_pos.dtype == torch.bool:
+        raise ValueError(f"q_pos and k_pos must be integer token ids, got {q_pos.dtype} and "
+                         f"{k_pos.dtype} (use lesson10.layouts.shard_positions)")
     return q_pos, k_pos
 
 
@@ -107,6 +144,13 @@ def merge(o1, lse1, o2, lse2):
     side with ``lse = -inf`` (no key) gets weight 0 and two such sides give
     ``(0, -inf)``, never NaN. Returns ``(o, lse)`` in that float type.
     """
+    for name, t in (("o1", o1), ("lse1", lse1), ("o2", o2), ("lse2", lse2)):
+        _check_float(**{name: t})
+    if o1.shape != o2.shape or lse1.shape != lse2.shape or o1.shape[:-1] != lse1.shape:
+        raise ValueError(f"merge needs o (..., s, a, d) and lse (..., s, a) of matching shapes; got "
+                         f"o1 {tuple(o1.shape)}, lse1 {tuple(lse1.shape)}, o2 {tuple(o2.shape)}, "
+                         f"lse2 {tuple(lse2.shape)} (local_attention returns lse as (b, a, s): "
+                         f"transpose it)")
     ft = torch.float64 if torch.float64 in (o1.dtype, o2.dtype, lse1.dtype, lse2.dtype) else torch.float32
     o1, o2, lse1, lse2 = (t.to(ft) for t in (o1, o2, lse1, lse2))
     m = torch.maximum(lse1, lse2)
@@ -188,7 +232,7 @@ def local_attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale
     g = _check_qkv(q, k, v)
     s_q, s_k = q.shape[1], k.shape[1]
     kind = _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, q.device)
-    use = impl
+    use = impl = _check_impl(impl, q, k)
     if impl == "auto":
         use = "kernel" if kind is not None and (_cpu_kernel_ok(q) or _cuda_kernel_ok(q)) else "einsum"
     if use == "kernel":
@@ -221,10 +265,18 @@ def local_attention_backward(dout, q, k, v, out, lse, causal: bool = False, q_po
     ``dv`` are summed over the ``g`` query heads that share a K/V head.
     """
     g = _check_qkv(q, k, v)
+    for name, t in (("dout", dout), ("out", out)):
+        _check_float(**{name: t})
     s_q, s_k = q.shape[1], k.shape[1]
+    if dout.shape != q.shape or out.shape != q.shape:
+        raise ValueError(f"dout {tuple(dout.shape)} and out {tuple(out.shape)} must have the shape "
+                         f"of q {tuple(q.shape)}")
+    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (q.shape[0], q.shape[2], s_q):
+        raise ValueError(f"lse must be (b, a, s_q) = {(q.shape[0], q.shape[2], s_q)} as returned by "
+                         f"local_attention, got {tuple(getattr(lse, 'shape', ()))}")
     kind = _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, q.device)
     scale_v = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    use = impl
+    use = impl = _check_impl(impl, q, k)
     if impl == "auto":
         use = "kernel" if kind is not None and (_cpu_kernel_ok(q) or _cuda_kernel_ok(q)) else "einsum"
     if use == "kernel":

@@ -205,6 +205,11 @@ def launch(fn, nprocs: int, *args, backend: str = "auto", timeout: float = 60.0,
     """
     _check_importable(fn)
     backend = choose_backend(nprocs, backend)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
+            or timeout == float("inf"):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be None (automatic) or an int >= 1, got {threads!r}")
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // nprocs)
     if not quiet:

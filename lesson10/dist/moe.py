@@ -26,6 +26,7 @@ routing (``lesson10.cost.moe_a2a_bytes``); the counts are recorded as ``"metadat
 from __future__ import annotations
 
 import math
+import numbers
 from fractions import Fraction
 
 import torch
@@ -65,20 +66,30 @@ def route_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None):
     Experts: the ``k`` largest of ``logits + bias``, best first, ties to the lower id.
     Gates: softmax over the chosen logits (no bias). Differentiable in the gates.
     """
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not logits.is_floating_point():
+        raise ValueError(f"logits must be a floating-point tensor (T, E), got "
+                         f"{type(logits).__name__} {tuple(getattr(logits, 'shape', ()))} "
+                         f"{getattr(logits, 'dtype', '')}")
     E = logits.shape[-1]
-    if not 1 <= k <= E:
-        raise ValueError(f"k = {k} must be between 1 and the number of experts E = {E}")
+    _check_k(k, E)
+    if bias is not None and tuple(bias.shape) != (E,):
+        raise ValueError(f"bias must have one entry per expert, shape ({E},), got {tuple(bias.shape)}")
     scores = logits.detach() if bias is None else logits.detach() + bias.to(logits.dtype)
     experts = torch.sort(-scores, dim=-1, stable=True).indices[:, :k]   # (T, k)
     gates = torch.softmax(logits.gather(1, experts), dim=-1)           # (T, k)
     return experts, gates
 
 
+def _check_k(k, E) -> None:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= E:
+        raise ValueError(f"k = {k!r} must be an integer between 1 and the number of experts E = {E}")
+
+
 def expert_capacity(N: int, E: int, k: int, capacity_factor=None):
     """``C = ceil(CF k N / E)`` (``CF`` read as the decimal it was written as), or ``None``."""
     if capacity_factor is None:
         return None
-    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) \
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, numbers.Real) \
             or not math.isfinite(capacity_factor) or capacity_factor <= 0:
         raise ValueError(f"capacity_factor must be a number > 0 (or None for dropless), "
                          f"got {capacity_factor!r}")
@@ -99,6 +110,12 @@ def switch_aux_loss(probs: torch.Tensor, experts: torch.Tensor, alpha: float = 1
 
 def update_expert_bias(bias: torch.Tensor, load: torch.Tensor, rate: float) -> torch.Tensor:
     """DeepSeek-V3 balancing without a loss: ``bias - rate * sign(load - mean(load))``."""
+    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not math.isfinite(rate) \
+            or rate < 0:
+        raise ValueError(f"rate must be a finite number >= 0, got {rate!r}")
+    if bias.shape != load.shape or bias.dim() != 1:
+        raise ValueError(f"bias and load must be 1-D of the same shape (E,), got "
+                         f"{tuple(bias.shape)} and {tuple(load.shape)}")
     load = load.to(bias.dtype)
     return bias - rate * torch.sign(load - load.mean())
 
@@ -124,8 +141,18 @@ def moe_reference(x, router_w, w1, w2, k: int, capacity_factor=None, bias=None,
     Returns ``(y (N, h), aux_loss)``; differentiable in ``x`` and every weight. Drops
     by a running count per expert over the copies in row-major (token, choice) order.
     """
-    N, _ = x.shape
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be a tensor (N, h) of all tokens, got "
+                         f"{type(x).__name__} {tuple(getattr(x, 'shape', ()))}")
+    N, h = x.shape
     E = router_w.shape[1]
+    if tuple(router_w.shape) != (h, E) or w1.shape[:2] != (E, h) or w2.dim() != 3 \
+            or w2.shape[0] != E or w2.shape[2] != h or w2.shape[1] != w1.shape[2]:
+        raise ValueError(f"expected router_w (h, E), w1 (E, h, d_ff), w2 (E, d_ff, h) with h = {h}: "
+                         f"got {tuple(router_w.shape)}, {tuple(w1.shape)}, {tuple(w2.shape)}")
+    if x.dtype != w1.dtype or w2.dtype != w1.dtype:
+        raise ValueError(f"x ({x.dtype}) and the expert weights ({w1.dtype}, {w2.dtype}) need one "
+                         f"dtype: cast x with x.to(w1.dtype)")
     logits = x.to(router_w.dtype) @ router_w                        # (N, E)
     experts, gates = route_topk(logits, k, bias)
     C = expert_capacity(N, E, k, capacity_factor)
@@ -164,15 +191,25 @@ class ExpertParallelMoE(nn.Module):
                  router_w=None, w1=None, w2=None, seed: int = 0, dtype=torch.float32,
                  alpha: float = 1e-2, reduce_router_grad: bool = True):
         super().__init__()
+        for name, val in (("h", h), ("E", E), ("d_ff", d_ff)):
+            if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {val!r}")
         n, r = comm.group_size(group), comm.group_rank(group)
         if E % n:
             raise ValueError(f"E = {E} experts do not split over N_e = {n} ranks; "
                              f"use E a multiple of N_e.")
-        if not 1 <= k <= E:
-            raise ValueError(f"k = {k} must be between 1 and E = {E}")
+        _check_k(k, E)
         expert_capacity(1, E, k, capacity_factor)          # validates capacity_factor
+        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha):
+            raise ValueError(f"alpha must be a finite number, got {alpha!r}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating torch.dtype such as torch.float32, got {dtype!r}")
         if router_w is None or w1 is None or w2 is None:
             router_w, w1, w2 = init_moe_weights(h, E, d_ff, seed, dtype)
+        for name, t in (("router_w", router_w), ("w1", w1), ("w2", w2)):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise ValueError(f"{name} must be a floating-point torch.Tensor, got "
+                                 f"{type(t).__name__} {getattr(t, 'dtype', '')}")
         if tuple(router_w.shape) != (h, E) or tuple(w1.shape) != (E, h, d_ff) \
                 or tuple(w2.shape) != (E, d_ff, h):
             raise ValueError(f"expected router_w ({h}, {E}), w1 ({E}, {h}, {d_ff}), "
@@ -204,6 +241,13 @@ class ExpertParallelMoE(nn.Module):
         return self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            raise ValueError(f"x must be a tensor (..., h) of this rank's tokens, got "
+                             f"{type(x).__name__} {tuple(getattr(x, 'shape', ()))}")
+        if x.dtype != self.w1.dtype:
+            hint = f" (or build the layer with dtype={x.dtype})" if x.is_floating_point() else ""
+            raise ValueError(f"x has dtype {x.dtype} but the experts are {self.w1.dtype}: pass "
+                             f"x.to({self.w1.dtype}){hint}")
         shape = x.shape
         if shape[-1] != self.h:
             raise ValueError(f"expected tokens of size h = {self.h}, got shape {tuple(shape)}")
@@ -264,8 +308,9 @@ class ExpertParallelMoE(nn.Module):
         total = all_counts.sum(0)
         self.counts, self.load = total, kept.sum(0)
         self.dropped = int(total.sum() - self.load.sum())
-        f = total.to(logits.dtype) / (k * N)                     # share of copies per expert
-        self.aux_loss = self.alpha * E * (f * torch.softmax(logits, -1).sum(0)).sum() / N
+        Nz = max(N, 1)                                           # no token anywhere: loss 0
+        f = total.to(logits.dtype) / (k * Nz)                    # share of copies per expert
+        self.aux_loss = self.alpha * E * (f * torch.softmax(logits, -1).sum(0)).sum() / Nz
         return y.reshape(shape)
 
 

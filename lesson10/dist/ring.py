@@ -30,7 +30,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .attention import local_attention, local_attention_backward, merge
+from .attention import _check_float, local_attention, local_attention_backward, merge
 from .comm import record
 
 __all__ = ["RingComm", "ring_attention", "RingAttention", "ring_blocks"]
@@ -104,6 +104,7 @@ def _acc_dtype(dtype):
 
 
 def _check(q, k, v, layout, group, check_ranks):
+    _check_float(q=q, k=k, v=v)
     if layout not in RING_LAYOUTS:
         raise ValueError(f"ring_attention supports layout in {RING_LAYOUTS}, got {layout!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):

@@ -26,6 +26,29 @@ def _group_info(group):
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def _dim(x, dim: int, name: str) -> int:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}; convert it with "
+                         f"torch.as_tensor(...)")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim = {dim!r} is not a dimension of {name} with shape {tuple(x.shape)}; "
+                         f"pass the sequence dim (1 for (b, s, a, d))")
+    return dim % x.dim()
+
+
+def _check_same_shape(x, group, n: int) -> None:
+    """Every rank must pass the same shard shape, or the all-gather would abort the
+    process (gloo) or hang; a few ints, not counted as traffic."""
+    dev = x.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    mine = torch.tensor([x.dim(), *x.shape] + [-1] * (8 - x.dim()), dtype=torch.int64, device=dev)
+    allv = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(allv, mine, group=group)
+    if any(not torch.equal(v, mine) for v in allv):
+        shapes = {r: tuple(v[1:1 + int(v[0])].tolist()) for r, v in enumerate(allv)}
+        raise ValueError(f"gather_sequence: the ranks hold shards of different shapes {shapes}; "
+                         f"every rank must pass its s/n tokens (use shard_sequence)")
+
+
 def _positions(s: int, n: int, layout: str):
     from ..layouts import shard_positions  # raises a clear ValueError for bad s / layout
     return shard_positions(s, n, layout)
@@ -45,7 +68,7 @@ def shard_sequence(x: torch.Tensor, layout: str = "zigzag", group=None, dim: int
     differentiable). ``s`` must be a multiple of ``n`` (``2n`` for zigzag).
     """
     r, n = _group_info(group)
-    dim = dim % x.dim()
+    dim = _dim(x, dim, "x")
     idx = torch.as_tensor(_positions(x.shape[dim], n, layout)[r], dtype=torch.long, device=x.device)
     return x.index_select(dim, idx)
 
@@ -58,7 +81,12 @@ def gather_sequence(x_local: torch.Tensor, layout: str = "zigzag", group=None, d
     all-gather sends ``(n-1)`` shards per rank.
     """
     r, n = _group_info(group)
-    dim = dim % x_local.dim()
+    dim = _dim(x_local, dim, "x_local")
+    if x_local.dim() > 8:
+        raise ValueError(f"gather_sequence: at most 8 dims, got shape {tuple(x_local.shape)}")
+    if n > 1:
+        _check_same_shape(x_local, group, n)
+    _positions(x_local.shape[dim] * n, n, layout)     # bad layout / length: same error everywhere
     parts = [torch.empty_like(x_local) for _ in range(n)]
     xc = x_local.contiguous()
     record("all_gather", (n - 1) * xc.numel() * xc.element_size())

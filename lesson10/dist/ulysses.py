@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import comm
+from .attention import _check_float
 
 __all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "layout_order"]
 
@@ -98,6 +99,7 @@ def layout_order(s: int, n: int, layout: str) -> torch.Tensor:
 
 
 def _check(q, k, v, n, replicate_kv):
+    _check_float(q=q, k=k, v=v)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("ulysses_attention expects q, k, v of shape (b, s/N_c, heads, d); got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -107,7 +109,7 @@ def _check(q, k, v, n, replicate_kv):
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, local "
                          "tokens and head dim (only the head count may differ: GQA)")
     a, n_kv = q.shape[2], k.shape[2]
-    if a % n_kv:
+    if n_kv == 0 or a % n_kv:
         raise ValueError(f"{a} query heads are not a multiple of {n_kv} K/V heads (GQA needs it)")
     if a % n:
         raise ValueError(f"Ulysses splits heads over N_c = {n} ranks: {a} query heads are not a "
@@ -144,7 +146,8 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
         comm.check_same_shape(k, group, "k")
     b, c, a, d = q.shape
     s = n * c
-    order = layout_order(s, n, layout) if causal else None   # validates s for the layout
+    order = layout_order(s, n, layout)               # validates s and the layout name
+    order = order if causal else None
     if m > 1:
         k = k.repeat_interleave(m, dim=2)            # (b, c, n_kv m, d): copies of each K/V head
         v = v.repeat_interleave(m, dim=2)

@@ -24,7 +24,22 @@ def _positions(pos, length: int, name: str) -> np.ndarray:
     pos = np.asarray(pos)
     if pos.shape != (length,):
         raise ValueError(f"{name} must have one position per token, shape ({length},), got {pos.shape}")
+    if not np.issubdtype(pos.dtype, np.integer):
+        raise ValueError(f"{name} must hold integer token ids, got dtype {pos.dtype} "
+                         f"(use layouts.shard_positions)")
     return pos
+
+
+def _real_finite(x, name: str) -> np.ndarray:
+    """``x`` as a float64 array; complex, non-numeric or non-finite values are a ValueError."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must hold real numbers, got dtype {arr.dtype}; pass a float array")
+    arr = arr.astype(float, copy=False)
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} contains NaN or inf; attention needs finite inputs (check the "
+                         f"step that produced them)")
+    return arr
 
 
 def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None):
@@ -35,13 +50,15 @@ def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None):
     Scale ``1/sqrt(d)``. Positions default to ``0..s_q-1`` and ``0..s_k-1``; they only
     matter for the causal mask ``k_pos[j] <= q_pos[i]``.
     """
-    q, k, v = (np.asarray(t, dtype=float) for t in (q, k, v))
+    q, k, v = (_real_finite(t, nm) for t, nm in ((q, "q"), (k, "k"), (v, "v")))
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
         raise ValueError(f"q, k, v must be (tokens, heads, head_dim); got shapes {q.shape}, {k.shape}, {v.shape}")
     s_q, a, d = q.shape
     s_k, a_kv, d_k = k.shape
     if d_k != d:
         raise ValueError(f"q and k need the same head dim, got {d} and {d_k}")
+    if d == 0:
+        raise ValueError("the head dim d is 0: attention needs d >= 1")
     if v.shape[:2] != (s_k, a_kv):
         raise ValueError(f"v must match k in tokens and heads: k {k.shape}, v {v.shape}")
     if a_kv == 0 or a % a_kv:
@@ -84,11 +101,15 @@ def merge(o1, lse1, o2, lse2):
     ``lse = -inf`` (no key seen) is neutral, and two ``-inf`` give ``o = 0, lse = -inf``.
     Shapes: ``o (s, a, d)``, ``lse (s, a)``.
     """
-    o1, o2 = np.asarray(o1), np.asarray(o2)
+    o1, o2 = _real_finite(o1, "o1"), _real_finite(o2, "o2")
     lse1, lse2 = np.asarray(lse1), np.asarray(lse2)
-    if o1.shape != o2.shape or lse1.shape != lse2.shape or o1.shape[:-1] != lse1.shape:
+    if o1.shape != o2.shape or lse1.shape != lse2.shape or o1.ndim == 0 or o1.shape[:-1] != lse1.shape:
         raise ValueError(f"merge needs o (s, a, d) and lse (s, a) of the same shapes; got "
                          f"o1 {o1.shape}, lse1 {lse1.shape}, o2 {o2.shape}, lse2 {lse2.shape}")
+    for name, lse in (("lse1", lse1), ("lse2", lse2)):
+        if lse.dtype.kind not in "biuf" or np.isnan(lse).any() or (lse == np.inf).any():
+            raise ValueError(f"{name} must hold real numbers or -inf (no key seen); NaN and +inf "
+                             f"are not a logsumexp")
     m = np.maximum(lse1, lse2)
     m_safe = np.where(np.isfinite(m), m, 0.0)
     w1, w2 = np.exp(lse1 - m_safe), np.exp(lse2 - m_safe)      # in [0, 1]

@@ -48,7 +48,8 @@ class SimGroup:
     def __init__(self, n: int, e: float = 2):
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"a SimGroup needs an integer number of ranks n >= 1, got {n!r}")
-        if isinstance(e, bool) or not np.isscalar(e) or not np.isfinite(e) or e <= 0:
+        if isinstance(e, bool) or not isinstance(e, (int, float, np.integer, np.floating)) \
+                or not np.isfinite(e) or e <= 0:
             raise ValueError(f"e (bytes per element) must be a positive number, got {e!r}")
         self.n = int(n)
         self.e = e
@@ -73,6 +74,8 @@ class SimGroup:
         return check_shards(xs, op, self.n)
 
     def _axis(self, axis: int, ndim: int, op: str) -> int:
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise ValueError(f"{op}: axis must be an integer, got {axis!r}")
         if ndim == 0:
             raise ValueError(f"{op}: needs arrays with at least one dimension, got scalars")
         if not -ndim <= axis < ndim:
@@ -140,7 +143,8 @@ class SimGroup:
                 not isinstance(row, (list, tuple)) or len(row) != n for row in blocks):
             raise ValueError(f"all_to_all: pass an n x n nested list (n = {self.n}): blocks[i][j] "
                              "is the array rank i sends to rank j")
-        arrs = [[np.asarray(b) for b in row] for row in blocks]
+        arrs = [[_numeric(b, f"all_to_all: blocks[{i}][{j}]") for j, b in enumerate(row)]
+                for i, row in enumerate(blocks)]
         sent = [sum(arrs[i][j].size for j in range(n) if j != i) * self.e for i in range(n)]
         self._record("all_to_all", sent)
         return [[arrs[i][j].copy() for i in range(n)] for j in range(n)]
@@ -173,6 +177,9 @@ def shard_sequence(x, n: int, layout: str = "contiguous"):
 def gather_sequence(shards, positions) -> np.ndarray:
     """Inverse of :func:`shard_sequence`: put the rows of ``shards[r]`` back at the
     global token ids ``positions[r]``; returns the full ``(s, ...)`` array."""
+    if not isinstance(shards, (list, tuple)) or not isinstance(positions, (list, tuple)):
+        raise ValueError("gather_sequence: pass the list of shards and the list of positions "
+                         "that shard_sequence returned")
     if len(shards) != len(positions):
         raise ValueError(f"gather_sequence: {len(shards)} shards but {len(positions)} position arrays")
     pos = np.concatenate([np.asarray(p) for p in positions])
@@ -195,12 +202,37 @@ def check_shards(xs, name: str, n: int | None = None) -> list[np.ndarray]:
     if n is not None and len(xs) != n:
         raise ValueError(f"{name}: got {len(xs)} shards for a group of n = {n} ranks; "
                          "pass exactly one array per rank")
-    xs = [np.asarray(x) for x in xs]
+    xs = [_numeric(x, f"{name}: rank {r}") for r, x in enumerate(xs)]
     for r, x in enumerate(xs):
         if x.shape != xs[0].shape:
             raise ValueError(f"{name}: shards of different shapes: rank 0 has {xs[0].shape}, "
                              f"rank {r} has {x.shape}; every rank must hold the same shape")
     return xs
+
+
+def _numeric(x, where: str) -> np.ndarray:
+    """``x`` as an array of real numbers (bool, int or float); anything else is a ValueError."""
+    try:
+        arr = np.asarray(x)
+    except ValueError:                      # ragged nested lists
+        arr = None
+    if arr is None or arr.dtype.kind not in "biuf":
+        what = "ragged nested lists" if arr is None else f"dtype {arr.dtype}"
+        raise ValueError(f"{where} must be an array of real numbers, got {what}; pass a float "
+                         f"NumPy array")
+    return arr
+
+
+def check_group(group, n: int, where: str):
+    """``group`` or a new ``SimGroup(n)`` when it is None; a ValueError unless it is a
+    :class:`SimGroup` of ``n`` ranks."""
+    if group is None:
+        return SimGroup(n)
+    if not isinstance(group, SimGroup):
+        raise ValueError(f"{where}: group must be a SimGroup (or None), got {type(group).__name__}")
+    if group.n != n:
+        raise ValueError(f"{where}: {n} shards for a group of {group.n} ranks")
+    return group
 
 
 def _check_permutation(pos: np.ndarray, where: str) -> None:

@@ -34,7 +34,7 @@ from fractions import Fraction
 import numpy as np
 
 from .. import cost
-from .comm import SimGroup, check_shards
+from .comm import check_group, check_shards
 
 __all__ = [
     "route_topk", "router_probs", "expert_capacity", "capacity_keep", "apply_expert",
@@ -44,6 +44,19 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- routing
+def _real(x, name: str, finite: bool = True) -> np.ndarray:
+    """``x`` as float64; complex or non-numeric values (and NaN/inf when ``finite``) are a
+    ValueError instead of a silent cast or a NaN later on."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must hold real numbers, got dtype {arr.dtype}; pass a float array")
+    arr = arr.astype(float, copy=False)
+    if finite and not np.isfinite(arr).all():
+        raise ValueError(f"{name} contains NaN or inf; the router needs finite numbers (check the "
+                         f"step that produced them)")
+    return arr
+
+
 def _check_k(k, E: int) -> int:
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
         raise ValueError(f"k (experts per token) must be an integer >= 1, got {k!r}")
@@ -55,7 +68,7 @@ def _check_k(k, E: int) -> int:
 
 def router_probs(logits) -> np.ndarray:
     """Softmax of the router logits over all ``E`` experts: ``(T, E) -> (T, E)``."""
-    logits = np.asarray(logits, dtype=float)
+    logits = _real(logits, "logits")
     z = np.exp(logits - logits.max(axis=-1, keepdims=True))
     return z / z.sum(axis=-1, keepdims=True)
 
@@ -66,14 +79,14 @@ def route_topk(logits, k: int, bias=None):
     ``experts[t]`` are the ``k`` largest entries of ``logits[t] + bias`` (best first, ties to
     the lower id); ``gates[t] = softmax(logits[t, experts[t]])`` (no bias in the gates).
     """
-    logits = np.asarray(logits, dtype=float)
+    logits = _real(logits, "logits")
     if logits.ndim != 2:
         raise ValueError(f"logits must be (tokens, experts), got shape {logits.shape}")
     T, E = logits.shape
     k = _check_k(k, E)
     scores = logits
     if bias is not None:
-        bias = np.asarray(bias, dtype=float)
+        bias = _real(bias, "bias")
         if bias.shape != (E,):
             raise ValueError(f"bias must have one entry per expert, shape ({E},), got {bias.shape}")
         scores = logits + bias
@@ -90,6 +103,9 @@ def expert_capacity(N: int, E: int, k: int, capacity_factor=None):
     The factor is read as the decimal number it was written as (``1.1`` is 11/10), so
     that ``C`` is not off by one because of binary rounding.
     """
+    for name, val, lo in (("N (tokens)", N, 0), ("E (experts)", E, 1), ("k", k, 1)):
+        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {val!r}")
     if capacity_factor is None:
         return None
     if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, numbers.Real) \
@@ -105,8 +121,17 @@ def capacity_keep(experts, E: int, capacity) -> np.ndarray:
     global token order -> bool ``(N, k)``; copy ``(t, j)`` is kept if fewer than ``capacity``
     earlier copies (row-major order) chose the same expert. ``capacity=None``: all kept."""
     experts = np.asarray(experts)
+    if experts.dtype.kind not in "iu":
+        raise ValueError(f"experts must be integer expert ids (route_topk's output), got dtype "
+                         f"{experts.dtype}")
+    if experts.size and (experts.min() < 0 or experts.max() >= E):
+        raise ValueError(f"experts must be expert ids in 0..{E - 1}, got values "
+                         f"{experts.min()}..{experts.max()}")
     if capacity is None:
         return np.ones(experts.shape, dtype=bool)
+    if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or capacity < 0:
+        raise ValueError(f"capacity must be an integer >= 0 or None, got {capacity!r} "
+                         f"(see expert_capacity)")
     flat = experts.ravel()
     if E < np.iinfo(np.int16).max:
         flat = flat.astype(np.int16)                    # stable sort on int16 is a radix sort
@@ -124,18 +149,27 @@ def apply_expert(expert, x) -> np.ndarray:
     """Run one expert on ``x (m, h)``: ``relu(x W1) W2`` for a ``(W1, W2)`` pair, or
     ``expert(x)`` for a callable. An empty batch gives an empty ``(0, h)`` result."""
     x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"apply_expert: x must be (m, h), got shape {x.shape}")
     if x.shape[0] == 0:
         return np.zeros_like(x, dtype=float)
     if callable(expert):
         y = np.asarray(expert(x))
     else:
         try:
-            W1, W2 = expert
+            W1, W2 = (np.asarray(w) for w in expert)
         except (TypeError, ValueError):
             raise ValueError("an expert must be a (W1, W2) pair of weights or a callable") from None
+        h = x.shape[1]
+        if W1.ndim != 2 or W2.ndim != 2 or W1.shape[0] != h or W2.shape != (W1.shape[1], h):
+            raise ValueError(f"an expert's weights must be W1 (h, d_ff) and W2 (d_ff, h) with "
+                             f"h = {h}; got {W1.shape} and {W2.shape}")
         y = np.maximum(x @ W1, 0.0) @ W2
     if y.shape != x.shape:
         raise ValueError(f"an expert must map (m, h) -> (m, h); got {x.shape} -> {y.shape}")
+    if y.dtype.kind not in "biuf" or not np.isfinite(y).all():
+        raise ValueError("an expert returned complex, non-numeric, NaN or inf values; it must "
+                         "return finite real numbers")
     return y
 
 
@@ -147,7 +181,10 @@ def init_experts(E: int, h: int, d_ff: int, seed: int = 0) -> list:
 
 
 def _check_router(router_w, h: int, experts) -> int:
-    router_w = np.asarray(router_w)
+    router_w = _real(router_w, "router_w")
+    if not isinstance(experts, (list, tuple)):
+        raise ValueError(f"experts must be a list of E experts ((W1, W2) pairs or functions), "
+                         f"got {type(experts).__name__}")
     if router_w.ndim != 2 or router_w.shape[0] != h:
         raise ValueError(f"router_w must be (h, E) = ({h}, E), got shape {router_w.shape}")
     E = router_w.shape[1]
@@ -161,7 +198,7 @@ def moe_reference(x, router_w, experts, k: int, capacity_factor=None, bias=None)
     """The MoE layer on one device. ``x (N, h)`` holds all tokens in global order
     (rank 0's first). ``y[t] = sum_j gates[t, j] * expert_{experts[t, j]}(x[t])`` over the
     kept copies. Returns ``y (N, h)`` (the residual is not added)."""
-    x = np.asarray(x, dtype=float)
+    x = _real(x, "x")
     if x.ndim != 2:
         raise ValueError(f"x must be (tokens, h), got shape {x.shape}")
     E = _check_router(router_w, x.shape[1], experts)
@@ -186,7 +223,7 @@ def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=N
     each), equal to :func:`moe_reference` on the concatenated tokens; with
     ``return_stats=True`` also a dict with the capacity, drops and loads.
     """
-    xs = [np.asarray(x, dtype=float) for x in check_shards(x_shards, "moe_layer")]
+    xs = [_real(x, f"moe_layer: x_shards[{r}]") for r, x in enumerate(check_shards(x_shards, "moe_layer"))]
     n = len(xs)
     if xs[0].ndim != 2:
         raise ValueError(f"moe_layer: each shard must be (tokens, h), got {xs[0].shape}")
@@ -196,10 +233,7 @@ def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=N
     if E % n:
         raise ValueError(f"moe_layer: E = {E} experts do not split over N_e = {n} ranks; "
                          f"E must be a multiple of N_e")
-    if group is None:
-        group = SimGroup(n)
-    elif group.n != n:
-        raise ValueError(f"moe_layer: {n} shards for a group of {group.n} ranks")
+    group = check_group(group, n, "moe_layer")
     per_rank = E // n
 
     # 1. route: every rank on its own tokens
@@ -345,7 +379,8 @@ def _sample_topk(logw: np.ndarray, T: int, k: int, rng, max_rounds: int = 3) -> 
     Gumbel top-k itself.) No Python loop over tokens."""
     E = logw.size
     dtype = np.int16 if E <= np.iinfo(np.int16).max else np.int32
-    p = np.exp(logw - logw.max())
+    with np.errstate(over="ignore"):                   # a gap beyond 1e308 is weight 0
+        p = np.exp(logw - logw.max())
     cdf = np.cumsum(p)
     table = _alias_table(p)
     choices = np.empty((T, k), dtype=dtype)
@@ -399,18 +434,24 @@ def simulate_moe(T: int, E: int, k: int, Ne: int, capacity_factor=None, skew: fl
         raise ValueError(f"E = {E} experts do not split over Ne = {Ne} GPUs; use E a multiple of Ne")
     if T % Ne:
         raise ValueError(f"T = {T} tokens do not split over Ne = {Ne} GPUs; use T a multiple of Ne")
-    if not np.isfinite(skew) or skew < 0:
+    if isinstance(skew, bool) or not isinstance(skew, numbers.Real) or not np.isfinite(skew) or skew < 0:
         raise ValueError(f"skew must be a finite number >= 0, got {skew!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     capacity = expert_capacity(T, E, k, capacity_factor)
     pop_seq, route_seq = np.random.SeedSequence(seed).spawn(2)
     if popularity is None:
         popularity = np.random.default_rng(pop_seq).standard_normal(E)
     popularity = np.asarray(popularity, dtype=float)
-    logw = skew * popularity
+    with np.errstate(over="ignore"):                   # an overflow to inf is reported below
+        logw = skew * popularity
     if bias is not None:
         logw = logw + np.asarray(bias, dtype=float)
-    if logw.shape != (E,) or not np.all(np.isfinite(logw)):
-        raise ValueError(f"popularity and bias must be finite arrays of shape ({E},)")
+    if logw.shape != (E,):
+        raise ValueError(f"popularity and bias must be arrays of shape ({E},)")
+    if not np.all(np.isfinite(logw)):
+        raise ValueError(f"skew * popularity + bias must be finite for every expert (NaN or inf in "
+                         f"popularity/bias, or skew = {skew!r} too large); lower skew or fix them")
 
     choices = _sample_topk(logw, T, k, np.random.default_rng(route_seq))
     keep = capacity_keep(choices, E, capacity) if capacity is not None else None
@@ -449,11 +490,15 @@ def switch_aux_loss(probs, experts, alpha: float = 1e-2) -> float:
     fraction of tokens); ``P_i``: mean router probability of expert ``i``. Uniform
     routing gives exactly ``alpha``; concentrated routing gives up to ``alpha * E``.
     """
-    probs, experts = np.asarray(probs, dtype=float), np.asarray(experts)
+    probs, experts = _real(probs, "probs"), np.asarray(experts)
     if probs.ndim != 2 or experts.ndim != 2 or experts.shape[0] != probs.shape[0]:
         raise ValueError(f"probs must be (T, E) and experts (T, k); got {probs.shape} and {experts.shape}")
     T, E = probs.shape
-    if experts.size and (experts.min() < 0 or experts.max() >= E):
+    if experts.size == 0:
+        raise ValueError("switch_aux_loss needs at least one token (T >= 1, k >= 1)")
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not np.isfinite(alpha):
+        raise ValueError(f"alpha must be a finite number, got {alpha!r}")
+    if experts.dtype.kind not in "iu" or experts.min() < 0 or experts.max() >= E:
         raise ValueError(f"expert ids must lie in 0..{E - 1} for probs over E = {E} experts")
     f = np.bincount(experts.ravel(), minlength=E) / experts.size
     P = probs.mean(axis=0)
@@ -467,10 +512,10 @@ def update_expert_bias(bias, load, rate: float) -> np.ndarray:
     is added to the routing scores only (``route_topk(..., bias=)``), never to the gates.
     Returns a new array.
     """
-    bias, load = np.asarray(bias, dtype=float), np.asarray(load, dtype=float)
-    if bias.shape != load.shape or bias.ndim != 1:
-        raise ValueError(f"bias and load must be 1-D arrays of the same shape (E,), "
+    bias, load = _real(bias, "bias"), _real(load, "load")
+    if bias.shape != load.shape or bias.ndim != 1 or bias.size == 0:
+        raise ValueError(f"bias and load must be non-empty 1-D arrays of the same shape (E,), "
                          f"got {bias.shape} and {load.shape}")
-    if not np.isfinite(rate) or rate < 0:
+    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not np.isfinite(rate) or rate < 0:
         raise ValueError(f"rate must be a finite number >= 0, got {rate!r}")
     return bias - rate * np.sign(load - load.mean())

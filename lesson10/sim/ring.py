@@ -16,7 +16,7 @@ import numpy as np
 
 from ..layouts import shard_positions
 from .attention import attention, merge
-from .comm import SimGroup, _check_permutation, check_shards
+from .comm import _check_permutation, check_group, check_shards
 
 __all__ = ["ring_attention", "RingStats"]
 
@@ -61,10 +61,7 @@ def _prepare(q_shards, k_shards, v_shards, positions, group, name):
         if p.shape != (c,):
             raise ValueError(f"{name}: rank {r} holds {c} tokens but positions[{r}] has shape {p.shape}")
     _check_permutation(np.concatenate(positions), name)
-    if group is None:
-        group = SimGroup(n)
-    elif group.n != n:
-        raise ValueError(f"{name}: {n} shards for a group of {group.n} ranks")
+    group = check_group(group, n, name)
     return q, k, v, positions, group
 
 

@@ -15,17 +15,28 @@ the same numbers.
 """
 from __future__ import annotations
 
-from .comm import SimGroup
+import numpy as np
+
+from .comm import check_group, check_shards
 
 __all__ = ["tp_forward", "sp_forward"]
 
 
-def _group(partials, group):
-    if group is None:
-        return SimGroup(len(partials))
-    if len(partials) != group.n:
-        raise ValueError(f"got {len(partials)} partial sums for a group of {group.n} ranks")
-    return group
+def _group(partials, group, op):
+    if not callable(op):
+        raise ValueError(f"op must be a function applied to the tokens, got {type(op).__name__}")
+    partials = check_shards(partials, "partials")
+    if partials[0].ndim == 0:
+        raise ValueError("partials: each rank's partial sum must be (s, ...), tokens first")
+    return partials, check_group(group, len(partials), "partials")
+
+
+def _token_wise(x, y, where: str):
+    """``op`` must keep the tokens: ``op(x)`` has ``x.shape[0]`` rows."""
+    if np.shape(y)[:1] != x.shape[:1]:
+        raise ValueError(f"{where}: op must be token-wise (one output row per token), but it "
+                         f"mapped {x.shape} to {np.shape(y)}")
+    return y
 
 
 def tp_forward(partials, op, group=None):
@@ -33,8 +44,8 @@ def tp_forward(partials, op, group=None):
 
     Returns a list with every rank's result, each the full ``op(sum_r partials[r])``.
     """
-    group = _group(partials, group)
-    return [op(x) for x in group.all_reduce(partials)]
+    partials, group = _group(partials, group, op)
+    return [_token_wise(x, op(x), "tp_forward") for x in group.all_reduce(partials)]
 
 
 def sp_forward(partials, op, group=None, gather: bool = True):
@@ -44,6 +55,6 @@ def sp_forward(partials, op, group=None, gather: bool = True):
     Returns every rank's full result (as :func:`tp_forward`); with ``gather=False`` it
     returns the local shards ``op(...)`` of ``s/t`` tokens and skips the all-gather.
     """
-    group = _group(partials, group)
-    shards = [op(x) for x in group.reduce_scatter(partials, axis=0)]
+    partials, group = _group(partials, group, op)
+    shards = [_token_wise(x, op(x), "sp_forward") for x in group.reduce_scatter(partials, axis=0)]
     return group.all_gather(shards, axis=0) if gather else shards

@@ -18,18 +18,14 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import attention
-from .comm import SimGroup, check_shards
+from .comm import check_group, check_shards
 from .ring import _prepare
 
 __all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "kv_replication"]
 
 
 def _group(n, group):
-    if group is None:
-        return SimGroup(n)
-    if group.n != n:
-        raise ValueError(f"got {n} shards for a group of {group.n} ranks")
-    return group
+    return check_group(group, n, "shards")
 
 
 def seq_to_heads(shards, group=None):
@@ -62,6 +58,8 @@ def heads_to_seq(shards, group=None):
     xs = check_shards(shards, "heads_to_seq")
     n = len(xs)
     group = _group(n, group)
+    if xs[0].ndim < 2:
+        raise ValueError(f"heads_to_seq: shards must be (tokens, heads, ...), got {xs[0].shape}")
     s = xs[0].shape[0]
     if s % n:
         raise ValueError(f"heads_to_seq: {s} tokens do not split over N_c = {n} ranks")
@@ -73,6 +71,11 @@ def heads_to_seq(shards, group=None):
 def kv_replication(a: int, a_kv: int, n: int) -> int:
     """Smallest factor ``rep`` (a divisor of ``g = a/a_kv``) such that copying every K/V head
     ``rep`` times gives a head count that ``n`` ranks can split: ``(a_kv rep) % n == 0``."""
+    for name, val in (("a", a), ("a_kv", a_kv), ("n", n)):
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
+            raise ValueError(f"kv_replication: {name} must be an integer >= 1, got {val!r}")
+    if a % a_kv:
+        raise ValueError(f"kv_replication: {a} query heads are not a multiple of {a_kv} K/V heads")
     g = a // a_kv
     for rep in range(1, g + 1):
         if g % rep == 0 and (a_kv * rep) % n == 0:
