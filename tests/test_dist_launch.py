@@ -161,3 +161,14 @@ def test_same_worker_under_torchrun():
     # 1 + 2 summed over the two ranks, on both ranks (lines of the two ranks may interleave)
     found = re.findall(r"rank (\d)/2 backend=gloo sum=(\d+)", stdout)
     assert sorted(found) == [("0", "3"), ("1", "3")], stdout
+
+
+def test_launch_from_a_script_read_from_stdin():
+    """``python - <<EOF``: spawn must not try to re-run a main file named "<stdin>"."""
+    script = ("from lesson10.dist import launch\n"
+              "from lesson10.dist._workers import whoami\n"
+              "print(sorted(r['rank'] for r in launch(whoami, 2, quiet=True)))\n")
+    out = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("[0, 1]")

@@ -403,9 +403,17 @@ def registered_results(n: int, name: str, timeout: float = 240.0) -> list:
     have = _RESULTS.setdefault(n, {})
     if name not in have:
         todo = {k: (wk, tuple(mk(n))) for k, (wk, mk) in _REGISTRY.items() if k not in have}
-        outs = launch(run_jobs, n, todo, timeout=timeout, quiet=True)
+        try:
+            outs = launch(run_jobs, n, todo, timeout=timeout, quiet=True)
+        except Exception as exc:          # remember the failure: one launch, not one per module
+            for k in todo:
+                have[k] = exc
+            raise
         for k in todo:
             have[k] = [o[k] for o in outs]
+    if isinstance(have[name], Exception):
+        raise RuntimeError(f"the shared {n}-rank launch of the registered jobs failed "
+                           f"(see the first failing test): {have[name]!r}"[:2000]) from have[name]
     return have[name]
 
 

@@ -32,6 +32,7 @@ top of the program instead (see :func:`is_torchrun`).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import pickle
@@ -82,6 +83,26 @@ class LaunchTimeout(TimeoutError):
             "Usually a collective that not every rank calls (or calls with other shapes); "
             "if the work is just slow, pass a larger timeout=.")
 
+
+
+@contextlib.contextmanager
+def _main_without_missing_file():
+    """Hide ``__main__.__file__`` while spawning when it names no file (``python - <<EOF``).
+
+    ``spawn`` re-runs the parent's main script in every child; for a script read from
+    stdin that path (``"<stdin>"``) does not exist and every rank would die at start.
+    The worker itself is imported from its module, so the children do not need it.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    hide = path is not None and not os.path.exists(path)
+    if hide:
+        del main.__file__
+    try:
+        yield
+    finally:
+        if hide:
+            main.__file__ = path
 
 # --------------------------------------------------------------------- helpers
 def choose_backend(nprocs: int, backend: str = "auto") -> str:
@@ -223,15 +244,16 @@ def launch(fn, nprocs: int, *args, backend: str = "auto", timeout: float = 60.0,
     ctx = mp.get_context("spawn")
     procs, conns, finished = [], [], False
     try:
-        for rank in range(nprocs):
-            recv, send = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_entry, name=f"lesson10-rank{rank}", daemon=True,
-                            args=(rank, nprocs, port, backend, timeout, threads, fn, args,
-                                  kwargs, send))
-            p.start()
-            send.close()  # the child holds the only writer: EOF when it dies
-            procs.append(p)
-            conns.append(recv)
+        with _main_without_missing_file():
+            for rank in range(nprocs):
+                recv, send = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_entry, name=f"lesson10-rank{rank}", daemon=True,
+                                args=(rank, nprocs, port, backend, timeout, threads, fn, args,
+                                      kwargs, send))
+                p.start()
+                send.close()  # the child holds the only writer: EOF when it dies
+                procs.append(p)
+                conns.append(recv)
         results = _collect(procs, conns, timeout)
         finished = True
         return results
