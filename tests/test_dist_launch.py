@@ -172,3 +172,32 @@ def test_launch_from_a_script_read_from_stdin():
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("[0, 1]")
+
+
+def _torchrun(*argv, timeout=120):
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    proc = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node", "2", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc.returncode, stdout, stderr
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
+                    reason="torchrun not installed next to this python")
+@pytest.mark.parametrize("method", ["ring", "moe"])
+def test_bench_module_under_torchrun(method):
+    """`torchrun -m lesson10.dist.bench METHOD`: each process is one rank, checked vs one process."""
+    rc, out, err = _torchrun("-m", "lesson10.dist.bench", method, "--seq", "64", "--heads", "2",
+                             "--dim", "8", "--reps", "1", "--dtype", "float64")
+    assert rc == 0, err[-2000:]
+    if method == "ring":
+        # s=64, h=16, float64, N_c=2: one hop of K and V, (N_c-1) * 2 c h e = 8192 bytes
+        assert "-> OK" in out and "forward: 8,192" in out, out
+    else:
+        assert out.strip().endswith("OK") and "MoE uniform routing" in out, out

@@ -998,7 +998,8 @@ def run_main(argv=None) -> int:
     """``python -m lesson10 run {ring,ulysses,sp,moe} --nproc N [--seq S --heads A --dim D]``."""
     args = _run_parser("python -m lesson10 run").parse_args(argv)
     if args.method in ("sp", "moe"):
-        return _run_other(args)
+        from ._workers import cli_run
+        return cli_run(args.method, args)
     from .launch import launch
     case = _case_from_args(args)
     res = launch(check_attention_cases, args.nproc, [case], backend=args.backend,
@@ -1008,19 +1009,6 @@ def run_main(argv=None) -> int:
     return 0 if ok else 1
 
 
-def _run_other(args) -> int:
-    """SP and MoE runs live with their implementations: ``run(args)`` in
-    ``lesson10.dist.sp`` / ``lesson10.dist.moe``."""
-    import importlib
-    try:
-        mod = importlib.import_module(f"lesson10.dist.{args.method}")
-        fn = getattr(mod, "run")
-    except (ImportError, AttributeError) as e:
-        print(f"`run {args.method}` is not available yet ({e})", file=sys.stderr)
-        return 2
-    return fn(args) or 0
-
-
 def torchrun_main(argv=None) -> int:
     """Body of ``torchrun --nproc-per-node N -m lesson10.dist.bench METHOD [sizes]``:
     this process is one rank; run the checked case (and ``--reps`` timed reps)."""
@@ -1028,13 +1016,11 @@ def torchrun_main(argv=None) -> int:
     p = _run_parser("torchrun ... -m lesson10.dist.bench")
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args(argv)
-    if args.method in ("sp", "moe"):
-        if os.environ.get("RANK", "0") == "0":
-            print(f"under torchrun only ring and ulysses run here; use "
-                  f"`python -m lesson10 run {args.method} --nproc N`", file=sys.stderr)
-        return 2
     init_from_env(args.backend, timeout=args.timeout)
     try:
+        if args.method in ("sp", "moe"):            # checked against one process, like `run`
+            from ._workers import cli_run
+            return cli_run(args.method, args)
         n = dist.get_world_size()
         case = _case_from_args(args)
         res = check_attention_cases([case])[0]

@@ -312,10 +312,3 @@ class ExpertParallelMoE(nn.Module):
         f = total.to(logits.dtype) / (k * Nz)                    # share of copies per expert
         self.aux_loss = self.alpha * E * (f * torch.softmax(logits, -1).sum(0)).sum() / Nz
         return y.reshape(shape)
-
-
-def run(args) -> int:
-    """``python -m lesson10 run moe --nproc N [--seq S ...]``: uniform and random routing
-    against the dense reference, with drops, loads and all-to-all bytes."""
-    from ._workers import cli_run
-    return cli_run("moe", args)

@@ -442,10 +442,3 @@ class SequenceParallelBlock(nn.Module):
             z = self.ln(x)                                   # (b, s, h), replicated
         y = self.fc2(F.gelu(self.fc1(z)))                    # (b, s/t or s, h)
         return x + token_dropout(y, self.p, self.dropout_seed, positions, s)
-
-
-def run(args) -> int:
-    """``python -m lesson10 run sp --nproc N [--seq S --heads A --dim D --dtype ...]``:
-    TP and TP + SP against one process, with the bytes of each (h = heads * dim)."""
-    from ._workers import cli_run
-    return cli_run("sp", args)
