@@ -20,6 +20,20 @@ from lesson10.dist.launch import (LaunchTimeout, RankError, choose_backend, init
                                   is_torchrun, launch, shutdown)
 
 
+def _torchrun(*argv, timeout=120):
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    proc = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node", "2", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc.returncode, stdout, stderr
+
+
 def _alive(pid: int) -> bool:
     """True if ``pid`` is a live (non-zombie) process."""
     try:
@@ -144,20 +158,8 @@ def test_init_from_env_without_torchrun_is_one_rank(monkeypatch):
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
                     reason="torchrun not installed next to this python")
 def test_same_worker_under_torchrun():
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    # --standalone: torchrun picks a free port (the default 29500 may be taken on a shared
-    # CI host); a new session, so that a timeout kills torchrun's workers too
-    proc = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node", "2",
-                             "-m", "lesson10.dist._workers"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    assert proc.returncode == 0, stderr[-2000:]
+    rc, stdout, stderr = _torchrun("-m", "lesson10.dist._workers")
+    assert rc == 0, stderr[-2000:]
     # 1 + 2 summed over the two ranks, on both ranks (lines of the two ranks may interleave)
     found = re.findall(r"rank (\d)/2 backend=gloo sum=(\d+)", stdout)
     assert sorted(found) == [("0", "3"), ("1", "3")], stdout
@@ -172,20 +174,6 @@ def test_launch_from_a_script_read_from_stdin():
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("[0, 1]")
-
-
-def _torchrun(*argv, timeout=120):
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    proc = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node", "2", *argv],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return proc.returncode, stdout, stderr
 
 
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
