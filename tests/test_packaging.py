@@ -13,7 +13,7 @@ except ModuleNotFoundError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 
 # conda name -> pip name; entries that are not Python packages of the course
-CONDA_TO_PIP = {"pytorch": "torch"}
+CONDA_TO_PIP = {"pytorch": "torch", "pytorch-cpu": "torch", "pytorch-gpu": "torch"}
 CONDA_IGNORE = {"python", "pip", "cpuonly"}
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(\[[^\]]*\])?\s*(.*?)\s*$")
