@@ -1,4 +1,4 @@
-"""Worker functions for :func:`lesson10.dist.launch.launch` (tests and notebooks).
+"""Worker functions for :func:`lesson10.dist.launch.launch`: the tests and `python -m lesson10 run`.
 
 A spawned rank imports its worker by name, so workers live here, at module level.
 Each takes plain arguments and returns plain Python / CPU tensors. The ``*_cases``

@@ -24,7 +24,7 @@ What :func:`launch` does for you:
   so no process is left behind.
 
 The worker function must be importable by a fresh process: a module-level function
-of a module (``lesson10.dist._workers`` holds the ones the notebooks use). A
+of a module (``lesson10.dist.notebook_workers`` holds the ones notebook 06 uses). A
 function typed into a notebook cell is not, and gives a clear error.
 
 Under ``torchrun`` the processes already exist: call :func:`init_from_env` at the
