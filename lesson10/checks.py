@@ -333,6 +333,14 @@ def _sp_case(rng):
     return t, s, h, xs
 
 
+def _one_per_rank(exercise, out, where, shape, hint):
+    """A single 2-D array where a list of per-rank arrays is due: say that plainly (a
+    generic check would count its rows as ranks)."""
+    if isinstance(out, np.ndarray) and out.ndim == 2:
+        _fail(exercise, where, f"you returned one array of shape {out.shape}; return a list "
+              f"with one {shape} array per rank", show=False, hint=hint)
+
+
 @_exercise("reduce_scatter", NB01, 1, "reduce-scatter along the sequence")
 def check_reduce_scatter(reduce_scatter, rng):
     """``reduce_scatter(xs) -> list``: ``xs[r]`` is rank r's ``(s, h)`` partial sum; rank r
@@ -343,6 +351,8 @@ def check_reduce_scatter(reduce_scatter, rng):
         t, s, h, xs = _sp_case(rng)
         target = SimGroup(t).reduce_scatter([x.copy() for x in xs], axis=0)
         out = _call(reduce_scatter, [x.copy() for x in xs])
+        _one_per_rank("reduce_scatter", out, f"case {case} (t={t}, s={s}, h={h})", "(s/t, h)",
+                      hint="rank i gets only block i (rows i*s/t .. (i+1)*s/t - 1) of the sum")
         err = max(err, _compare_shards(
             "reduce_scatter", out, target, where=f"case {case} (t={t}, s={s}, h={h})",
             what="the summed shard", axes=("token", "hidden"),
@@ -362,6 +372,9 @@ def check_all_gather(all_gather, rng):
         shards = [x[: s // t] for x in xs]
         target = SimGroup(t).all_gather([x.copy() for x in shards], axis=0)
         out = _call(all_gather, [x.copy() for x in shards])
+        _one_per_rank("all_gather", out, f"case {case} (t={t}, s={s}, h={h})", "(t*c, h)",
+                      hint="every rank ends with its own copy of the full tensor, e.g. "
+                           "[full.copy() for _ in shards]")
         err = max(err, _compare_shards(
             "all_gather", out, target, where=f"case {case} (t={t}, s={s}, h={h})",
             what="the gathered tensor", axes=("token", "hidden"),
@@ -399,8 +412,9 @@ def check_sp_forward(sp_forward, rng):
         err = max(err, _compare_shards(
             "sp_forward", out, [full] * t, where=where, what="the layer output",
             axes=("token", "hidden"),
-            hint="sum the partials first (reduce-scatter), then apply op to the summed "
-                 "s/t tokens, then all-gather; op is not linear, so op(partial) summed is wrong"))
+            hint="sum the partials first (reduce-scatter), then apply op to each rank's summed "
+                 "s/t tokens, then all-gather so that every rank returns the full (s, h) "
+                 "tensor; op is not linear, so op(partial) summed is wrong"))
         if not calls:
             _fail("sp_forward", where, "op was never called", show=False,
                   hint="each rank applies op to its own s/t tokens")
@@ -427,6 +441,7 @@ def check_sp_bytes(sp_bytes, rng):
     from . import cost
     cases = [(int(rng.integers(1, 64)) * t, int(rng.integers(8, 512)), t, int(e))
              for t, e in zip(rng.choice([2, 4, 8, 16], size=5), rng.choice([1, 2, 4], size=5))]
+    cases.append((8192, 4096, 8, 2))        # the notebook's sizes; e = 2 so a missing e shows
     for s, h, t, e in cases:
         out = _call(sp_bytes, s, h, t, e)
         where = f"s={s}, h={h}, t={t}, e={e}"
@@ -440,7 +455,7 @@ def check_sp_bytes(sp_bytes, rng):
         _close_number("sp_bytes", out[1], target, where=where, what="TP + SP bytes (2 RS + 2 AG)",
                       hint="each reduce-scatter or all-gather of the s x h activation (n = s h e "
                            "bytes) sends (t-1)/t n per GPU")
-    return f"{len(cases)} random sizes: TP and TP + SP both send 4 (t-1)/t s h e bytes per GPU"
+    return f"{len(cases)} sizes: TP and TP + SP both send 4 (t-1)/t s h e bytes per GPU"
 
 
 # =========================================================================== 02 ring attention
@@ -463,10 +478,13 @@ def check_block_attention(block_attention, rng):
     from .sim.attention import attention
     err = 0.0
     kinds = ["random positions, causal", "random positions, not causal",
-             "later keys: some queries see no key", "all keys after all queries", "large scores"]
+             "later keys: some queries see no key", "all keys after all queries", "large scores",
+             "diagonal block: keys at the same positions as the queries"]
     for case, kind in enumerate(kinds):
         a, d = int(rng.integers(1, 4)), int(rng.integers(2, 6))
         sq, sk = int(rng.integers(2, 6)), int(rng.integers(2, 6))
+        if kind.startswith("diagonal"):
+            sk = sq                                # a rank's own block: key j == query j
         causal = "not causal" not in kind
         q = rng.standard_normal((sq, a, d)) * (6.0 if kind == "large scores" else 1.0)
         k = rng.standard_normal((sk, a, d)) * (6.0 if kind == "large scores" else 1.0)
@@ -478,6 +496,8 @@ def check_block_attention(block_attention, rng):
             k_pos = np.arange(sk) * 2 + 2          # so query 0 sees nothing
         if kind.startswith("all keys after"):
             q_pos, k_pos = np.arange(sq), np.arange(sk) + sq
+        if kind.startswith("diagonal"):
+            k_pos = q_pos.copy()                   # key == query is visible (<=, not <)
         q_pos, k_pos = rng.permutation(q_pos), rng.permutation(k_pos)   # any order must work
         o_t, l_t = attention(q, k, v, causal=causal, q_pos=q_pos, k_pos=k_pos)
         out = _call(block_attention, q.copy(), k.copy(), v.copy(), q_pos.copy(), k_pos.copy(), causal)
@@ -485,13 +505,15 @@ def check_block_attention(block_attention, rng):
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             _fail("block_attention", where, "return a pair (out, lse)", show=False)
         hint = ("scores = q.k / sqrt(d) per head; mask key j for query i when k_pos[j] > q_pos[i] "
-                "(use the positions, not the row numbers); subtract the row max before exp; a row "
-                "with no visible key has out 0 and lse -inf")
+                "(use the positions, not the row numbers; a key at the query's own position is "
+                "visible); subtract the row max before exp; a row with no visible key has out 0 "
+                "and lse -inf")
         err = max(err, _compare("block_attention", out[1], l_t, where=where, what="lse",
                                 axes=("query", "head"), hint=hint))
         err = max(err, _compare("block_attention", out[0], o_t, where=where, what="out",
                                 axes=("query", "head", "dim"), hint=hint))
-    return f"{len(kinds)} random cases (shuffled positions, empty rows, large scores), max error {err:.1e}"
+    return (f"{len(kinds)} random cases (shuffled positions, empty rows, large scores, a diagonal "
+            f"block), max error {err:.1e}")
 
 
 @_exercise("merge", NB02, 1, "the logsumexp merge of two partial results")
@@ -631,7 +653,7 @@ def check_zigzag_positions(zigzag_positions, rng):
                         what="token id", axes=("slot",), exact=True,
                         hint=f"cut the sequence into 2n = {2 * n} chunks of s/(2n) = {s // (2 * n)} "
                              f"tokens; rank r takes chunk r and chunk 2n-1-r (rank 0: the first "
-                             f"and the last chunk)")
+                             f"and the last chunk), chunk r's ids first, so each array is sorted")
     return f"{len(cases)} cases (N_c in 2..8): every rank holds chunks r and 2N_c-1-r"
 
 
@@ -749,7 +771,9 @@ def check_ulysses_attention(ulysses_attention, rng):
                 where=f"{layout} layout, causal={causal}, n={n}, a={a}, a_kv={a_kv}", what="output",
                 axes=("local query", "head", "dim"),
                 hint="seq_to_heads on q, k and v; gather the positions of all tokens in the order "
-                     "seq_to_heads stacks them; attention per rank on its heads; heads_to_seq back"))
+                     "seq_to_heads stacks them; attention per rank on its heads; heads_to_seq back"
+                     + ("; with GQA query head i reads K/V head i // g, which is what attention() "
+                        "does when K/V have fewer heads (no np.tile of K/V)" if a_kv < a else "")))
         except CheckFailed:
             if causal:      # name the classic mistakes when they are the cause
                 _diagnose("ulysses_attention", out, _mask_mistakes(q, k, v, pos, local_rows=False),
@@ -820,7 +844,16 @@ def check_route_topk(route_topk, rng):
             _fail("route_topk", where, f"gates has shape {gates.shape}, expected {g_t.shape}",
                   show=False, hint="one gate per chosen expert")
         gy = np.take_along_axis(gates, order_y, 1)
-        err = max(err, _compare("route_topk", gy, np.take_along_axis(g_t, order_t, 1), where=where,
+        gt = np.take_along_axis(g_t, order_t, 1)
+        if not np.allclose(gy, gt, rtol=1e-9, atol=1e-9) and \
+                np.allclose(np.sort(gates, 1), np.sort(g_t, 1), rtol=1e-9, atol=1e-9):
+            t = int(np.argmax(~np.isclose(gy, gt, rtol=1e-9, atol=1e-9).all(1)))
+            _fail("route_topk", where, f"token {t}: the gate values are right but they do not "
+                  f"follow your experts (experts {experts[t].astype(int).tolist()})",
+                  gates[t], gt[t][np.argsort(np.argsort(experts[t]))],
+                  hint="gates[t, j] must be the gate of experts[t, j]: sort or reorder both "
+                       "arrays together (np.take_along_axis with the same indices)")
+        err = max(err, _compare("route_topk", gy, gt, where=where,
                                 what="gate (in the order of your experts)", axes=("token", "choice"),
                                 hint="gates = softmax over the k chosen logits only, so each row "
                                      "sums to 1 (not the softmax over all E experts)"))

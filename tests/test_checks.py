@@ -171,6 +171,18 @@ def _bytes_half_allreduce(s, h, t, e=2):      # an all-reduce counted like a red
     return 2 * (t - 1) / t * n, 4 * (t - 1) / t * n
 
 
+def _bytes_no_e(s, h, t, e=2):                # counts elements, not bytes
+    return sp_bytes(s, h, t, e=1)
+
+
+def _ag_one_array(shards):                    # the gathered tensor, but not one per rank
+    return np.concatenate(shards, axis=0)
+
+
+def _sp_no_gather(partials, op):              # stops after the token-wise op
+    return [op(x) for x in reduce_scatter(partials)]
+
+
 def _attn_no_mask(q, k, v, q_pos, k_pos, causal=True):
     return block_attention(q, k, v, q_pos, k_pos, False)
 
@@ -187,6 +199,12 @@ def _attn_nan_rows(q, k, v, q_pos, k_pos, causal=True):          # softmax of an
     p = np.exp(x - m)
     l = p.sum(-1)
     return np.einsum("aij,jad->iad", p / l[..., None], v), (np.log(l) + m[..., 0]).T
+
+
+def _attn_strict_mask(q, k, v, q_pos, k_pos, causal=True):     # key < query: drops the diagonal
+    if not causal:
+        return block_attention(q, k, v, q_pos, k_pos, False)
+    return block_attention(q, k, v, np.asarray(q_pos) - 0.5, k_pos, True)
 
 
 def _merge_no_shift(o1, l1, o2, l2):          # overflows for large lse
@@ -217,6 +235,10 @@ def _zz_n_plus_r(s, n):                       # chunks r and n + r
     m = s // (2 * n)
     return [np.r_[np.arange(r * m, (r + 1) * m), np.arange((n + r) * m, (n + r + 1) * m)]
             for r in range(n)]
+
+
+def _zz_late_chunk_first(s, n):               # right chunks, late one first: not sorted
+    return [np.roll(p, -(len(p) // 2)) for p in zigzag_positions(s, n)]
 
 
 def _work_strict(positions):                  # forgets the diagonal (key == query)
@@ -275,16 +297,16 @@ def _ulysses_bytes_full_seq(s, h, n, g=1, e=2):   # forgets that a rank holds s/
 
 WRONG = {
     "reduce_scatter": [_rs_wrong_axis, _rs_no_sum],
-    "all_gather": [_ag_ring_order, _ag_wrong_axis],
-    "sp_forward": [_sp_op_before_sum, _sp_is_tp],
-    "sp_bytes": [_bytes_no_fraction, _bytes_half_allreduce],
-    "block_attention": [_attn_no_mask, _attn_row_index_mask, _attn_nan_rows],
+    "all_gather": [_ag_ring_order, _ag_wrong_axis, _ag_one_array],
+    "sp_forward": [_sp_op_before_sum, _sp_is_tp, _sp_no_gather],
+    "sp_bytes": [_bytes_no_fraction, _bytes_half_allreduce, _bytes_no_e],
+    "block_attention": [_attn_no_mask, _attn_row_index_mask, _attn_nan_rows, _attn_strict_mask],
     "merge": [_merge_no_shift, _merge_no_inf_guard, _merge_average],
     "ring_attention": [make_ring(attend=_attn_no_mask),            # ignores the causal mask
                        make_ring(attend=_attn_row_index_mask),     # local positions
                        make_ring(rounds=1),                        # forgets the ring
                        make_ring(mrg=_merge_average)],
-    "zigzag_positions": [_zz_off_by_one, _zz_n_plus_r],
+    "zigzag_positions": [_zz_off_by_one, _zz_n_plus_r, _zz_late_chunk_first],
     "causal_work": [_work_strict, _work_wrong_direction, _work_transposed],
     "ring_time": [_time_busiest_rank, _time_wrong_axis],
     "seq_to_heads": [_s2h_wrong_axes, _s2h_wrong_index],
@@ -365,6 +387,13 @@ def _route_smallest(logits, k):               # argsort without the minus sign
     return experts, z / z.sum(axis=1, keepdims=True)
 
 
+def _route_gates_not_following(logits, k):    # experts sorted by id, gates left best first
+    experts = np.sort(np.argsort(-logits, axis=1)[:, :k], axis=1)
+    chosen = np.sort(logits, axis=1)[:, ::-1][:, :k]
+    z = np.exp(chosen - chosen.max(axis=1, keepdims=True))
+    return experts, z / z.sum(axis=1, keepdims=True)
+
+
 def _aux_f_per_token(probs, experts, alpha=1e-2):   # f_i over T tokens, not T k copies
     T, E = probs.shape
     f = np.bincount(experts.ravel(), minlength=E) / T
@@ -378,7 +407,7 @@ def _aux_no_E(probs, experts, alpha=1e-2):
 RIGHT.update({"route_topk": route_topk, "capacity": make_capacity(), "moe_stats": make_moe_stats(),
               "aux_loss": switch_aux_loss})
 WRONG.update({
-    "route_topk": [_route_softmax_all, _route_smallest],
+    "route_topk": [_route_softmax_all, _route_smallest, _route_gates_not_following],
     "capacity": [make_capacity(rounding=np.floor), make_capacity(strict=False),
                  make_capacity(token_major=False)],
     "moe_stats": [make_moe_stats(count_dropped=True), make_moe_stats(count_local=True),

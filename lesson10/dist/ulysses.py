@@ -118,11 +118,11 @@ def _check(q, k, v, n, replicate_kv):
         return 1
     if not replicate_kv:
         raise ValueError(
-            f"Ulysses with N_c = {n} ranks needs the {n_kv} K/V heads to be a multiple of N_c "
-            f"(each rank needs whole K/V heads): without copying, N_c can be at most "
-            f"{n_kv} (and must divide it). Use ring attention (or Ulysses inside groups "
-            f"of {n_kv} ranks and ring across them), or pass replicate_kv=True to copy K/V heads "
-            "at a higher communication cost.")
+            f"Ulysses with N_c = {n} ranks needs the number of K/V heads (n_kv = {n_kv}) to be a "
+            f"multiple of N_c (each rank needs whole K/V heads): without copying, N_c can be at "
+            f"most n_kv = {n_kv} (and must divide it). Use ring attention (or Ulysses inside "
+            f"groups of at most n_kv ranks and ring attention across them), or pass "
+            "replicate_kv=True to copy K/V heads at a higher communication cost.")
     return math.lcm(n_kv, n) // n_kv
 
 
