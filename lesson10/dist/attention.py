@@ -221,6 +221,17 @@ def _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, device):
     return None
 
 
+def _choose_impl(impl, kind, q, k) -> str:
+    """``"kernel"`` or ``"einsum"``: ``auto`` takes the fused kernel when it can express the
+    mask (``kind``) on this device and dtype."""
+    impl = _check_impl(impl, q, k)
+    if impl == "auto":
+        return "kernel" if kind is not None and (_cpu_kernel_ok(q) or _cuda_kernel_ok(q)) else "einsum"
+    if impl == "kernel" and kind is None:
+        raise ValueError("impl='kernel' cannot express this mask; use impl='einsum' or 'auto'")
+    return impl
+
+
 def local_attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale=None, impl="auto"):
     """Fast attention with lse, no autograd: ``(out, lse)``, ``lse`` as ``(b, a, s_q)``.
 
@@ -232,12 +243,8 @@ def local_attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale
     g = _check_qkv(q, k, v)
     s_q, s_k = q.shape[1], k.shape[1]
     kind = _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, q.device)
-    use = impl = _check_impl(impl, q, k)
-    if impl == "auto":
-        use = "kernel" if kind is not None and (_cpu_kernel_ok(q) or _cuda_kernel_ok(q)) else "einsum"
+    use = _choose_impl(impl, kind, q, k)
     if use == "kernel":
-        if kind is None:
-            raise ValueError("impl='kernel' cannot express this mask; use impl='einsum' or 'auto'")
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if q.device.type == "cpu":
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -276,12 +283,8 @@ def local_attention_backward(dout, q, k, v, out, lse, causal: bool = False, q_po
                          f"local_attention, got {tuple(getattr(lse, 'shape', ()))}")
     kind = _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, q.device)
     scale_v = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    use = impl = _check_impl(impl, q, k)
-    if impl == "auto":
-        use = "kernel" if kind is not None and (_cpu_kernel_ok(q) or _cuda_kernel_ok(q)) else "einsum"
+    use = _choose_impl(impl, kind, q, k)
     if use == "kernel":
-        if kind is None:
-            raise ValueError("impl='kernel' cannot express this mask; use impl='einsum' or 'auto'")
         dot, qt, kt, vt, ot = (t.transpose(1, 2) for t in (dout, q, k, v, out))
         if q.device.type == "cpu":
             dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(

@@ -610,10 +610,7 @@ def _bench_moe(args, out_dir):
             "expert before drops, and per rank after drops (the busiest rank sets the step time). "
             "Numbers from a shared machine are noisy; with more ranks than cores the ranks "
             "share cores.", "", moe_table(rows)]
-    md = out_dir / "moe.md"
-    md.write_text("\n".join(text) + "\n")
-    print("\n".join(text))
-    print(f"wrote {md}")
+    _write_table(out_dir / "moe.md", text)
     return rows
 
 
@@ -855,10 +852,7 @@ def _bench_sp(args, out_dir):
             "(41/t) / (9 + 32/t)) instead. "
             "Time: under TP every rank also runs the LayerNorm and the dropout mask (a hash per "
             "element) on all s tokens, under TP + SP on s/t of them.", "", sp_table(rows)]
-    md = out_dir / "sp.md"
-    md.write_text("\n".join(text) + "\n")
-    print("\n".join(text))
-    print(f"wrote {md}")
+    _write_table(out_dir / "sp.md", text)
     return rows
 
 
@@ -912,6 +906,13 @@ def main(argv=None) -> int:
     return 0
 
 
+def _write_table(md: Path, lines: list[str]) -> None:
+    """Write a benchmark's markdown to ``md`` and print it."""
+    md.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {md}")
+
+
 def _bench_attention(args, what, out_dir):
     from .launch import launch
     base = {"b": args.batch, "s": args.seq, "a": args.heads, "a_kv": args.kv_heads or args.heads,
@@ -938,10 +939,7 @@ def _bench_attention(args, what, out_dir):
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Numbers from a shared "
             "machine are noisy; with more ranks than cores the ranks share cores.", "",
             ring_table(rows)]
-    md = out_dir / f"{what}.md"
-    md.write_text("\n".join(text) + "\n")
-    print("\n".join(text))
-    print(f"wrote {md}")
+    _write_table(out_dir / f"{what}.md", text)
     if what == "ring" and not args.no_plot:
         png = _plot(rows, out_dir / "ring.png")
         if png:
