@@ -26,6 +26,7 @@ def test_bench_moe_writes_the_table(tmp_path, capsys):
     assert rc == 0
     md = (tmp_path / "moe.md").read_text()
     assert "wrote" in capsys.readouterr().out
+    assert (tmp_path / "moe.png").read_bytes()[:4] == b"\x89PNG"
     main = [r for r in _rows(md, "2") if len(r) == 11]
     # one row per (capacity factor, skew)
     assert sorted((r[1], r[2]) for r in main) == sorted(

@@ -611,7 +611,40 @@ def _bench_moe(args, out_dir):
             "Numbers from a shared machine are noisy; with more ranks than cores the ranks "
             "share cores.", "", moe_table(rows)]
     _write_table(out_dir / "moe.md", text)
+    if not args.no_plot and _plot_moe(rows, out_dir / "moe.png"):
+        print(f"wrote {out_dir / 'moe.png'}")
     return rows
+
+
+def _plot_moe(rows, path):
+    """Drop rate and max/mean rank load against the router skew, one line per capacity factor."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return None
+    ep = [r for r in rows if r.get("method") == "ep"]
+    if not ep:
+        return None
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(8, 3.2))
+    for n in sorted({r["n"] for r in ep}):
+        for cf in sorted({r.get("cf") for r in ep}, key=lambda c: -1 if c is None else c):
+            pts = sorted((r["skew"], 100 * r["drop_rate"], _ratio(r["load_rank"]))
+                         for r in ep if r["n"] == n and r.get("cf") == cf)
+            label = f"N_e={n}, CF={'none' if cf is None else f'{cf:g}'}"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+            bx.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=label)
+    ax.set_xlabel("router skew")
+    ax.set_ylabel("dropped copies %")
+    bx.set_xlabel("router skew")
+    bx.set_ylabel("max / mean load per rank (kept)")
+    bx.legend(fontsize=7)
+    fig.suptitle("expert-parallel MoE on gloo/CPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 # ---------------------------------------------------------------------- SP benchmark
