@@ -11,7 +11,8 @@ of a code cell is replaced by ``raise NotImplementedError(...)`` at the indentat
 of the ``### BEGIN SOLUTION`` line (so a function's signature and docstring, written
 outside the region, stay). Outputs, execution counts and execution metadata are
 removed from both trees, and the JSON is written in one canonical form (sorted keys),
-so building twice gives the same bytes.
+so building twice gives the same bytes. Only the standard library is used (the JSON is
+written exactly as ``nbformat.write`` writes it), so ``build --check`` runs anywhere.
 
 ``--check`` writes nothing: it exits with status 1 and lists every file that the
 build would change (a stale or missing exercise notebook, a solution with outputs,
@@ -21,11 +22,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import re
 import sys
 from pathlib import Path
-
-import nbformat
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -74,39 +74,55 @@ def strip_solutions(source: str, where: str = "cell") -> str:
     return "\n".join(out)
 
 
-def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """A copy without outputs, execution counts or run metadata."""
+def _source(cell) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def clean(nb: dict) -> dict:
+    """A copy without outputs, execution counts or run metadata (a notebook as a dict)."""
     nb = copy.deepcopy(nb)
-    for cell in nb.cells:
-        for key in _RUN_METADATA:
-            cell.metadata.pop(key, None)
-        if cell.cell_type == "code":
-            cell.outputs = []
-            cell.execution_count = None
-    nb.metadata.pop("widgets", None)          # saved widget state is output, too
+    nb.get("metadata", {}).pop("widgets", None)          # saved widget state is output, too
+    for key in ("orig_nbformat", "orig_nbformat_minor", "signature"):
+        nb.get("metadata", {}).pop(key, None)
+    for cell in nb["cells"]:
+        cell["source"] = _source(cell)
+        meta = cell.setdefault("metadata", {})
+        for key in _RUN_METADATA + ("trusted",):
+            meta.pop(key, None)
+        if cell["cell_type"] == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
     return nb
 
 
-def exercise_notebook(solution: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
-    """The exercise notebook for a (cleaned) solution notebook."""
+def exercise_notebook(solution: dict, name: str = "notebook") -> dict:
+    """The exercise notebook for a solution notebook."""
     nb = clean(solution)
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type == "code":
-            cell.source = strip_solutions(cell.source, where=f"{name}, cell {index}")
-        elif BEGIN in cell.source:
+    for index, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code":
+            cell["source"] = strip_solutions(cell["source"], where=f"{name}, cell {index}")
+        elif BEGIN in cell["source"]:
             raise BuildError(f"{name}, cell {index}: solution markers are only allowed in code cells")
     return nb
 
 
-def dumps(nb: nbformat.NotebookNode) -> str:
-    """Canonical text of a notebook (nbformat's sorted-key JSON, one newline at the end)."""
-    text = nbformat.writes(nb, version=4)
-    return text if text.endswith("\n") else text + "\n"
+def dumps(nb: dict) -> str:
+    """Canonical text of a notebook: nbformat's layout (sources split into lines, sorted
+    keys, indent 1), one newline at the end."""
+    nb = copy.deepcopy(nb)
+    for cell in nb["cells"]:
+        cell["source"] = _source(cell).splitlines(True)
+    text = json.dumps(nb, indent=1, sort_keys=True, separators=(",", ": "), ensure_ascii=False)
+    return text + "\n"
 
 
-def _read(path: Path) -> nbformat.NotebookNode:
+def _read(path: Path) -> dict:
     try:
-        return nbformat.read(path, as_version=4)
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        if nb.get("nbformat") != 4 or not isinstance(nb.get("cells"), list):
+            raise ValueError(f"not an nbformat 4 notebook (nbformat = {nb.get('nbformat')!r})")
+        return nb
     except Exception as exc:  # noqa: BLE001 - report which file is broken
         raise BuildError(f"{path}: cannot read the notebook ({type(exc).__name__}: {exc})") from exc
 

@@ -160,3 +160,12 @@ def test_markers_in_markdown_are_rejected(tmp_path):
     nb = new_notebook(cells=[new_markdown_cell("### BEGIN SOLUTION\nsecret\n### END SOLUTION")])
     with pytest.raises(build.BuildError, match="code cells"):
         build.exercise_notebook(nb, "x.ipynb")
+
+
+def test_canonical_text_is_what_nbformat_writes():
+    """The build writes with the standard library only; its text must equal nbformat's."""
+    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for mine in (build.clean(nb), build.exercise_notebook(nb, path.name)):
+            theirs = nbformat.writes(nbformat.from_dict(mine), version=4)
+            assert build.dumps(mine) == theirs + "\n", path.name
