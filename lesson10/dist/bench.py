@@ -208,6 +208,19 @@ def _sdpa_once(state, cfg):
     return time.perf_counter() - t0
 
 
+def _one_process(rank: int, cfg: dict, fn, *args) -> float:
+    """Time ``fn(*args)`` on rank 0 alone with ``cfg["threads"]`` threads (the others wait):
+    the single-process baseline, measured inside the same launch."""
+    if rank != 0:
+        return 0.0
+    old = torch.get_num_threads()
+    torch.set_num_threads(int(cfg.get("threads", 1)))
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(old)
+
+
 def time_attention_configs(configs: list[dict], reps: int = 5, warmup: int = 1) -> list[dict]:
     """Worker: median fwd+bwd time (slowest rank) of each config, and per-round timings.
 
@@ -231,15 +244,7 @@ def time_attention_configs(configs: list[dict], reps: int = 5, warmup: int = 1) 
             st = states[j]
             dist.barrier()
             if method == "sdpa":
-                t = 0.0
-                if rank == 0:
-                    old = torch.get_num_threads()
-                    torch.set_num_threads(int(cfg.get("threads", 1)))
-                    try:
-                        t = _sdpa_once(st, cfg)
-                    finally:
-                        torch.set_num_threads(old)
-                t = _slowest(t)
+                t = _slowest(_one_process(rank, cfg, _sdpa_once, st, cfg))
                 if i >= warmup:
                     times[j].append(t)
                 continue
@@ -477,15 +482,7 @@ def time_moe_configs(configs: list[dict], reps: int = 5, warmup: int = 1) -> lis
             st = states[j]
             dist.barrier()
             if cfg.get("method", "ep") == "dense":
-                t = 0.0
-                if rank == 0:
-                    old = torch.get_num_threads()
-                    torch.set_num_threads(int(cfg.get("threads", 1)))
-                    try:
-                        t = _moe_dense_once(st, cfg, n)
-                    finally:
-                        torch.set_num_threads(old)
-                t = _slowest(t)
+                t = _slowest(_one_process(rank, cfg, _moe_dense_once, st, cfg, n))
                 if i >= warmup:
                     times[j].append(t)
                 continue
