@@ -3,7 +3,7 @@
 Two implementations of every method of the lesson:
 
 * ``lesson10.sim``  -- NumPy, all ranks in one process, every byte counted;
-* ``lesson10.dist`` -- torch.distributed, one process per rank (gloo / NCCL / torchrun).
+* ``lesson10.spmd`` -- torch.distributed, one process per rank (gloo / NCCL / torchrun).
 
 ``lesson10.layouts`` and ``lesson10.cost`` hold what both share: which tokens a
 rank holds, and the lesson's closed forms.

@@ -22,12 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "demo":
         from .demo import main as run
     elif cmd == "run":
-        from .dist.bench import run_main as run
+        from .spmd.bench import run_main as run
     elif cmd == "bench":
         if rest and rest[0] == "sim":
             from .sim.bench import main as sim_bench
             return sim_bench(rest[1:]) or 0
-        from .dist.bench import main as run
+        from .spmd.bench import main as run
     elif cmd == "grade":
         from .grade import main as run
     elif cmd == "build":

@@ -74,22 +74,22 @@ def test_sim_signatures():
 
 
 def test_dist_signatures():
-    from lesson10 import dist
-    params = inspect.signature(dist.launch).parameters
+    from lesson10 import spmd
+    params = inspect.signature(spmd.launch).parameters
     assert list(params)[:3] == ["fn", "nprocs", "args"]
     assert params["args"].kind is inspect.Parameter.VAR_POSITIONAL
     assert params["backend"].default == "auto" and "timeout" in params
-    for fn in (dist.shard_sequence, dist.gather_sequence):
+    for fn in (spmd.shard_sequence, spmd.gather_sequence):
         assert_signature(fn, list(inspect.signature(fn).parameters)[0], "layout", ("group", None), ("dim", 1))
-    assert list(inspect.signature(dist.shard_sequence).parameters)[0] == "x"
-    assert list(inspect.signature(dist.gather_sequence).parameters)[0] == "x_local"
-    assert_signature(dist.ring_attention, "q", "k", "v", ("causal", True), ("layout", "zigzag"),
+    assert list(inspect.signature(spmd.shard_sequence).parameters)[0] == "x"
+    assert list(inspect.signature(spmd.gather_sequence).parameters)[0] == "x_local"
+    assert_signature(spmd.ring_attention, "q", "k", "v", ("causal", True), ("layout", "zigzag"),
                      ("group", None))
-    assert_signature(dist.ulysses_attention, "q", "k", "v", ("causal", True), ("layout", "contiguous"),
+    assert_signature(spmd.ulysses_attention, "q", "k", "v", ("causal", True), ("layout", "contiguous"),
                      ("group", None))
     import torch
-    assert issubclass(dist.SequenceParallelBlock, torch.nn.Module)
-    assert issubclass(dist.ExpertParallelMoE, torch.nn.Module)
+    assert issubclass(spmd.SequenceParallelBlock, torch.nn.Module)
+    assert issubclass(spmd.ExpertParallelMoE, torch.nn.Module)
 
 
 def test_check_failed_is_an_assertion_error_and_every_exercise_has_a_check():

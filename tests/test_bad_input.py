@@ -14,8 +14,8 @@ import torch
 
 from lesson10 import checks, layouts, sim
 from lesson10.checks import CheckFailed
-from lesson10.dist import attention as dattn
-from lesson10.dist import moe as dmoe
+from lesson10.spmd import attention as dattn
+from lesson10.spmd import moe as dmoe
 
 RNG = np.random.default_rng(0)
 
@@ -319,7 +319,7 @@ def bad_input_worker():
     Each case either raises the same error on every rank (before or inside a shape check
     that all ranks join) or runs to the end on every rank, so no case leaves a rank
     waiting in a collective."""
-    from lesson10.dist import (ExpertParallelMoE, gather_sequence, ring_attention,
+    from lesson10.spmd import (ExpertParallelMoE, gather_sequence, ring_attention,
                                shard_sequence, ulysses_attention)
     rank = torch.distributed.get_rank()
     res = {}
@@ -365,7 +365,7 @@ def bad_input_worker():
 
 
 def test_multi_process_bad_inputs():
-    from lesson10.dist.launch import launch
+    from lesson10.spmd.launch import launch
     outs = launch(bad_input_worker, 2, timeout=120, quiet=True)
     for r, res in enumerate(outs):
         def err(name, msg):
@@ -393,7 +393,7 @@ def test_multi_process_bad_inputs():
 
 def test_launch_rejects_bad_timeout_and_threads():
     """These used to fail deep inside TCPStore / timedelta, or in every rank after spawning."""
-    from lesson10.dist.launch import launch
+    from lesson10.spmd.launch import launch
     for timeout in (float("nan"), -1, 0, "10", float("inf")):
         with pytest.raises(ValueError, match="timeout must be a finite number of seconds"):
             launch(bad_input_worker, 2, timeout=timeout, quiet=True)

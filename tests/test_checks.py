@@ -561,7 +561,7 @@ def test_fresh_cases_each_call(capsys):
 
 
 def test_fallback_uses_the_reference_only_while_the_stub_is_there(capsys, monkeypatch):
-    monkeypatch.setattr(checks, "_FALLBACK_SAID", set())     # as in a fresh kernel
+    monkeypatch.setattr(checks.core, "_FALLBACK_SAID", set())     # as in a fresh kernel
     calls = []
 
     def mine(x):

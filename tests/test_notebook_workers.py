@@ -1,4 +1,4 @@
-"""lesson10.dist.notebook_workers (notebook 06): one launch of every demo on 2 ranks.
+"""lesson10.spmd.notebook_workers (notebook 06): one launch of every demo on 2 ranks.
 
 Expected bytes are written out from the lesson's formulas here (not read from
 lesson10.cost), drops are checked against the dropless run's expert counts, and
@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from lesson10.dist import notebook_workers as nw
-from lesson10.dist.launch import launch
+from lesson10.spmd import notebook_workers as nw
+from lesson10.spmd.launch import launch
 
 N = 2
 SP = dict(b=2, s=8, h=16, ffn=32, p=0.1)

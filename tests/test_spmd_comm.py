@@ -1,11 +1,11 @@
-"""lesson10.dist.comm: the collective wrappers give the right tensors and record their
+"""lesson10.spmd.comm: the collective wrappers give the right tensors and record their
 bytes at ring-algorithm cost (matching lesson10.cost), with the real element size."""
 import pytest
 import torch
 
 from lesson10 import cost
-from lesson10.dist import _workers as w
-from lesson10.dist.comm import count_bytes, record
+from lesson10.spmd import _workers as w
+from lesson10.spmd.comm import count_bytes, record
 
 
 def test_counter_nests_and_records():

@@ -7,13 +7,13 @@ the operator, and back-propagates dy_r = (r + 1) * ones, so the expected results
 written out by hand from the definitions of the collectives."""
 import torch
 
-from lesson10.dist import launch
-from lesson10.dist.comm import count_bytes
+from lesson10.spmd import launch
+from lesson10.spmd.comm import count_bytes
 
 
 def _ops_worker():
     import torch.distributed as dist
-    from lesson10.dist.sp import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
+    from lesson10.spmd.sp import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
 
     r, n = dist.get_rank(), dist.get_world_size()
     b, s, h = 2, 4 * n, 3

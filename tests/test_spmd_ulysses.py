@@ -6,7 +6,7 @@ import math
 import pytest
 
 from lesson10 import cost
-from lesson10.dist import _workers as w
+from lesson10.spmd import _workers as w
 
 S, D = 16, 4
 LAYOUTS = ("contiguous", "zigzag", "striped")

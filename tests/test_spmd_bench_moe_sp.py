@@ -5,7 +5,7 @@ from fractions import Fraction
 import pytest
 
 from lesson10 import cost
-from lesson10.dist import bench
+from lesson10.spmd import bench
 
 
 def _rows(md: str, first: str):

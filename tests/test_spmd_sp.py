@@ -5,7 +5,7 @@ backward ("ag_recompute")."""
 import pytest
 
 from lesson10 import cost
-from lesson10.dist import _workers as w
+from lesson10.spmd import _workers as w
 
 B, S, H, FFN = 2, 8, 8, 16
 CASES = [dict(b=B, s=S, h=H, ffn=FFN, sp=sp, p=p, dtype=dt)
@@ -80,7 +80,7 @@ def test_tp_and_sp_send_the_same_bytes_as_the_lesson(run):
 def test_dropout_saves_only_a_one_byte_mask():
     import torch
 
-    from lesson10.dist.sp import token_dropout
+    from lesson10.spmd.sp import token_dropout
     b, s, h, p = 2, 6, 4, 0.5
     x = torch.randn(b, s, h, dtype=torch.float64, requires_grad=True)
     saved = []

@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lesson10.dist import ExpertParallelMoE, SequenceParallelBlock, launch
-from lesson10.dist.moe import init_moe_weights, moe_reference
-from lesson10.dist.sp import ReferenceBlock, sp_shard
+from lesson10.spmd import ExpertParallelMoE, SequenceParallelBlock, launch
+from lesson10.spmd.moe import init_moe_weights, moe_reference
+from lesson10.spmd.sp import ReferenceBlock, sp_shard
 
 N, GROUP = 4, 2
 B, S, H, FFN = 2, 8, 8, 16

@@ -1,12 +1,12 @@
-"""Worker functions for :func:`lesson10.dist.launch.launch`: the tests and `python -m lesson10 run`.
+"""Worker functions for :func:`lesson10.spmd.launch.launch`: the tests and `python -m lesson10 run`.
 
 A spawned rank imports its worker by name, so workers live here, at module level.
 Each takes plain arguments and returns plain Python / CPU tensors. The ``*_cases``
 workers run many cases in one launch (starting ranks costs seconds) and return,
 per case, the errors against a single-process reference and the bytes by op.
 
-``torchrun --nproc-per-node N -m lesson10.dist._workers`` runs :func:`all_reduce_rank`
-under torchrun (a smoke test of :func:`lesson10.dist.launch.init_from_env`).
+``torchrun --nproc-per-node N -m lesson10.spmd._workers`` runs :func:`all_reduce_rank`
+under torchrun (a smoke test of :func:`lesson10.spmd.launch.init_from_env`).
 """
 from __future__ import annotations
 
@@ -238,7 +238,7 @@ def uniform_router_tokens(T: int, h: int, E: int, k: int, start: int = 0, dtype=
 
 
 def moe_cases(cases: list[dict]) -> list[dict]:
-    """Run ExpertParallelMoE cases against :func:`lesson10.dist.moe.moe_reference`.
+    """Run ExpertParallelMoE cases against :func:`lesson10.spmd.moe.moe_reference`.
 
     Case keys: ``T`` (tokens per rank, or a list per rank), ``h, E, d_ff, k``, ``cf``
     (capacity factor), ``dtype``, ``seed``, ``alpha``, ``bias`` (list, routing bias),

@@ -5,9 +5,9 @@ import mode puts tests/ on sys.path, which spawned ranks inherit)."""
 import pytest
 import torch
 
-from lesson10.dist import count_bytes, gather_sequence, local_positions, shard_sequence
-from lesson10.dist.bench import check_shard_cases
-from lesson10.dist.launch import launch
+from lesson10.spmd import count_bytes, gather_sequence, local_positions, shard_sequence
+from lesson10.spmd.bench import check_shard_cases
+from lesson10.spmd.launch import launch
 from lesson10.layouts import shard_positions
 
 N = 2

@@ -1,4 +1,4 @@
-"""lesson10.dist.launch: results in rank order, faults become one clear error, no process
+"""lesson10.spmd.launch: results in rank order, faults become one clear error, no process
 is left behind, backend choice, torchrun."""
 import multiprocessing
 import os
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lesson10.dist import _workers as w
+from lesson10.spmd import _workers as w
 import torch.distributed as dist
 
-from lesson10.dist.launch import (LaunchTimeout, RankError, choose_backend, init_from_env,
+from lesson10.spmd.launch import (LaunchTimeout, RankError, choose_backend, init_from_env,
                                   is_torchrun, launch, shutdown)
 
 
@@ -158,7 +158,7 @@ def test_init_from_env_without_torchrun_is_one_rank(monkeypatch):
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
                     reason="torchrun not installed next to this python")
 def test_same_worker_under_torchrun():
-    rc, stdout, stderr = _torchrun("-m", "lesson10.dist._workers")
+    rc, stdout, stderr = _torchrun("-m", "lesson10.spmd._workers")
     assert rc == 0, stderr[-2000:]
     # 1 + 2 summed over the two ranks, on both ranks (lines of the two ranks may interleave)
     found = re.findall(r"rank (\d)/2 backend=gloo sum=(\d+)", stdout)
@@ -167,8 +167,8 @@ def test_same_worker_under_torchrun():
 
 def test_launch_from_a_script_read_from_stdin():
     """``python - <<EOF``: spawn must not try to re-run a main file named "<stdin>"."""
-    script = ("from lesson10.dist import launch\n"
-              "from lesson10.dist._workers import whoami\n"
+    script = ("from lesson10.spmd import launch\n"
+              "from lesson10.spmd._workers import whoami\n"
               "print(sorted(r['rank'] for r in launch(whoami, 2, quiet=True)))\n")
     out = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
                          timeout=120)
@@ -180,8 +180,8 @@ def test_launch_from_a_script_read_from_stdin():
                     reason="torchrun not installed next to this python")
 @pytest.mark.parametrize("method", ["ring", "moe"])
 def test_bench_module_under_torchrun(method):
-    """`torchrun -m lesson10.dist.bench METHOD`: each process is one rank, checked vs one process."""
-    rc, out, err = _torchrun("-m", "lesson10.dist.bench", method, "--seq", "64", "--heads", "2",
+    """`torchrun -m lesson10.spmd.bench METHOD`: each process is one rank, checked vs one process."""
+    rc, out, err = _torchrun("-m", "lesson10.spmd.bench", method, "--seq", "64", "--heads", "2",
                              "--dim", "8", "--reps", "1", "--dtype", "float64")
     assert rc == 0, err[-2000:]
     if method == "ring":

@@ -2,7 +2,7 @@
 
 Each of the ``N_c`` ranks holds ``c = s/N_c`` tokens of Q, K and V, shape
 ``(b, c, a, d)`` (K/V: ``a_kv`` heads, GQA), in the layout's order (see
-:func:`lesson10.dist.shard.shard_sequence`). Queries stay; K/V blocks travel: in
+:func:`lesson10.spmd.shard.shard_sequence`). Queries stay; K/V blocks travel: in
 round ``k`` rank ``r`` holds the K/V of rank ``(r - k) mod N_c``, computes the
 attention of its queries against it with a fused kernel that returns the lse, and
 merges the result into its running ``(out, lse)`` with the lse formula (float32,
@@ -67,7 +67,7 @@ class RingComm:
         """Start sending every tensor to ``r+1`` and receiving as many from ``r-1`` (async).
 
         Returns a :class:`_Shift`; the sent tensors must not change until ``wait()``.
-        Every sent byte is recorded as ``"p2p"`` in :func:`lesson10.dist.comm.count_bytes`.
+        Every sent byte is recorded as ``"p2p"`` in :func:`lesson10.spmd.comm.count_bytes`.
         """
         sent = [t.contiguous() for t in tensors]
         received = [torch.empty_like(t) for t in sent]
@@ -237,12 +237,12 @@ def ring_attention(q, k, v, causal: bool = True, layout: str = "zigzag", group=N
     bf16); backward ``N_c - 1`` K/V shifts plus ``N_c`` dK/dV shifts (in float32 for
     low-precision inputs). ``overlap=False`` waits for each transfer before computing
     (for benchmarks). ``impl``: local kernel choice (see
-    :func:`lesson10.dist.attention.local_attention`). ``check``: one tiny all-gather
+    :func:`lesson10.spmd.attention.local_attention`). ``check``: one tiny all-gather
     that checks every rank passes the same shapes. ``timings``: a list that receives
     ``{"phase", "round", "compute_s", "wait_s"}`` per round.
     """
     layout = {"zig-zag": "zigzag", "zig_zag": "zigzag"}.get(layout, layout)
     if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("ring_attention runs inside a rank: use lesson10.dist.launch or torchrun")
+        raise RuntimeError("ring_attention runs inside a rank: use lesson10.spmd.launch or torchrun")
     _check(q, k, v, layout, group, check)
     return RingAttention.apply(q, k, v, bool(causal), layout, group, bool(overlap), scale, impl, timings)

@@ -2,7 +2,7 @@
 
 SPMD in one call::
 
-    from lesson10.dist.launch import launch
+    from lesson10.spmd.launch import launch
     outs = launch(my_worker, 4, x)      # my_worker(x) runs in ranks 0..3
     outs[2]                             # what rank 2 returned
 
@@ -24,7 +24,7 @@ What :func:`launch` does for you:
   so no process is left behind.
 
 The worker function must be importable by a fresh process: a module-level function
-of a module (``lesson10.dist.notebook_workers`` holds the ones notebook 06 uses). A
+of a module (``lesson10.spmd.notebook_workers`` holds the ones notebook 06 uses). A
 function typed into a notebook cell is not, and gives a clear error.
 
 Under ``torchrun`` the processes already exist: call :func:`init_from_env` at the

@@ -22,7 +22,7 @@ def _group_info(group):
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             "no torch.distributed process group: call this inside a rank started by "
-            "lesson10.dist.launch(...) or torchrun (after init_from_env())")
+            "lesson10.spmd.launch(...) or torchrun (after init_from_env())")
     return dist.get_rank(group), dist.get_world_size(group)
 
 

@@ -1,16 +1,16 @@
 """Workers for notebook 06: each one runs a method on real ranks and checks it.
 
-Pass them to :func:`lesson10.dist.launch.launch`; they run inside every rank::
+Pass them to :func:`lesson10.spmd.launch.launch`; they run inside every rank::
 
-    from lesson10.dist.launch import launch
-    from lesson10.dist import notebook_workers as nw
+    from lesson10.spmd.launch import launch
+    from lesson10.spmd import notebook_workers as nw
     res = launch(nw.ring_demo, 2)[0]       # rank 0's summary
 
 Every worker draws the *whole* input from a seed, so each rank can compute the
 single-process reference on its own, cuts out its shard, runs the parallel method,
 and compares its part of the output and of the gradients with the reference.
 Errors are all-reduced with MAX, so every rank returns the worst error over all
-ranks. Bytes are what :func:`lesson10.dist.comm.count_bytes` saw this rank send,
+ranks. Bytes are what :func:`lesson10.spmd.comm.count_bytes` saw this rank send,
 returned next to the closed form of :mod:`lesson10.cost` computed with the same
 bytes per element ``e`` (8 for float64). Return values are small dicts of Python
 numbers, one per rank (bytes may differ between ranks, e.g. in the MoE).

@@ -22,8 +22,8 @@ Two entry points used by ``python -m lesson10``:
 
 The same module runs under torchrun (the processes already exist)::
 
-    torchrun --nproc-per-node 2 -m lesson10.dist.bench ring --seq 4096
-    python -m lesson10.dist.bench ring --nproc 2          # starts the ranks itself
+    torchrun --nproc-per-node 2 -m lesson10.spmd.bench ring --seq 4096
+    python -m lesson10.spmd.bench ring --nproc 2          # starts the ranks itself
 
 Every worker below is a module-level function, so spawned ranks can import it. Times
 are medians over ``reps`` after a warm-up; each rep is the slowest rank's time.
@@ -64,7 +64,7 @@ def _method_fn(method: str):
         try:
             from .ulysses import ulysses_attention
         except ImportError as e:  # pragma: no cover - depends on the other half
-            raise RuntimeError(f"lesson10.dist.ulysses is not available: {e}") from e
+            raise RuntimeError(f"lesson10.spmd.ulysses is not available: {e}") from e
         return ulysses_attention
     raise ValueError(f"unknown attention method {method!r}; use 'ring' or 'ulysses'")
 
@@ -436,7 +436,7 @@ def _moe_tokens(T: int, h: int, rank: int, seed: int, dtype):
 
 
 def _moe_dense_once(st, cfg, n):
-    """Rank 0 alone: fwd+bwd of :func:`lesson10.dist.moe.moe_reference` on all ``n T`` tokens."""
+    """Rank 0 alone: fwd+bwd of :func:`lesson10.spmd.moe.moe_reference` on all ``n T`` tokens."""
     from .moe import init_moe_weights, moe_reference
     if "dense" not in st:
         dt = _DTYPES[cfg.get("dtype", "float32")]
@@ -669,7 +669,7 @@ def sp_block_activation_bytes(s, b, h, t: int = 1, sp: bool = False, e: float = 
     :func:`lesson10.cost.activation_bytes` (``10 + 24/t``, ``34/t``). ``regather=False``:
     the all-gathered fc1 input is kept in full for the weight gradient (plain autograd
     around an all-gather) instead of re-gathered in the backward as Megatron and
-    :class:`lesson10.dist.sp.SequenceParallelBlock` do. ``stats_bytes``: bytes per token
+    :class:`lesson10.spmd.sp.SequenceParallelBlock` do. ``stats_bytes``: bytes per token
     of the LayerNorm statistics (mean and 1/std, each one number per token: 8 in float32;
     the lesson ignores them, default 0), for ``s b`` tokens (TP) or ``s b / t`` (SP).
     With ``e`` the dtype's size, ``mask_bytes=1`` and ``stats_bytes`` = twice the size of
@@ -1038,10 +1038,10 @@ def run_main(argv=None) -> int:
 
 
 def torchrun_main(argv=None) -> int:
-    """Body of ``torchrun --nproc-per-node N -m lesson10.dist.bench METHOD [sizes]``:
+    """Body of ``torchrun --nproc-per-node N -m lesson10.spmd.bench METHOD [sizes]``:
     this process is one rank; run the checked case (and ``--reps`` timed reps)."""
     from .launch import init_from_env, shutdown
-    p = _run_parser("torchrun ... -m lesson10.dist.bench")
+    p = _run_parser("torchrun ... -m lesson10.spmd.bench")
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args(argv)
     init_from_env(args.backend, timeout=args.timeout)
@@ -1064,8 +1064,8 @@ def torchrun_main(argv=None) -> int:
 
 if __name__ == "__main__":
     # use the importable module's functions, so spawned ranks can find the workers
-    from lesson10.dist import bench as _bench
-    from lesson10.dist.launch import is_torchrun
+    from lesson10.spmd import bench as _bench
+    from lesson10.spmd.launch import is_torchrun
     if is_torchrun():
         sys.exit(_bench.torchrun_main(sys.argv[1:]))
     sys.exit(_bench.run_main(sys.argv[1:]))

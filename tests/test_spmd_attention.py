@@ -1,10 +1,10 @@
-"""Single-process tests of lesson10.dist.attention: reference, merge, fast local kernel."""
+"""Single-process tests of lesson10.spmd.attention: reference, merge, fast local kernel."""
 import math
 
 import pytest
 import torch
 
-from lesson10.dist.attention import attention, local_attention, local_attention_backward, merge
+from lesson10.spmd.attention import attention, local_attention, local_attention_backward, merge
 
 
 def _naive(q, k, v, causal, q_pos=None, k_pos=None):

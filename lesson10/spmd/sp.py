@@ -30,7 +30,7 @@ while the input gradient is being computed, as Megatron-LM does: ``(t-1)/t`` of
 ``(b, s, h)`` more bytes per rank in the backward, for ``(t-1)/t`` of that tensor
 less memory. The dropout mask is kept as ``bool`` (1 byte per element). With both,
 every tensor a block saves per rank under SP is ``1/t`` of its TP-replicated
-counterpart (see ``lesson10.dist.bench.sp_block_activation_bytes``).
+counterpart (see ``lesson10.spmd.bench.sp_block_activation_bytes``).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Ring attention on real torch.distributed (gloo, 2 and 4 ranks), against one process.
 
 All cases run inside ONE launch per rank count (starting ranks costs seconds); the
-worker ``lesson10.dist.bench.check_attention_cases`` gathers each rank's output and
+worker ``lesson10.spmd.bench.check_attention_cases`` gathers each rank's output and
 gradients to the full sequence and compares them with autograd through plain
 attention on the whole sequence.
 """
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from lesson10 import cost
-from lesson10.dist.bench import check_attention_cases, ring_error_messages
-from lesson10.dist.launch import launch
-from lesson10.dist.ring import ring_blocks
+from lesson10.spmd.bench import check_attention_cases, ring_error_messages
+from lesson10.spmd.launch import launch
+from lesson10.spmd.ring import ring_blocks
 from lesson10.layouts import causal_work, shard_positions
 
 B, S, A, D = 2, 24, 4, 8          # s = 24 splits into 2*N_c chunks for N_c = 2 and 4

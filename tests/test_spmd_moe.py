@@ -6,7 +6,7 @@ import math
 import pytest
 
 from lesson10 import cost
-from lesson10.dist import _workers as w
+from lesson10.spmd import _workers as w
 
 H, E, DFF, K = 8, 8, 6, 2
 TOL = {"float64": 1e-9, "float32": 1e-4}

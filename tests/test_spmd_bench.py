@@ -1,7 +1,7 @@
 """The benchmark harness and the `run` command on tiny sizes (gloo, 2 ranks)."""
 import re
 
-from lesson10.dist import bench
+from lesson10.spmd import bench
 
 
 def test_bench_ring_writes_the_tables(tmp_path, capsys):

@@ -1,0 +1,322 @@
+"""Check functions for the exercise notebooks.
+
+Every exercise has one ``check_<exercise>(student_fn)``. It runs the student's
+function on fresh random cases (never the ones shown in the notebook) and
+compares the result with the reference in :mod:`lesson10.sim`,
+:mod:`lesson10.layouts` or :mod:`lesson10.cost`:
+
+* right: prints one line saying what was verified (for example the max error);
+* wrong: raises :class:`CheckFailed` (an ``AssertionError``) saying what differs
+  and where (rank, round, query, head, expert), yours vs. the target, and a hint;
+* still a stub (it raises ``NotImplementedError``): prints "not attempted" and
+  returns normally, so an untouched exercise notebook runs top to bottom.
+
+Each call records its outcome ``{"exercise", "passed", "points", "max_points",
+"status", "message"}`` in :data:`OUTCOMES` and, when the environment variable
+``LESSON10_GRADE_FILE`` names a file, appends it there as one JSON line: that is
+how ``python -m lesson10 grade`` collects the results from the notebook's kernel.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "CheckFailed",
+    "OUTCOMES",
+    "EXERCISES",
+    "GRADE_FILE_ENV",
+    "summary",
+    "fallback",
+]
+
+GRADE_FILE_ENV = "LESSON10_GRADE_FILE"
+
+#: every outcome recorded in this process, in call order
+OUTCOMES: list[dict] = []
+
+
+class CheckFailed(AssertionError):
+    """A check found a wrong answer; the message says what, where and why."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str
+    notebook: str
+    points: int
+    title: str
+    #: ``body(student_fn, rng) -> success text``: generates the cases, calls the student's
+    #: function and compares; raises CheckFailed, NotImplementedError or _StudentError.
+    #: The check cell and the grader's judge both drive it.
+    body: object = None
+
+
+#: exercise id -> Exercise, filled by the ``@_exercise`` decorator below
+EXERCISES: dict[str, Exercise] = {}
+
+
+# --------------------------------------------------------------------------- recording
+def _record(exercise: str, passed: bool, status: str, message: str = "") -> dict:
+    ex = EXERCISES[exercise]
+    outcome = {
+        "exercise": exercise,
+        "notebook": ex.notebook,
+        "passed": bool(passed),
+        "points": ex.points if passed else 0,
+        "max_points": ex.points,
+        "status": status,              # "passed" | "failed" | "not attempted"
+        "message": message,
+    }
+    OUTCOMES.append(outcome)
+    path = os.environ.get(GRADE_FILE_ENV)
+    if path:
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(outcome) + "\n")
+        except OSError as exc:        # grading problem, not the student's: say so, go on
+            print(f"(could not record this outcome in {GRADE_FILE_ENV}={path!r}: {exc})")
+    return outcome
+
+
+def summary() -> None:
+    """Print the outcome of the latest call of every check run in this kernel."""
+    latest = {o["exercise"]: o for o in OUTCOMES}
+    if not latest:
+        print("no check has run yet")
+        return
+    got = sum(o["points"] for o in latest.values())
+    total = sum(o["max_points"] for o in latest.values())
+    for o in latest.values():
+        print(f"  {o['exercise']:<22s} {o['status']:<14s} {o['points']}/{o['max_points']}")
+    print(f"  {'total':<22s} {'':<14s} {got}/{total}")
+
+
+_FALLBACK_SAID: set = set()
+
+
+def fallback(student_fn, reference_fn):
+    """``student_fn``, or ``reference_fn`` while the student's function is still a stub.
+
+    Notebook cells that *use* an exercise call it through this wrapper, so an untouched
+    exercise notebook still runs top to bottom; the first time the reference stands in,
+    it says so.
+    """
+    name = getattr(student_fn, "__name__", "this function")
+
+    @functools.wraps(student_fn)
+    def call(*args, **kwargs):
+        try:
+            return student_fn(*args, **kwargs)
+        except NotImplementedError:
+            if name not in _FALLBACK_SAID:
+                print(f"({name} is not written yet: the course's reference stands in for it)")
+                _FALLBACK_SAID.add(name)
+            return reference_fn(*args, **kwargs)
+
+    return call
+
+
+# --------------------------------------------------------------------------- the decorator
+class _StudentError(Exception):
+    """The student's function raised something other than NotImplementedError."""
+
+
+def _call(fn, *args, **kwargs):
+    """Call the student's function; NotImplementedError passes through, any other error
+    becomes a CheckFailed that names the function and the error."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except CheckFailed:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any bug in student code is reported
+        name = getattr(fn, "__name__", "your function")
+        called = ", ".join(_describe(a) for a in args)
+        raise _StudentError(
+            f"{name} raised {type(exc).__name__}: {exc}\n"
+            f"  it was called with: {called}\n"
+            f"hint: the traceback above shows the line; try your function on the example "
+            f"in the notebook first") from exc
+
+
+def _describe(x) -> str:
+    if isinstance(x, np.ndarray):
+        return f"array{x.shape}"
+    if isinstance(x, (list, tuple)) and x and all(isinstance(y, np.ndarray) for y in x):
+        shapes = sorted({y.shape for y in x})
+        return f"list of {len(x)} arrays of shape {shapes[0] if len(shapes) == 1 else shapes}"
+    if callable(x):
+        return getattr(x, "__name__", "a function")
+    text = repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _exercise(exercise: str, notebook: str, points: int, title: str):
+    """Turn ``body(student_fn, rng) -> success text`` into a public check function."""
+    def decorate(body):
+        EXERCISES[exercise] = Exercise(exercise, notebook, points, title, body)
+
+        @functools.wraps(body)
+        def check(student_fn, *, seed: int | None = None) -> None:
+            if not callable(student_fn):
+                raise TypeError(
+                    f"check_{exercise} takes your function itself, e.g. check_{exercise}({exercise}), "
+                    f"not the result of calling it (got {type(student_fn).__name__})")
+            module = getattr(student_fn, "__module__", "") or ""
+            if module.startswith("lesson10."):
+                msg = (f"check_{exercise}: {module}.{getattr(student_fn, '__name__', '?')} is the "
+                       f"course's reference, not your function; pass the function you wrote")
+                _record(exercise, False, "failed", msg)
+                raise CheckFailed(msg)
+            rng = np.random.default_rng(seed)
+            try:
+                verified = body(student_fn, rng)
+            except NotImplementedError:
+                _record(exercise, False, "not attempted")
+                print(f"check_{exercise}: not attempted (your function, or one it calls, still "
+                      f"raises NotImplementedError; write it and run this cell again)")
+                return None
+            except CheckFailed as exc:
+                _record(exercise, False, "failed", str(exc))
+                raise
+            except _StudentError as exc:
+                msg = f"check_{exercise} failed: {exc}"
+                _record(exercise, False, "failed", msg)
+                raise CheckFailed(msg) from exc.__cause__
+            except Exception as exc:
+                _record(exercise, False, "failed", f"check error: {type(exc).__name__}: {exc}")
+                raise
+            _record(exercise, True, "passed", verified)
+            print(f"check_{exercise} passed: {verified}")
+            return None
+
+        del check.__wrapped__                  # help() shows check(student_fn, *, seed=None)
+        check.exercise = exercise
+        return check
+
+    return decorate
+
+
+# --------------------------------------------------------------------------- comparing
+def _fail(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
+          show: bool = True):
+    lines = [f"check_{exercise} failed: {where + ': ' if where else ''}{what}"]
+    if show:
+        lines.append(f"  yours : {_fmt(yours)}")
+        lines.append(f"  target: {_fmt(target)}")
+    if hint:
+        lines.append(f"hint: {hint}")
+    raise CheckFailed("\n".join(lines))
+
+
+def _fmt(x) -> str:
+    if isinstance(x, np.ndarray):
+        if x.size > 16:
+            return np.array2string(x.ravel()[:16], precision=4) + f" ... (shape {x.shape})"
+        return np.array2string(x, precision=4)
+    if isinstance(x, (float, np.floating)):
+        return f"{float(x):.6g}"
+    return repr(x)
+
+
+def _as_array(exercise, x, where, what) -> np.ndarray:
+    try:
+        _real_only(x)
+        arr = np.asarray(x, dtype=float)
+    except (TypeError, ValueError) as exc:
+        _fail(exercise, where, f"{what} is not an array of real numbers ({type(x).__name__}: {exc})",
+              show=False, hint="return NumPy arrays of real numbers")
+    return arr
+
+
+def _locate(index, axes) -> str:
+    parts = []
+    for name, i in zip(axes, index):
+        if name:
+            parts.append(f"{name} {i}")
+    return ", ".join(parts)
+
+
+def _compare(exercise, yours, target, *, where: str, what: str, axes=(), tol=1e-9,
+             hint: str = "", exact: bool = False) -> float:
+    """Compare arrays: shape, then non-finite values, then values. Returns the max error."""
+    target = np.asarray(target, dtype=float)
+    yours = _as_array(exercise, yours, where, what)
+    if yours.shape != target.shape:
+        _fail(exercise, where, f"{what} has shape {yours.shape}, expected {target.shape}",
+              show=False, hint=hint)
+    same_inf = np.isinf(yours) & np.isinf(target) & (np.sign(yours) == np.sign(target))
+    bad_nan = np.isnan(yours) & ~np.isnan(target)
+    if bad_nan.any():
+        idx = tuple(int(i) for i in np.argwhere(bad_nan)[0])
+        _fail(exercise, where, f"{what} has NaN at {_locate(idx, axes) or idx}",
+              yours[idx], target[idx], hint)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(same_inf, 0.0, np.abs(yours - target))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    limit = 0.0 if exact else tol * (1.0 + np.where(np.isfinite(target), np.abs(target), 0.0))
+    wrong = diff > limit
+    if wrong.any():
+        idx = tuple(int(i) for i in np.argwhere(wrong)[0])
+        n_wrong = int(wrong.sum())
+        _fail(exercise, where,
+              f"{what} differs at {_locate(idx, axes) or idx} ({n_wrong} of {wrong.size} entries wrong)",
+              yours[idx] if yours.ndim else yours, target[idx] if target.ndim else target, hint)
+    finite = diff[np.isfinite(diff)]
+    return float(finite.max()) if finite.size else 0.0
+
+
+def _as_list(exercise, out, n, where, what) -> list:
+    if isinstance(out, np.ndarray) and out.ndim >= 1 and out.dtype != object:
+        out = list(out)
+    if not isinstance(out, (list, tuple)):
+        _fail(exercise, where, f"{what} should be a list with one array per rank, got "
+              f"{type(out).__name__}", show=False)
+    if len(out) != n:
+        _fail(exercise, where, f"{what} should hold {n} arrays (one per rank), got {len(out)}",
+              show=False)
+    return list(out)
+
+
+def _compare_shards(exercise, yours, target, *, where, what, axes, tol=1e-9, hint="",
+                    exact=False) -> float:
+    """Compare lists of per-rank arrays; the location names the rank."""
+    yours = _as_list(exercise, yours, len(target), where, what)
+    err = 0.0
+    for r, (y, t) in enumerate(zip(yours, target)):
+        err = max(err, _compare(exercise, y, t, where=f"{where}, rank {r}" if where else f"rank {r}",
+                                what=what, axes=axes, tol=tol, hint=hint, exact=exact))
+    return err
+
+
+def _real_only(x) -> None:
+    """TypeError for complex numbers or text, which ``float()`` would silently cast or parse."""
+    raw = np.asarray(x)
+    items = raw.ravel() if raw.dtype.kind == "O" else ()
+    if raw.dtype.kind == "c" or any(isinstance(e, (complex, np.complexfloating)) for e in items):
+        raise TypeError(f"it holds complex numbers (dtype {raw.dtype}); return real numbers")
+    if raw.dtype.kind in "USV" or any(isinstance(e, (str, bytes)) for e in items):
+        raise TypeError(f"it holds text (dtype {raw.dtype}), not numbers")
+
+
+def _number(exercise, x, where, what) -> float:
+    try:
+        _real_only(x)
+        val = float(x)
+    except (TypeError, ValueError) as exc:
+        _fail(exercise, where, f"{what} should be a real number, got {type(x).__name__} ({exc})",
+              show=False)
+    return val
+
+
+def _close_number(exercise, yours, target, *, where, what, rel=1e-9, hint=""):
+    yours = _number(exercise, yours, where, what)
+    if not (math.isfinite(yours) and abs(yours - target) <= rel * max(1.0, abs(target))):
+        _fail(exercise, where, f"{what} differs", yours, float(target), hint)
