@@ -27,6 +27,7 @@ __all__ = [
     "all_gather_bytes",
     "comm_bytes",
     "COMM_METHODS",
+    "usp_bytes",
     "ring_round_flops",
     "ring_round_bytes",
     "ring_round_times",
@@ -134,7 +135,7 @@ def _nonneg(name, value):
     return value
 
 
-COMM_METHODS = ("sp", "ring", "ulysses")
+COMM_METHODS = ("sp", "ring", "ulysses", "allgather")
 
 
 def comm_bytes(method: str, s, h, n: int, g=1, e=2) -> float:
@@ -148,6 +149,8 @@ def comm_bytes(method: str, s, h, n: int, g=1, e=2) -> float:
     * ``"ulysses"``: four all-to-alls (Q, K, V, output), each sending ``(N_c-1)/N_c`` of a
       local ``s/N_c x h`` tensor; K and V have ``h/g`` columns:
       ``(N_c-1)/N_c * (2 + 2/g) * s h e / N_c``.
+    * ``"allgather"`` (Llama 3's context parallelism): all-gather the whole K and V, each
+      ``s x h/g``: ``(N_c-1)/N_c * 2 s h e / g``, the ring's bytes in one exposed step.
     """
     if not isinstance(method, str) or method.lower() not in COMM_METHODS:
         raise ValueError(f"unknown method {method!r}; use one of {', '.join(map(repr, COMM_METHODS))}")
@@ -160,7 +163,28 @@ def comm_bytes(method: str, s, h, n: int, g=1, e=2) -> float:
     if method == "ring":
         c = s / n
         return (n - 1) * 2 * c * h * e / g
+    if method == "allgather":
+        return (n - 1) / n * 2 * s * h * e / g
     return (n - 1) / n * (2 + 2 / g) * s * h * e / n
+
+
+def usp_bytes(s, h, ulysses_size: int, ring_size: int, g=1, e=2) -> float:
+    """Bytes per GPU per layer (forward, ``b = 1``) of USP: Ulysses over ``u = ulysses_size``
+    ranks inside a node, ring attention over ``r = ring_size`` groups across nodes,
+    ``N_c = u r`` and ``c = s / N_c``:
+
+    ``(u-1)/u * (2 + 2/g) * c h e  +  (r-1) * 2 (s/r) h e / (g u)``
+
+    The first term is Ulysses' four all-to-alls inside the group; the second is the ring on
+    ``s/r`` tokens and ``h/u`` columns. ``u = N_c`` gives ``"ulysses"``, ``u = 1``
+    gives ``"ring"``. Ulysses needs ``u`` to divide the number of K/V heads (not checked here).
+    """
+    s, h = _positive("s", s), _positive("h", h)
+    g, e = _positive("g (GQA group size)", g), _positive("e (bytes per element)", e)
+    u, r = _count("ulysses_size", ulysses_size), _count("ring_size", ring_size)
+    _divides(s, u * r, "ulysses_size * ring_size")
+    c = s / (u * r)
+    return (u - 1) / u * (2 + 2 / g) * c * h * e + (r - 1) * 2 * (s / r) * h * e / (g * u)
 
 
 # --------------------------------------------------------------------------- ring attention

@@ -5,6 +5,7 @@ A *sharded* argument is a Python list with one array per rank; sequences are
 collectives and counts the bytes each rank sends, with ``e`` bytes per element.
 Nothing here imports torch.
 """
+from .allgather import allgather_attention
 from .attention import attention, merge
 from .comm import CommRecord, SimGroup, check_shards, gather_sequence, shard_sequence
 from .moe import (MoEStats, apply_expert, capacity_keep, expert_capacity, init_experts,
@@ -13,6 +14,7 @@ from .moe import (MoEStats, apply_expert, capacity_keep, expert_capacity, init_e
 from .ring import RingStats, ring_attention
 from .sp import sp_forward, tp_forward
 from .ulysses import heads_to_seq, kv_replication, seq_to_heads, ulysses_attention
+from .usp import usp_attention, usp_groups
 
 __all__ = [
     "SimGroup", "CommRecord", "check_shards", "shard_sequence", "gather_sequence",
@@ -20,6 +22,7 @@ __all__ = [
     "tp_forward", "sp_forward",
     "ring_attention", "RingStats",
     "seq_to_heads", "heads_to_seq", "ulysses_attention", "kv_replication",
+    "allgather_attention", "usp_attention", "usp_groups",
     "route_topk", "router_probs", "expert_capacity", "capacity_keep", "apply_expert",
     "init_experts", "moe_reference", "moe_layer", "simulate_moe", "MoEStats",
     "switch_aux_loss", "update_expert_bias",

@@ -5,7 +5,9 @@
     x_ij = q_i . k_j / sqrt(d),   lse_i = log sum_j exp(x_ij),   o_i = sum_j exp(x_ij - lse_i) v_j
 
 With ``causal=True`` key ``j`` is visible to query ``i`` when ``k_pos[j] <= q_pos[i]``
-(global token ids, so any layout works). A query that sees no key gets
+(global token ids, so any layout works). With a document mask ``doc_ids`` (the
+document of every global position, packed sequences) it must also be in the same
+document: ``doc_ids[k_pos[j]] == doc_ids[q_pos[i]]``. A query that sees no key gets
 ``o = 0`` and ``lse = -inf``: the neutral element of :func:`merge`.
 
 GQA: ``k`` and ``v`` may have ``a_kv`` heads with ``a % a_kv == 0``; query head
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["attention", "merge"]
+__all__ = ["attention", "merge", "visible", "check_doc_ids"]
 
 
 def _positions(pos, length: int, name: str) -> np.ndarray:
@@ -30,6 +32,42 @@ def _positions(pos, length: int, name: str) -> np.ndarray:
     return pos
 
 
+def check_doc_ids(doc_ids, s=None, where: str = "doc_ids"):
+    """``doc_ids`` as an integer array of shape ``(s,)`` (one document id per global token
+    position; any length if ``s`` is None), or None. Any integer labels work; a packed batch
+    of documents of 3, 2 and 1 tokens is ``[0, 0, 0, 1, 1, 2]``."""
+    if doc_ids is None:
+        return None
+    ids = np.asarray(doc_ids)
+    if ids.ndim != 1 or (s is not None and ids.shape[0] != s):
+        want = f"the s = {s}" if s is not None else "every"
+        raise ValueError(f"{where}: doc_ids must give the document of {want} global token "
+                         f"position, a 1-D array of shape ({s if s is not None else 's'},), "
+                         f"got shape {ids.shape}")
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"{where}: doc_ids must be integer document ids (e.g. 0, 0, 0, 1, 1, 2), "
+                         f"got dtype {ids.dtype}")
+    return ids.astype(np.int64, copy=False)
+
+
+def visible(q_pos, k_pos, causal: bool = False, doc_ids=None) -> np.ndarray:
+    """Bool ``(s_q, s_k)``: which keys each query sees. ``k_pos[j] <= q_pos[i]`` when causal,
+    and ``doc_ids[k_pos[j]] == doc_ids[q_pos[i]]`` with a document mask (positions are global
+    token ids, ``doc_ids`` has one entry per global position)."""
+    q_pos, k_pos = np.asarray(q_pos), np.asarray(k_pos)
+    mask = np.ones((q_pos.size, k_pos.size), dtype=bool)
+    if causal:
+        mask &= k_pos[None, :] <= q_pos[:, None]
+    if doc_ids is not None:
+        doc_ids = np.asarray(doc_ids)
+        for name, pos in (("q_pos", q_pos), ("k_pos", k_pos)):
+            if pos.size and (pos.min() < 0 or pos.max() >= doc_ids.size):
+                raise ValueError(f"{name} holds token ids outside 0..{doc_ids.size - 1}, the "
+                                 f"positions that doc_ids describes")
+        mask &= doc_ids[k_pos][None, :] == doc_ids[q_pos][:, None]
+    return mask
+
+
 def _real_finite(x, name: str) -> np.ndarray:
     """``x`` as a float64 array; complex, non-numeric or non-finite values are a ValueError."""
     arr = np.asarray(x)
@@ -42,13 +80,15 @@ def _real_finite(x, name: str) -> np.ndarray:
     return arr
 
 
-def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None):
+def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, doc_ids=None):
     """Softmax attention with its logsumexp.
 
     Shapes: ``q (s_q, a, d)``, ``k (s_k, a_kv, d)``, ``v (s_k, a_kv, d_v)``.
     Returns ``(out, lse)`` with ``out (s_q, a, d_v)`` and ``lse (s_q, a)``.
     Scale ``1/sqrt(d)``. Positions default to ``0..s_q-1`` and ``0..s_k-1``; they only
-    matter for the causal mask ``k_pos[j] <= q_pos[i]``.
+    matter for the causal mask ``k_pos[j] <= q_pos[i]`` and the document mask: with
+    ``doc_ids`` (one integer per global position, see :func:`visible`) a query sees only keys
+    of its own document.
     """
     q, k, v = (_real_finite(t, nm) for t, nm in ((q, "q"), (k, "k"), (v, "v")))
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
@@ -67,6 +107,8 @@ def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None):
     g = a // a_kv
     d_v = v.shape[2]
     qp, kp = _positions(q_pos, s_q, "q_pos"), _positions(k_pos, s_k, "k_pos")
+    if doc_ids is not None:
+        doc_ids = check_doc_ids(doc_ids, where="attention")
 
     # scores[h, j, i, t]: K/V head h, query head h*g + j, query i, key t
     # contiguous per-head matrices, so that matmul can hand them to BLAS
@@ -74,8 +116,8 @@ def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None):
     kt = np.ascontiguousarray(k.transpose(1, 2, 0))[:, None]                      # (a_kv, 1, d, s_k)
     scores = qg @ kt                                             # (a_kv, g, s_q, s_k)
     scores *= 1.0 / np.sqrt(d)
-    if causal:
-        hidden = kp[None, :] > qp[:, None]                       # (s_q, s_k): key after query
+    if causal or doc_ids is not None:
+        hidden = ~visible(qp, kp, causal, doc_ids)               # (s_q, s_k)
         scores[..., hidden] = -np.inf
     if s_k == 0:
         m = np.full(scores.shape[:-1] + (1,), -np.inf)

@@ -53,6 +53,7 @@ class SimGroup:
             raise ValueError(f"e (bytes per element) must be a positive number, got {e!r}")
         self.n = int(n)
         self.e = e
+        self._parent = None                 # (parent group, parent ranks) for a subgroup
         self.reset()
 
     def __repr__(self) -> str:
@@ -63,11 +64,26 @@ class SimGroup:
         self.bytes_sent = np.zeros(self.n)
         self.history: list[CommRecord] = []
 
+    def subgroup(self, ranks) -> "SimGroup":
+        """A group of some of these ranks (``torch.distributed.new_group``): its rank ``i`` is
+        rank ``ranks[i]`` here, and every byte it sends is also booked on that rank here."""
+        ranks = [int(r) for r in np.asarray(ranks).reshape(-1)]
+        if not ranks or len(set(ranks)) != len(ranks) or min(ranks) < 0 or max(ranks) >= self.n:
+            raise ValueError(f"subgroup: ranks must be distinct ids in 0..{self.n - 1}, got {ranks}")
+        sub = SimGroup(len(ranks), self.e)
+        sub._parent = (self, ranks)
+        return sub
+
     # ------------------------------------------------------------------ helpers
     def _record(self, op: str, sent) -> None:
         sent = np.asarray(sent, dtype=float)
         self.bytes_sent = self.bytes_sent + sent
         self.history.append(CommRecord(op, sent))
+        if self._parent is not None:
+            parent, ranks = self._parent
+            full = np.zeros(parent.n)
+            full[ranks] = sent
+            parent._record(op, full)
 
     def _per_rank(self, xs, op: str) -> list[np.ndarray]:
         """Check ``xs`` has one array per rank and all of them have the same shape."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .attention import attention
+from .attention import attention, check_doc_ids
 from .comm import check_group, check_shards
 from .ring import _prepare
 
@@ -84,7 +84,7 @@ def kv_replication(a: int, a_kv: int, n: int) -> int:
 
 
 def ulysses_attention(q_shards, k_shards, v_shards, positions, causal: bool = True, group=None,
-                      replicate_kv: bool = False):
+                      replicate_kv: bool = False, doc_ids=None):
     """Ulysses attention over ``N_c = len(q_shards)`` simulated ranks.
 
     Same inputs and output as :func:`lesson10.sim.ring_attention`: ``q_shards[r]``
@@ -92,6 +92,7 @@ def ulysses_attention(q_shards, k_shards, v_shards, positions, causal: bool = Tr
     global token ids of rank ``r`` (any layout, or a layout name). Needs ``a % N_c == 0``
     and ``a_kv % N_c == 0``; with ``replicate_kv=True`` the K/V heads are copied (``rep``
     times, see :func:`kv_replication`) so that fewer K/V heads than ranks also work.
+    ``doc_ids`` (length ``s``): the document of each global position (document mask).
     """
     q, k, v, positions, group = _prepare(q_shards, k_shards, v_shards, positions, group,
                                           "ulysses_attention")
@@ -116,6 +117,7 @@ def ulysses_attention(q_shards, k_shards, v_shards, positions, causal: bool = Tr
         v = [np.repeat(x, rep, axis=1) for x in v]
     qh, kh, vh = (seq_to_heads(t, group) for t in (q, k, v))
     pos = np.concatenate(positions)                   # token order after the all-to-all
-    out_h = [attention(qh[j], kh[j], vh[j], causal=causal, q_pos=pos, k_pos=pos)[0]
+    doc_ids = check_doc_ids(doc_ids, pos.size, "ulysses_attention")
+    out_h = [attention(qh[j], kh[j], vh[j], causal=causal, q_pos=pos, k_pos=pos, doc_ids=doc_ids)[0]
              for j in range(n)]
     return heads_to_seq(out_h, group)
