@@ -254,8 +254,8 @@ def test_single_gpu_sends_nothing():
 
 # ---------------------------------------------------------------- bad input
 def test_bad_inputs_raise_value_error():
-    with pytest.raises(ValueError, match="sp.*ring.*ulysses"):
-        comm_bytes("allgather", 1024, 64, 4)
+    with pytest.raises(ValueError, match="sp.*ring.*ulysses.*allgather"):
+        comm_bytes("tree", 1024, 64, 4)
     with pytest.raises(ValueError, match="multiple of 4"):
         comm_bytes("ring", 1023, 64, 4)
     with pytest.raises(ValueError):
@@ -274,3 +274,52 @@ def test_bad_inputs_raise_value_error():
         moe_comm_ratio(H100, IB, 4, math.nan)
     with pytest.raises(ValueError):
         ring_round_flops(-5, 64)
+
+
+# ---------------------------------------------------------------- combining: all-gather CP, USP
+@pytest.mark.parametrize("n", [1, 2, 8, 16])
+@pytest.mark.parametrize("g", [1, 4, 8])
+def test_allgather_sends_the_ring_bytes_in_one_step(n, g):
+    s, h = 8192 * n, 4096
+    ag = comm_bytes("allgather", s, h, n, g=g)
+    assert ag == pytest.approx((n - 1) / n * 2 * s * h * 2 / g)
+    assert ag == pytest.approx(comm_bytes("ring", s, h, n, g=g))
+    assert comm_bytes("allgather", s, h, n, g=g, e=4) == pytest.approx(2 * ag)
+
+
+def test_allgather_with_gqa_at_128k():
+    """Llama 3's reason: with GQA (g = 8) gathering K and V of 128K tokens is 8x cheaper."""
+    s, h, n = 131_072, 4096, 16
+    assert comm_bytes("allgather", s, h, n, g=8) == pytest.approx(15 / 16 * 2 * s * h * 2 / 8)
+    assert comm_bytes("allgather", s, h, n, g=8) / comm_bytes("allgather", s, h, n) == \
+        pytest.approx(1 / 8)
+
+
+@pytest.mark.parametrize("u,r", [(1, 1), (1, 8), (8, 1), (2, 4), (4, 2), (8, 2), (3, 5)])
+@pytest.mark.parametrize("g", [1, 2, 4])
+def test_usp_bytes(u, r, g):
+    n, h, e = u * r, 1024, 2
+    s = 64 * n
+    c = s / n
+    got = cost.usp_bytes(s, h, u, r, g=g, e=e)
+    assert got == pytest.approx((u - 1) / u * (2 + 2 / g) * c * h * e
+                                + (r - 1) * 2 * (s / r) * h * e / (g * u))
+    if r == 1:
+        assert got == pytest.approx(comm_bytes("ulysses", s, h, u, g=g, e=e))
+    if u == 1:
+        assert got == pytest.approx(comm_bytes("ring", s, h, r, g=g, e=e))
+    if u > 1 and r > 1:          # strictly between the two ends
+        assert comm_bytes("ulysses", s, h, n, g=g) < got < comm_bytes("ring", s, h, n, g=g)
+
+
+def test_usp_beyond_the_head_limit_at_128k():
+    """8 K/V heads on 16 GPUs: Ulysses over 8 in the node, a ring of 2 across nodes."""
+    s, h = 131_072, 4096
+    usp = cost.usp_bytes(s, h, 8, 2, g=4)
+    c = s / 16
+    assert usp == pytest.approx(7 / 8 * 2.5 * c * h * 2 + 1 * 2 * (s / 2) * h * 2 / 32)
+    assert usp < comm_bytes("ring", s, h, 16, g=4)
+    with pytest.raises(ValueError, match="ring_size"):
+        cost.usp_bytes(s, h, 8, 0)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        cost.usp_bytes(s + 8, h, 8, 2)

@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import cost
 from .comm import check_group, check_shards
+from .nodes import check_nodes, node_bytes, node_limited_scores
 
 __all__ = [
     "route_topk", "router_probs", "expert_capacity", "capacity_keep", "apply_expert",
@@ -73,11 +74,14 @@ def router_probs(logits) -> np.ndarray:
     return z / z.sum(axis=-1, keepdims=True)
 
 
-def route_topk(logits, k: int, bias=None):
+def route_topk(logits, k: int, bias=None, nodes=None, max_nodes=None):
     """Top-``k`` routing. ``logits (T, E)`` -> ``(experts (T, k) int, gates (T, k))``.
 
     ``experts[t]`` are the ``k`` largest entries of ``logits[t] + bias`` (best first, ties to
     the lower id); ``gates[t] = softmax(logits[t, experts[t]])`` (no bias in the gates).
+    Node-limited (DeepSeek-V3, see :mod:`lesson10.sim.nodes`): with the experts split evenly
+    over ``nodes`` nodes, a token first keeps the ``max_nodes`` nodes with the largest sum of
+    their top ``ceil(k/max_nodes)`` scores, then takes its top ``k`` among their experts.
     """
     logits = _real(logits, "logits")
     if logits.ndim != 2:
@@ -90,6 +94,9 @@ def route_topk(logits, k: int, bias=None):
         if bias.shape != (E,):
             raise ValueError(f"bias must have one entry per expert, shape ({E},), got {bias.shape}")
         scores = logits + bias
+    nodes, max_nodes = check_nodes(E, k, nodes, max_nodes)
+    if max_nodes is not None and T:
+        scores = node_limited_scores(scores, k, nodes, max_nodes)
     experts = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     chosen = np.take_along_axis(logits, experts, axis=1)
     z = np.exp(chosen - chosen.max(axis=1, keepdims=True)) if T else chosen
@@ -194,15 +201,17 @@ def _check_router(router_w, h: int, experts) -> int:
 
 
 # --------------------------------------------------------------------------- reference
-def moe_reference(x, router_w, experts, k: int, capacity_factor=None, bias=None) -> np.ndarray:
+def moe_reference(x, router_w, experts, k: int, capacity_factor=None, bias=None,
+                  nodes=None, max_nodes=None) -> np.ndarray:
     """The MoE layer on one device. ``x (N, h)`` holds all tokens in global order
     (rank 0's first). ``y[t] = sum_j gates[t, j] * expert_{experts[t, j]}(x[t])`` over the
-    kept copies. Returns ``y (N, h)`` (the residual is not added)."""
+    kept copies. Returns ``y (N, h)`` (the residual is not added). ``nodes``/``max_nodes``:
+    node-limited routing, see :func:`route_topk`."""
     x = _real(x, "x")
     if x.ndim != 2:
         raise ValueError(f"x must be (tokens, h), got shape {x.shape}")
     E = _check_router(router_w, x.shape[1], experts)
-    chosen, gates = route_topk(x @ router_w, k, bias)
+    chosen, gates = route_topk(x @ router_w, k, bias, nodes=nodes, max_nodes=max_nodes)
     keep = capacity_keep(chosen, E, expert_capacity(x.shape[0], E, k, capacity_factor))
     y = np.zeros_like(x)
     for i in range(E):
@@ -213,7 +222,7 @@ def moe_reference(x, router_w, experts, k: int, capacity_factor=None, bias=None)
 
 # --------------------------------------------------------------------------- expert parallel
 def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=None,
-              bias=None, return_stats: bool = False):
+              bias=None, return_stats: bool = False, nodes=None, max_nodes=None):
     """Expert-parallel MoE over ``N_e = len(x_shards)`` simulated ranks.
 
     ``x_shards[r]``: the ``T`` tokens ``(T, h)`` of rank ``r``. ``router_w (h, E)``, ``E``
@@ -221,7 +230,8 @@ def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=N
     ``r E/N_e .. (r+1) E/N_e - 1``. Steps: route locally, dispatch (all-to-all), run the
     local experts, combine (all-to-all), weighted sum. Returns ``y_shards`` (``(T, h)``
     each), equal to :func:`moe_reference` on the concatenated tokens; with
-    ``return_stats=True`` also a dict with the capacity, drops and loads.
+    ``return_stats=True`` also a dict with the capacity, drops and loads. ``nodes`` /
+    ``max_nodes``: node-limited routing (see :func:`route_topk`).
     """
     xs = [_real(x, f"moe_layer: x_shards[{r}]") for r, x in enumerate(check_shards(x_shards, "moe_layer"))]
     n = len(xs)
@@ -237,7 +247,7 @@ def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=N
     per_rank = E // n
 
     # 1. route: every rank on its own tokens
-    routes = [route_topk(x @ router_w, k, bias) for x in xs]
+    routes = [route_topk(x @ router_w, k, bias, nodes=nodes, max_nodes=max_nodes) for x in xs]
     # capacity, first come first served in global token order (rank 0 first)
     capacity = expert_capacity(n * T, E, k, capacity_factor)
     keep = np.split(capacity_keep(np.concatenate([c for c, _ in routes]), E, capacity), n)
@@ -289,6 +299,10 @@ class MoEStats:
     ``mean_load`` are over GPUs, ``imbalance = max_load / mean_load``.
     ``traffic[i, j]``: kept copies dispatched from GPU ``i`` to GPU ``j`` (diagonal: local).
     ``bytes_formula``: the lesson's uniform-routing value ``2 k (T/Ne) h e (Ne-1)/Ne``.
+    With ``nodes``: ``internode_bytes_per_gpu`` / ``intranode_bytes_per_gpu`` ``(Ne,)``, the
+    two-level all-to-all of :func:`lesson10.sim.nodes.node_bytes` (one inter-node copy per
+    (token, remote node)), and ``remote_nodes_per_token``, the mean number of remote nodes
+    a token is sent to.
     """
     T: int
     E: int
@@ -312,6 +326,11 @@ class MoEStats:
     bytes_formula: float
     traffic: np.ndarray
     popularity: np.ndarray = field(repr=False)
+    nodes: int | None = None
+    max_nodes: int | None = None
+    internode_bytes_per_gpu: np.ndarray | None = None
+    intranode_bytes_per_gpu: np.ndarray | None = None
+    remote_nodes_per_token: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -413,7 +432,8 @@ def _sample_topk(logw: np.ndarray, T: int, k: int, rng, max_rounds: int = 3) -> 
 
 
 def simulate_moe(T: int, E: int, k: int, Ne: int, capacity_factor=None, skew: float = 0.0,
-                 seed: int = 0, h: int = 4096, e: float = 2, bias=None, popularity=None) -> MoEStats:
+                 seed: int = 0, h: int = 4096, e: float = 2, bias=None, popularity=None,
+                 nodes=None, max_nodes=None) -> MoEStats:
     """Route ``T`` tokens (in total, ``T/Ne`` per GPU) to ``E`` experts on ``Ne`` GPUs, top-``k``.
 
     Skew model: every expert ``i`` has a fixed popularity ``u_i`` (standard normal, drawn from
@@ -424,6 +444,10 @@ def simulate_moe(T: int, E: int, k: int, Ne: int, capacity_factor=None, skew: fl
     ``i // (E/Ne)``; GPU ``g`` holds tokens ``g T/Ne .. (g+1) T/Ne - 1``; drops are first
     come, first served in that global order (see the module docstring). Vectorised: no
     Python loop over tokens. ``h`` and ``e`` only scale the bytes.
+
+    ``nodes``: the ``Ne`` GPUs form ``nodes`` nodes of ``Ne/nodes`` consecutive GPUs; the
+    stats then add the inter- and intra-node bytes. ``max_nodes``: node-limited routing
+    (:func:`route_topk` on the scores above, built explicitly in chunks of tokens).
     """
     for name, val, lo in (("T (tokens, all GPUs)", T, 1), ("E (experts)", E, 1),
                           ("Ne (GPUs)", Ne, 1), ("h", h, 1)):
@@ -453,7 +477,17 @@ def simulate_moe(T: int, E: int, k: int, Ne: int, capacity_factor=None, skew: fl
         raise ValueError(f"skew * popularity + bias must be finite for every expert (NaN or inf in "
                          f"popularity/bias, or skew = {skew!r} too large); lower skew or fix them")
 
-    choices = _sample_topk(logw, T, k, np.random.default_rng(route_seq))
+    nodes, max_nodes = check_nodes(E, k, nodes, max_nodes)
+    if nodes is not None and Ne % nodes:
+        raise ValueError(f"Ne = {Ne} GPUs do not split evenly over nodes = {nodes}; use a number "
+                         f"of nodes that divides Ne")
+    if max_nodes is not None and max_nodes < nodes:       # explicit scores, then route_topk
+        rng = np.random.default_rng(route_seq)
+        choices = np.concatenate([route_topk(logw + rng.gumbel(size=(m, E)), k, nodes=nodes,
+                                             max_nodes=max_nodes)[0]
+                                  for m in np.diff(np.r_[0:T:4096, T])])
+    else:
+        choices = _sample_topk(logw, T, k, np.random.default_rng(route_seq))
     keep = capacity_keep(choices, E, capacity) if capacity is not None else None
     per_gpu_e, per_gpu_t = E // Ne, T // Ne
     # kept copies per (source GPU, expert): one bincount per GPU's block of tokens
@@ -470,6 +504,12 @@ def simulate_moe(T: int, E: int, k: int, Ne: int, capacity_factor=None, skew: fl
     load_g = load_e.reshape(Ne, per_gpu_e).sum(1)
     dropped = int(T * k - load_e.sum())
     mean = float(load_g.mean())
+    node_stats = {}
+    if nodes is not None:
+        inter, intra, remote = node_bytes(choices, keep, np.arange(T) // per_gpu_t, E, Ne, nodes,
+                                          h, e)
+        node_stats = dict(nodes=nodes, max_nodes=max_nodes, internode_bytes_per_gpu=inter,
+                          intranode_bytes_per_gpu=intra, remote_nodes_per_token=float(remote.mean()))
     return MoEStats(
         T=T, E=E, k=k, Ne=Ne, capacity_factor=capacity_factor, capacity=capacity, skew=float(skew),
         h=h, e=e, drop_rate=dropped / (T * k), dropped=dropped, load_per_expert=load_e,
@@ -478,7 +518,7 @@ def simulate_moe(T: int, E: int, k: int, Ne: int, capacity_factor=None, skew: fl
         bytes_per_gpu=bytes_per_gpu, bytes_mean=float(bytes_per_gpu.mean()),
         bytes_max=float(bytes_per_gpu.max()),
         bytes_formula=cost.moe_a2a_bytes(k, per_gpu_t, h, Ne, e), traffic=traffic,
-        popularity=popularity)
+        popularity=popularity, **node_stats)
 
 
 # --------------------------------------------------------------------------- balancing
