@@ -315,3 +315,160 @@ def test_simulation_is_reproducible_and_the_popular_experts_stay_fixed():
     assert np.array_equal(a.popularity, c.popularity)
     hot = np.argmax(a.popularity)
     assert a.load_per_expert.argmax() == hot == c.load_per_expert.argmax()
+
+
+# ------------------------------------------------------------------ node-limited routing
+def _node_limited_by_loop(scores, k, nodes, max_nodes):
+    """Independent reference: DeepSeek-V3's rule, one token at a time."""
+    T, E = scores.shape
+    per = E // nodes
+    m = -(-k // max_nodes)
+    out = []
+    for t in range(T):
+        node_score = [sum(sorted(scores[t, j * per:(j + 1) * per])[-m:]) for j in range(nodes)]
+        best = sorted(range(nodes), key=lambda j: (-node_score[j], j))[:max_nodes]
+        allowed = [i for i in range(E) if i // per in best]
+        out.append(sorted(allowed, key=lambda i: (-scores[t, i], i))[:k])
+    return np.array(out)
+
+
+@pytest.mark.parametrize("E,nodes,k,M", [(16, 4, 4, 2), (16, 4, 4, 1), (32, 8, 8, 4),
+                                         (12, 3, 3, 2), (8, 8, 2, 2), (16, 4, 3, 4)])
+def test_node_limited_routing_matches_a_token_loop(E, nodes, k, M):
+    rng = np.random.default_rng(E + k + M)
+    logits = rng.standard_normal((200, E))
+    bias = 0.3 * rng.standard_normal(E)
+    experts, gates = route_topk(logits, k, bias, nodes=nodes, max_nodes=M)
+    assert experts.tolist() == _node_limited_by_loop(logits + bias, k, nodes, M).tolist()
+    assert max(len(set((row // (E // nodes)).tolist())) for row in experts) <= M
+    chosen = np.take_along_axis(logits, experts, axis=1)        # gates: softmax of the logits
+    np.testing.assert_allclose(gates, np.exp(chosen) / np.exp(chosen).sum(1, keepdims=True))
+    if M < min(nodes, k):    # the limit binds for some tokens: plain top-k differs
+        assert not np.array_equal(experts, route_topk(logits, k, bias)[0])
+
+
+def test_node_limited_routing_hand_example():
+    """Node score = sum of the top ceil(k/M) scores: one big expert does not win a node."""
+    logits = np.array([[3.0, -10.0, 2.5, 2.4]])          # node 0: experts 0, 1; node 1: 2, 3
+    assert route_topk(logits, 2)[0].tolist() == [[0, 2]]
+    # k = 2, M = 1: node 0 scores 3 - 10 = -7, node 1 scores 4.9
+    assert route_topk(logits, 2, nodes=2, max_nodes=1)[0].tolist() == [[2, 3]]
+    # k = 1, M = 1: node 0 scores 3 (its best expert)
+    assert route_topk(logits, 1, nodes=2, max_nodes=1)[0].tolist() == [[0]]
+    # no limit (max_nodes = nodes, or nodes alone) is plain top-k
+    assert route_topk(logits, 2, nodes=2, max_nodes=2)[0].tolist() == [[0, 2]]
+    assert route_topk(logits, 2, nodes=2)[0].tolist() == [[0, 2]]
+
+
+def test_node_limited_routing_rejects_bad_input():
+    logits = np.zeros((3, 8))
+    with pytest.raises(ValueError, match="do not split evenly over nodes = 3"):
+        route_topk(logits, 2, nodes=3, max_nodes=1)
+    with pytest.raises(ValueError, match="max_nodes = 5 is more than the nodes = 4"):
+        route_topk(logits, 2, nodes=4, max_nodes=5)
+    with pytest.raises(ValueError, match="max_nodes needs nodes"):
+        route_topk(logits, 2, max_nodes=1)
+    with pytest.raises(ValueError, match="raise max_nodes to at least 2"):
+        route_topk(logits, 3, nodes=4, max_nodes=1)          # 1 node = 2 experts < k = 3
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="nodes"):
+            route_topk(logits, 2, nodes=bad)
+
+
+@pytest.mark.parametrize("n,nodes,M", [(2, 2, 1), (4, 4, 2), (4, 2, 1), (8, 4, 2)])
+@pytest.mark.parametrize("cf", [None, 1.0])
+def test_moe_layer_with_node_limited_routing_equals_the_reference(n, nodes, M, cf):
+    xs, router_w, experts = _problem(n=n, seed=n + M)
+    k = 4
+    ys = moe_layer(xs, router_w, experts, k, capacity_factor=cf, group=SimGroup(n),
+                   nodes=nodes, max_nodes=M)
+    x = np.concatenate(xs)
+    ref = moe_reference(x, router_w, experts, k, cf, nodes=nodes, max_nodes=M)
+    np.testing.assert_allclose(np.concatenate(ys), ref, rtol=0, atol=1e-12)
+    assert np.abs(ref - moe_reference(x, router_w, experts, k, cf)).max() > 1e-6
+
+
+def _node_bytes_by_loop(choices, keep, T, E, Ne, nodes, h, e):
+    """Inter/intra-node bytes per GPU, one (token, copy) at a time."""
+    per_t, per_e, gpn = T // Ne, E // Ne, Ne // nodes
+    inter, intra = np.zeros(Ne), np.zeros(Ne)
+    for t in range(T):
+        src = t // per_t
+        my_node, local = src // gpn, src % gpn
+        remote = set()
+        for j, ex in enumerate(choices[t]):
+            if keep is not None and not keep[t, j]:
+                continue
+            gpu, node = ex // per_e, ex // per_e // gpn
+            holder = src if node == my_node else node * gpn + local
+            if node != my_node:
+                remote.add(node)
+            if gpu != holder:
+                intra[holder] += h * e                     # forwarded inside the node
+                intra[gpu] += h * e                        # its output comes back
+        for node in remote:
+            inter[src] += h * e                            # crosses once to the node
+            inter[node * gpn + local] += h * e             # the node's summed output returns
+    return inter, intra
+
+
+@pytest.mark.parametrize("Ne,nodes,M,cf", [(8, 4, None, None), (8, 4, 2, None), (8, 4, 1, 1.0),
+                                           (8, 2, 1, None), (4, 4, 2, 0.8)])
+def test_internode_bytes_count_one_copy_per_token_and_remote_node(Ne, nodes, M, cf):
+    T, E, k, h, e = 64, 16, 4, 3, 2
+    st = simulate_moe(T, E, k, Ne, capacity_factor=cf, skew=0.5, h=h, e=e, nodes=nodes,
+                      max_nodes=M, seed=3)
+    # rebuild the routing the simulator used and count its bytes by hand
+    pop_seq, route_seq = np.random.SeedSequence(3).spawn(2)
+    logw = 0.5 * st.popularity
+    if M is not None and M < nodes:
+        rng = np.random.default_rng(route_seq)
+        choices = route_topk(logw + rng.gumbel(size=(T, E)), k, nodes=nodes, max_nodes=M)[0]
+    else:
+        choices = _sample_topk(logw, T, k, np.random.default_rng(route_seq))
+    keep = capacity_keep(choices, E, st.capacity) if cf is not None else None
+    inter, intra = _node_bytes_by_loop(choices, keep, T, E, Ne, nodes, h, e)
+    np.testing.assert_allclose(st.internode_bytes_per_gpu, inter)
+    np.testing.assert_allclose(st.intranode_bytes_per_gpu, intra)
+    assert st.load_per_expert.sum() == (T * k if keep is None else keep.sum())
+    if M is not None:
+        assert st.remote_nodes_per_token <= M
+
+
+def test_node_bytes_at_the_extremes():
+    T, E, k, Ne, h, e = 4096, 16, 4, 8, 2, 2
+    one = simulate_moe(T, E, k, Ne, h=h, e=e, nodes=1)               # one node: all NVLink
+    assert not one.internode_bytes_per_gpu.any()
+    np.testing.assert_allclose(one.intranode_bytes_per_gpu, one.bytes_per_gpu)
+    each = simulate_moe(T, E, k, Ne, h=h, e=e, nodes=Ne)             # one GPU per node
+    assert not each.intranode_bytes_per_gpu.any()
+    # a token with two experts on the same remote GPU crosses once: fewer bytes than the flat count
+    assert (each.internode_bytes_per_gpu <= each.bytes_per_gpu).all()
+    assert each.internode_bytes_per_gpu.sum() < each.bytes_per_gpu.sum()
+
+
+def test_internode_bytes_fall_with_max_nodes():
+    """Uniform routing, 64 experts on 8 nodes, top-8: the limit cuts the inter-node traffic."""
+    T, E, k, Ne, nodes, h, e = 8192, 64, 8, 64, 8, 1, 1
+    per_token = {}
+    for M in (1, 2, 4, 8):
+        st = simulate_moe(T, E, k, Ne, h=h, e=e, nodes=nodes, max_nodes=M)
+        per_token[M] = st.remote_nodes_per_token
+        # bytes per GPU = 2 (dispatch + combine) x (T/Ne tokens) x remote nodes per token
+        assert st.internode_bytes_per_gpu.mean() == pytest.approx(2 * T / Ne * per_token[M])
+        assert st.remote_nodes_per_token <= M
+    # M = 1: the chosen node is remote with probability 7/8
+    assert per_token[1] == pytest.approx(7 / 8, abs=0.03)
+    # no limit: 7 remote nodes, each used unless all 8 experts miss it
+    p_used = 1 - math.comb(56, 8) / math.comb(64, 8)
+    assert per_token[8] == pytest.approx(7 * p_used, rel=0.02)
+    assert per_token[1] < per_token[2] < per_token[4] < per_token[8]
+
+
+def test_simulate_moe_rejects_bad_nodes():
+    with pytest.raises(ValueError, match="Ne = 8 GPUs do not split evenly over nodes = 3"):
+        simulate_moe(64, 24, 2, 8, nodes=3)
+    with pytest.raises(ValueError, match="max_nodes needs nodes"):
+        simulate_moe(64, 16, 2, 8, max_nodes=2)
+    with pytest.raises(ValueError, match="raise max_nodes"):
+        simulate_moe(64, 16, 4, 8, nodes=8, max_nodes=1)
