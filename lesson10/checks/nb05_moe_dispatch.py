@@ -79,12 +79,12 @@ def check_route_topk(route_topk, rng):
             t = int(bad[0])
             z = np.asarray(logits, dtype=float)[t]
             yours_z, want_z = z[experts[t]], z[e_t[t]]
-            if sorted(experts[t].tolist()) == sorted(e_t[t].tolist()):
-                what = (f"token {t}: the right experts, but not best first (their logits in your "
-                        f"order: {np.round(yours_z, 4).tolist()})")
-            elif np.array_equal(yours_z, want_z):
+            if np.array_equal(yours_z, want_z):
                 what = (f"token {t}: a tie: experts with equal logits must come in id order, "
                         f"lower id first")
+            elif sorted(experts[t].tolist()) == sorted(e_t[t].tolist()):
+                what = (f"token {t}: the right experts, but not best first (their logits in your "
+                        f"order: {np.round(yours_z, 4).tolist()})")
             else:
                 what = f"token {t}: these are not the {k} experts with the largest logits, best first"
             _fail("route_topk", where, what, experts[t], e_t[t], hint=hint_ids)
