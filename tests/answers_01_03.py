@@ -622,3 +622,19 @@ def time_sorts_input(work):              # sorts the caller's array in place
 
 def time_max_times_rounds(work):         # the busiest cell in every round
     return np.max(work) * len(work)
+
+
+def ring_rotates_inputs(q_shards, k_shards, v_shards, positions, causal=True):
+    """Rotates the caller's lists (n - 1 times: the last round needs no transfer)."""
+    n = len(q_shards)
+    my_pos = list(positions)
+    out = [np.zeros_like(q, dtype=float) for q in q_shards]
+    lse = [np.full(q.shape[:2], -np.inf) for q in q_shards]
+    for rnd in range(n):
+        for r in range(n):
+            ob, lb = attn_einsum(q_shards[r], k_shards[r], v_shards[r], my_pos[r], positions[r], causal)
+            out[r], lse[r] = merge_where(out[r], lse[r], ob, lb)
+        if rnd < n - 1:
+            for lst in (k_shards, v_shards, positions):
+                lst.insert(0, lst.pop())
+    return out

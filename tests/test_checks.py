@@ -229,3 +229,28 @@ def test_a_stub_inside_the_function_counts_as_not_attempted(capsys):
         return a1.ag_concat([op(x) for x in _stub(partials)])
     checks.check_sp_forward(sp)
     assert "not attempted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("order", [
+    lambda cf, k, N, E: cf * k * N / E, lambda cf, k, N, E: k * N * cf / E,
+    lambda cf, k, N, E: cf * N * k / E, lambda cf, k, N, E: cf * (k * N / E),
+    lambda cf, k, N, E: cf * (k * N) / E, lambda cf, k, N, E: k * N / E * cf])
+def test_capacity_in_floats_is_rejected_whatever_the_order_of_the_product(order):
+    """Each order of the float product CF k N / E lands above an integer in one of the
+    fixed cases (the exact C is computed with fractions)."""
+    import math
+
+    def capacity_keep(experts, E, capacity_factor):
+        N, k = experts.shape
+        if capacity_factor is None:
+            return np.ones((N, k), dtype=bool)
+        C = math.ceil(order(capacity_factor, k, N, E))
+        seen = np.zeros(E, dtype=int)
+        keep = np.zeros((N, k), dtype=bool)
+        for t in range(N):
+            for j in range(k):
+                keep[t, j] = seen[experts[t, j]] < C
+                seen[experts[t, j]] += 1
+        return keep
+    with pytest.raises(CheckFailed, match="exactly"):
+        checks.check_capacity(capacity_keep)

@@ -60,7 +60,8 @@ WRONG = {
                        a1.make_ring(causal_override=True),            # always causal
                        a1.make_ring(rounds=lambda n: n - 1),          # one round short
                        a1.make_ring(key_pos="mine"),                  # its own positions for the keys
-                       a1.make_ring(lse0=0.0)],                       # starts from lse = 0
+                       a1.make_ring(lse0=0.0),                        # starts from lse = 0
+                       a1.ring_rotates_inputs],                       # rotates the caller's lists
     "zigzag_positions": [a1.zz_off_by_one, a1.zz_n_plus_r, a1.zz_late_first, a1.zz_float,
                          a1.zz_chunk_s_over_n, a1.zz_mirrored_ranks, a1.zz_flat, a1.zz_linspace],
     "causal_work": [a1.work_strict, a1.work_wrong_direction, a1.work_transposed,

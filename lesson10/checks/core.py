@@ -385,9 +385,10 @@ def _run(exercise: str, fn, names, *args, **kwargs):
         where = _changed(before, after, name)
         if where:
             _fail(exercise, "", f"your function changed its input {where} in place", show=False,
-                  hint="work on new arrays (x = x + y, np.sum, .copy()) instead of writing into "
-                       "the arrays you were given (x += y, x[...] = ..., x.sort()): the caller still "
-                       "needs them, and later cells of the notebook would see the changed values")
+                  hint="work on new arrays and lists (x = x + y, np.sort(x), list(xs)) instead of "
+                       "writing into the ones you were given (x += y, x[...] = ..., x.sort(), "
+                       "xs.pop()): the caller still needs them, and later cells of the notebook "
+                       "would see the changed values")
     return out
 
 
