@@ -22,12 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "demo":
         from .demo import main as run
     elif cmd == "run":
-        from .spmd.bench import run_main as run
+        from .run import main as run
     elif cmd == "bench":
-        if rest and rest[0] == "sim":
-            from .sim.bench import main as sim_bench
-            return sim_bench(rest[1:]) or 0
-        from .spmd.bench import main as run
+        from .bench import main as run
     elif cmd == "grade":
         from .grade import main as run
     elif cmd == "build":

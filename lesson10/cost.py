@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from fractions import Fraction
 
 __all__ = [
     "HARDWARE",
@@ -35,6 +36,8 @@ __all__ = [
     "moe_a2a_bytes",
     "moe_expert_flops",
     "moe_comm_ratio",
+    "expert_capacity",
+    "sp_block_activation_bytes",
 ]
 
 #: Hardware presets used in the lesson. GPUs carry ``flops`` (dense bf16 peak, FLOP/s)
@@ -254,3 +257,60 @@ def moe_comm_ratio(F, W, Ne: int, d_ff, swiglu: bool = False, e=2) -> float:
     Ne = _count("Ne (expert-parallel GPUs)", Ne)
     d_ff, e = _positive("d_ff", d_ff), _positive("e (bytes per element)", e)
     return F / W * (Ne - 1) / Ne / d_ff / (1.5 if swiglu else 1.0) * e / 2
+
+
+def expert_capacity(N: int, E: int, k: int, capacity_factor=None):
+    """``C = ceil(CF * k * N / E)`` copies per expert, or ``None`` without a capacity factor.
+
+    The factor is read as the decimal number it was written as (``1.1`` is 11/10), so
+    that ``C`` is not off by one because of binary rounding.
+    """
+    for name, val, lo in (("N (tokens)", N, 0), ("E (experts)", E, 1), ("k", k, 1)):
+        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {val!r}")
+    if capacity_factor is None:
+        return None
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, numbers.Real) \
+            or not math.isfinite(capacity_factor) or capacity_factor <= 0:
+        raise ValueError(f"capacity_factor must be a number > 0 (or None for no limit), "
+                         f"got {capacity_factor!r}")
+    cf = Fraction(repr(float(capacity_factor)))
+    return math.ceil(cf * k * N / E)
+
+
+def sp_block_activation_bytes(s, b, h, t: int = 1, sp: bool = False, e: float = 2,
+                              mask_bytes: float = 1, ffn_mult: int = 4,
+                              regather: bool = True, stats_bytes: float = 0) -> float:
+    """Activation bytes one rank stores for the backward of LN -> MLP -> dropout (one block).
+
+    Terms (Korthikanti et al. 2022, the MLP half of a layer plus one LayerNorm), with
+    ``e`` bytes per activation and ``mask_bytes`` per dropout-mask element:
+
+    ============================  ============  =====================
+    stored tensor                 TP            TP + SP
+    ============================  ============  =====================
+    LayerNorm input               ``sbh e``     ``sbh e / t``
+    fc1 input (= LN output)       ``sbh e``     ``sbh e / t`` (``sbh e`` if not ``regather``)
+    GELU input, fc2 input         ``2 sb (4h/t) e`` both
+    dropout mask                  ``sbh m``     ``sbh m / t``
+    ============================  ============  =====================
+
+    In general (``m = ffn_mult``): TP ``sbh (2e + mask + 2me/t)``, TP + SP
+    ``sbh (2e + mask + 2me) / t``: SP divides every term by ``t``. With ``e=2,
+    mask_bytes=1``: TP ``sbh (5 + 16/t)``, TP + SP ``21 sbh / t``; adding the attention
+    half and the other LayerNorm (``sbh (5 + 8/t)`` resp. ``13 sbh / t``) gives
+    :func:`lesson10.cost.activation_bytes` (``10 + 24/t``, ``34/t``). ``regather=False``:
+    the all-gathered fc1 input is kept in full for the weight gradient (plain autograd
+    around an all-gather) instead of re-gathered in the backward as Megatron and
+    :class:`lesson10.spmd.sp.SequenceParallelBlock` do. ``stats_bytes``: bytes per token
+    of the LayerNorm statistics (mean and 1/std, each one number per token: 8 in float32;
+    the lesson ignores them, default 0), for ``s b`` tokens (TP) or ``s b / t`` (SP).
+    With ``e`` the dtype's size, ``mask_bytes=1`` and ``stats_bytes`` = twice the size of
+    the LayerNorm statistics' dtype, this is exactly what autograd keeps for the block.
+    """
+    sbh = s * b * h
+    mlp = 2 * sbh * ffn_mult * e / t
+    if sp:
+        return (sbh * e / t + sbh * e / (t if regather else 1) + mlp + sbh * mask_bytes / t
+                + s * b * stats_bytes / t)
+    return 2 * sbh * e + mlp + sbh * mask_bytes + s * b * stats_bytes

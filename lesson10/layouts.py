@@ -35,12 +35,16 @@ LAYOUTS = ("contiguous", "zigzag", "striped")
 _ALIASES = {"zig-zag": "zigzag", "zig_zag": "zigzag", "stripe": "striped"}
 
 
-def _check_layout(layout) -> str:
+def layout_name(layout) -> str:
+    """The canonical name of ``layout`` (``"zig-zag"`` -> ``"zigzag"``); ValueError if unknown."""
     if isinstance(layout, str):
         name = _ALIASES.get(layout.lower(), layout.lower())
         if name in LAYOUTS:
             return name
     raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(map(repr, LAYOUTS))}")
+
+
+_check_layout = layout_name
 
 
 def _check_int(name: str, value, minimum: int = 1) -> int:

@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 try:
@@ -15,3 +17,61 @@ try:
     settings.load_profile("lesson10")
 except ImportError:  # pragma: no cover
     pass
+
+
+class SharedLaunch:
+    """One launch of ``n`` ranks runs the rank jobs of every collected test module.
+
+    Starting ranks costs seconds (each imports torch), so a test module declares its
+    jobs as ``RANK_JOBS = {name: make}`` with ``make(n) -> (worker, kwargs)`` (a worker
+    of :mod:`lesson10.spmd.workers` or of ``rank_workers``; ``kwargs`` a dict, or a list
+    of dicts for one result per case). The first test that asks for ``n`` ranks starts
+    them once for all the jobs of the selected tests; results are cached for the session,
+    and a failed launch is remembered instead of retried by every module.
+    """
+
+    def __init__(self, session):
+        self.session = session
+        self.cache: dict[int, dict] = {}
+
+    def _jobs(self) -> dict:
+        """``{"module:name": make}`` over the selected tests' modules."""
+        jobs = {}
+        for item in self.session.items:
+            mod = getattr(item, "module", None)
+            for name, make in getattr(mod, "RANK_JOBS", {}).items():
+                jobs[f"{mod.__name__}:{name}"] = make
+        return jobs
+
+    def __call__(self, n: int, name: str, timeout: float = 240.0) -> list:
+        """Each rank's result of job ``name`` (``"module:name"``) on ``n`` ranks."""
+        from lesson10.spmd.launch import launch
+        from rank_workers import run_jobs
+
+        have = self.cache.setdefault(n, {})
+        if name not in have:
+            todo = {k: make(n) for k, make in self._jobs().items() if k not in have}
+            try:
+                outs = launch(run_jobs, n, todo, timeout=timeout, quiet=True)
+            except Exception as exc:
+                for k in todo:
+                    have[k] = exc
+                raise
+            for k in todo:
+                have[k] = [o[k] for o in outs]
+        if isinstance(have[name], Exception):
+            raise RuntimeError(f"the shared {n}-rank launch failed (see the first failing "
+                               f"test): {have[name]!r}"[:2000]) from have[name]
+        return have[name]
+
+
+@pytest.fixture(scope="session")
+def shared_launch(request):
+    return SharedLaunch(request.session)
+
+
+@pytest.fixture(scope="module")
+def rank_results(request, shared_launch):
+    """``rank_results(n, name)``: each rank's result of this module's ``RANK_JOBS[name]``."""
+    module = request.module.__name__
+    return lambda n, name: shared_launch(n, f"{module}:{name}")

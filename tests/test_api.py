@@ -134,7 +134,7 @@ def test_cli_dispatches_build_grade_run_and_bench(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:                    # reaches run's own parser
         cli.main(["run", "no-such-method"])
     assert info.value.code == 2 and "invalid choice" in capsys.readouterr().err
-    with pytest.raises(SystemExit):                            # reaches the dist benchmark parser
+    with pytest.raises(SystemExit):                            # reaches the benchmark parser
         cli.main(["bench", "moe", "--tokens", "0", "--out", str(tmp_path)])
 
 
@@ -151,7 +151,7 @@ def test_cli_bench_sim_writes_its_table_where_told(tmp_path, capsys):
 
 
 def test_sim_bench_attention_rows_check_error_and_bytes():
-    from lesson10.sim.bench import bench_attention, table
+    from lesson10.bench.sim import bench_attention, table
     rows = bench_attention(cases=[("ring", 32, 4, 2, 4, 4, "zigzag"),
                                   ("ulysses", 32, 4, 2, 4, 2, "contiguous")])
     assert len(rows) == 2 and table(rows).count("\n") == 3

@@ -372,13 +372,13 @@ def test_multi_process_bad_inputs():
             kind, text = res[name]
             assert kind == "ValueError" and msg in text, (r, name, kind, text)
         err("ring int", "floating-point")
-        err("ring shards differ", "same (b, c, a, d, a_kv, dtype) on every rank")
+        err("ring shards differ", "different shapes or dtypes on the ranks")
         assert res["ring empty"] == ("ok", (1, 0, 2, 3)), res["ring empty"]
         err("ulysses misspelled layout", "unknown layout 'zigzog'")
         err("ulysses more ranks than kv heads", "Use ring attention")
         err("shard dim out of range", "pass the sequence dim")
         err("shard numpy", "torch.as_tensor")
-        err("gather shards differ", "shards of different shapes")
+        err("gather shards differ", "every rank must pass its s/n tokens")
         err("moe k float", "must be an integer between 1")
         err("moe E % Ne", "E a multiple of N_e")
         err("moe cf nan", "capacity_factor must be a number > 0")

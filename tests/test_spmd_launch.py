@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lesson10.spmd import _workers as w
+import rank_workers as w
 import torch.distributed as dist
 
 from lesson10.spmd.launch import (LaunchTimeout, RankError, choose_backend, init_from_env,
@@ -158,7 +158,7 @@ def test_init_from_env_without_torchrun_is_one_rank(monkeypatch):
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
                     reason="torchrun not installed next to this python")
 def test_same_worker_under_torchrun():
-    rc, stdout, stderr = _torchrun("-m", "lesson10.spmd._workers")
+    rc, stdout, stderr = _torchrun(str(Path(__file__).with_name("rank_workers.py")))
     assert rc == 0, stderr[-2000:]
     # 1 + 2 summed over the two ranks, on both ranks (lines of the two ranks may interleave)
     found = re.findall(r"rank (\d)/2 backend=gloo sum=(\d+)", stdout)
@@ -168,8 +168,8 @@ def test_same_worker_under_torchrun():
 def test_launch_from_a_script_read_from_stdin():
     """``python - <<EOF``: spawn must not try to re-run a main file named "<stdin>"."""
     script = ("from lesson10.spmd import launch\n"
-              "from lesson10.spmd._workers import whoami\n"
-              "print(sorted(r['rank'] for r in launch(whoami, 2, quiet=True)))\n")
+              "from lesson10.spmd.workers import hello\n"
+              "print(sorted(r['rank'] for r in launch(hello, 2, quiet=True)))\n")
     out = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -179,13 +179,14 @@ def test_launch_from_a_script_read_from_stdin():
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
                     reason="torchrun not installed next to this python")
 @pytest.mark.parametrize("method", ["ring", "moe"])
-def test_bench_module_under_torchrun(method):
-    """`torchrun -m lesson10.spmd.bench METHOD`: each process is one rank, checked vs one process."""
-    rc, out, err = _torchrun("-m", "lesson10.spmd.bench", method, "--seq", "64", "--heads", "2",
-                             "--dim", "8", "--reps", "1", "--dtype", "float64")
+def test_run_module_under_torchrun(method):
+    """`torchrun -m lesson10.run METHOD`: each process is one rank, checked vs one process."""
+    rc, out, err = _torchrun("-m", "lesson10.run", method, "--seq", "64", "--heads", "2",
+                             "--dim", "8", "--dtype", "float64")
     assert rc == 0, err[-2000:]
+    assert out.strip().endswith("OK") and "-> OK" in out, out
     if method == "ring":
         # s=64, h=16, float64, N_c=2: one hop of K and V, (N_c-1) * 2 c h e = 8192 bytes
-        assert "-> OK" in out and "forward: 8,192" in out, out
+        assert "forward: 8,192 (lesson's formula: 8,192)" in out, out
     else:
-        assert out.strip().endswith("OK") and "MoE uniform routing" in out, out
+        assert "moe on N=2 ranks" in out and "routing=uniform" in out, out

@@ -6,10 +6,8 @@ import math
 import pytest
 
 from lesson10 import cost
-from lesson10.spmd import _workers as w
 
 H, E, DFF, K = 8, 8, 6, 2
-TOL = {"float64": 1e-9, "float32": 1e-4}
 BASE = dict(h=H, E=E, d_ff=DFF, k=K)
 
 
@@ -17,28 +15,28 @@ def cases(n):
     last = list(range(E - E // n, E))                    # the experts of the last rank
     good = {
         "dropless": dict(BASE, T=6),
-        "drops": dict(BASE, T=6, cf=1.0),
-        "uneven": dict(BASE, T=[5, 3, 4, 2][:n], cf=0.75),
-        "no_tokens": dict(BASE, T=[6, 0, 3, 0][:n], cf=1.0),
-        "top1": dict(BASE, T=6, k=1, cf=1.5),
+        "drops": dict(BASE, T=6, capacity_factor=1.0),
+        "uneven": dict(BASE, T=[5, 3, 4, 2][:n], capacity_factor=0.75),
+        "no_tokens": dict(BASE, T=[6, 0, 3, 0][:n], capacity_factor=1.0),
+        "top1": dict(BASE, T=6, k=1, capacity_factor=1.5),
         "unused_expert": dict(BASE, T=6, bias=[-1e9] + [0.0] * (E - 1), rate=0.1),
         "idle_rank": dict(BASE, T=6, bias=[-1e9 if i in last else 0.0 for i in range(E)]),
-        "uniform": dict(BASE, T=4, uniform=True),
-        "float32": dict(BASE, T=6, cf=1.25, dtype="float32"),
+        "uniform": dict(BASE, T=4, routing="uniform"),
+        "float32": dict(BASE, T=6, capacity_factor=1.25, dtype="float32"),
     }
-    bad = {"E": dict(BASE, T=4, E=n + 1), "cf": dict(BASE, T=4, cf=-1.0),
+    bad = {"E": dict(BASE, T=4, E=n + 1), "cf": dict(BASE, T=4, capacity_factor=-1.0),
            "k": dict(BASE, T=4, k=E + 1)}
     return good, bad
 
 
-w.register("moe", "moe_cases", lambda n: ([*cases(n)[0].values(), *cases(n)[1].values()],))
+RANK_JOBS = {"moe": lambda n: ("check_moe", [*cases(n)[0].values(), *cases(n)[1].values()])}
 
 
 @pytest.fixture(scope="module", params=[2, 4])
-def run(request):
+def run(request, rank_results):
     n = request.param
     good, bad = cases(n)
-    outs = w.registered_results(n, "moe")
+    outs = rank_results(n, "moe")
     return n, good, bad, [dict(zip(list(good) + list(bad), o)) for o in outs]
 
 
@@ -47,11 +45,12 @@ def test_matches_dense_reference_and_sim(run):
     for rank_out in outs:
         for name in good:
             res = rank_out[name]
-            tol = TOL[res["case"].get("dtype", "float64")]
-            for key in ("y_err", "dx_err", "router_grad_err", "w1_grad_err", "w2_grad_err", "aux_err"):
-                assert res[key] < tol, (name, key, res)
-            if "sim_err" in res:
-                assert res["sim_err"] < 1e-12 and res["sim_aux_err"] < 1e-12, (name, res)
+            assert res["ok"], (name, res["err"])
+            for key in ("y", "dx", "router_grad", "w1_grad", "w2_grad", "aux"):
+                assert res["err"][key] <= res["tol"], (name, key, res)
+            assert ("sim" in res["err"]) == (res["case"]["dtype"] == "float64")
+            if "sim" in res["err"]:
+                assert res["err"]["sim"] < 1e-12 and res["err"]["sim_aux"] < 1e-12, (name, res)
 
 
 def test_capacity_drops_first_come_first_served(run):
@@ -60,7 +59,8 @@ def test_capacity_drops_first_come_first_served(run):
         res = outs[0][name]
         c = res["case"]
         N = sum(c["T"]) if isinstance(c["T"], list) else c["T"] * n
-        C = math.ceil(c["cf"] * c["k"] * N / E)
+        C = math.ceil(c["capacity_factor"] * c["k"] * N / E)
+        assert res["capacity"] == C and res["ref_dropped"] == res["dropped"]
         assert res["load"] == [min(x, C) for x in res["counts"]]
         assert res["dropped"] == sum(max(0, x - C) for x in res["counts"])
         assert all(o[name]["load"] == res["load"] for o in outs)   # every rank agrees
@@ -73,13 +73,13 @@ def test_experts_without_tokens(run):
     assert outs[0]["unused_expert"]["w_grad_zero"][0]           # expert 0 lives on rank 0
     idle = outs[-1]["idle_rank"]
     assert all(x == 0 for x in idle["load"][E - E // n:]) and all(idle["w_grad_zero"])
-    assert idle["fwd"]["all_to_all"] > 0                          # it still sends its tokens away
+    assert idle["fwd_by_op"]["all_to_all"] > 0                          # it still sends its tokens away
 
 
 def test_expert_bias_update_matches_sim(run):
     _, _, _, outs = run
     for rank_out in outs:
-        assert rank_out["unused_expert"]["bias_err"] == 0.0
+        assert rank_out["unused_expert"]["err"]["bias"] == 0.0
         assert rank_out["unused_expert"]["bias_changed"]
 
 
@@ -88,10 +88,11 @@ def test_uniform_routing_bytes_and_aux_loss(run):
     for rank_out in outs:
         res = rank_out["uniform"]
         assert res["load"] == [K * 4 * n // E] * E                 # exactly uniform
-        want = cost.moe_a2a_bytes(K, 4, H, n, e=res["elem"])
-        assert res["fwd"]["all_to_all"] == want
-        assert res["bwd"]["all_to_all"] == want
-        assert res["aux"] == pytest.approx(0.5, abs=1e-12)         # = alpha for uniform routing
+        want = cost.moe_a2a_bytes(K, 4, H, n, e=8)
+        assert res["fwd"] == res["fwd_by_op"]["all_to_all"] == want == res["formula_fwd"]
+        assert res["bwd_by_op"]["all_to_all"] == want
+        assert res["fwd"] == (res["remote_sent"] + res["remote_received"]) * res["row_bytes"]
+        assert res["aux_value"] == pytest.approx(0.5, abs=1e-12)    # = alpha for uniform routing         # = alpha for uniform routing
 
 
 def test_bad_input_errors(run):

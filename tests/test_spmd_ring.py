@@ -1,9 +1,9 @@
 """Ring attention on real torch.distributed (gloo, 2 and 4 ranks), against one process.
 
-All cases run inside ONE launch per rank count (starting ranks costs seconds); the
-worker ``lesson10.spmd.bench.check_attention_cases`` gathers each rank's output and
-gradients to the full sequence and compares them with autograd through plain
-attention on the whole sequence.
+All cases run inside the shared launch per rank count (``rank_results`` in conftest:
+starting ranks costs seconds); the worker ``lesson10.spmd.workers.check_attention``
+compares each rank's output and gradients with autograd through plain attention on the
+whole sequence.
 """
 import itertools
 
@@ -11,14 +11,11 @@ import numpy as np
 import pytest
 
 from lesson10 import cost
-from lesson10.spmd.bench import check_attention_cases, ring_error_messages
-from lesson10.spmd.launch import launch
 from lesson10.spmd.ring import ring_blocks
 from lesson10.layouts import causal_work, shard_positions
 
 B, S, A, D = 2, 24, 4, 8          # s = 24 splits into 2*N_c chunks for N_c = 2 and 4
 E = {"float64": 8, "float32": 4}
-TOL = {"float64": 1e-9, "float32": 1e-4}
 
 
 def _cases():
@@ -42,16 +39,19 @@ def _split_cases():
                  layout="zigzag", split=2, seed=7) for m in ("ring", "ulysses")]
 
 
+RANK_JOBS = {"ring": lambda n: ("check_attention", _cases() + (_split_cases() if n == 4 else [])),
+             "ring_errors": lambda n: ("ring_error_messages", {})}
+
+
 @pytest.fixture(scope="module", params=[2, 4])
-def results(request):
+def results(request, rank_results):
     n = request.param
-    cases = _cases() + (_split_cases() if n == 4 else [])
-    return n, launch(check_attention_cases, n, cases, backend="gloo", timeout=120, quiet=True)
+    return n, rank_results(n, "ring")
 
 
 @pytest.fixture(scope="module")
-def errors():
-    return launch(ring_error_messages, 2, backend="gloo", timeout=60, quiet=True)
+def errors(rank_results):
+    return rank_results(2, "ring_errors")
 
 
 def test_outputs_and_gradients_match_single_process(results):
@@ -60,9 +60,9 @@ def test_outputs_and_gradients_match_single_process(results):
     assert len(out) == n and all(len(rows) == len(_cases()) + n_split for rows in out)
     for rank_rows in out:
         for row in rank_rows:
-            for key in ("err_out", "err_dq", "err_dk", "err_dv"):
-                assert row[key] < TOL[row["dtype"]], (n, key, row)
-        assert [row["n_ring"] for row in rank_rows[len(_cases()):]] == [2] * n_split
+            assert set(row["err"]) == {"out", "dq", "dk", "dv"}, row
+            assert row["max_err"] <= row["tol"] == (1e-9 if row["case"]["dtype"] == "float64" else 1e-4)
+        assert [row["n"] for row in rank_rows[len(_cases()):]] == [2] * n_split
 
 
 def test_bytes_match_cost_formula(results):
@@ -71,24 +71,27 @@ def test_bytes_match_cost_formula(results):
     n, out = results
     for rank_rows in out:
         for row in rank_rows:
-            g = row["a"] // row["a_kv"]
-            n = row["n_ring"]
-            h = row["a"] * row["d"]
-            want = cost.comm_bytes(row["method"], row["s"], h, n, g=g, e=E[row["dtype"]]) * row["b"]
-            if row["method"] == "ulysses":
-                # four all-to-alls each way (plus a small all-gather of the shapes, checked
-                # to be equal on every rank, recorded apart as "metadata")
-                assert set(row["bytes_fwd_by_op"]) == {"all_to_all", "metadata"}
-                assert row["bytes_fwd_by_op"]["all_to_all"] == want == row["bytes_bwd"]
+            c = row["case"]
+            g = c["a"] // c["a_kv"]
+            n = row["n"]
+            want = cost.comm_bytes(row["method"], c["s"], c["a"] * c["d"], n, g=g,
+                                   e=E[c["dtype"]]) * c["b"]
+            assert row["formula_fwd"] == want
+            # besides the method's traffic only a small all-gather of the shapes, checked
+            # to be equal on every rank, recorded apart as "metadata"
+            if row["method"] == "ulysses":       # four all-to-alls each way
+                assert set(row["fwd_by_op"]) == {"all_to_all", "metadata"}
+                assert row["fwd_by_op"]["all_to_all"] == want == row["bwd"]
                 continue
-            assert row["bytes_fwd"] == want
-            assert set(row["bytes_fwd_by_op"]) == {"p2p"}
-            assert row["bytes_bwd"] * (n - 1) == row["bytes_fwd"] * (2 * n - 1)
+            assert row["fwd"] == want
+            assert set(row["fwd_by_op"]) == {"p2p", "metadata"}
+            assert row["bwd"] * (n - 1) == row["fwd"] * (2 * n - 1)
 
 
 def test_gqa_sends_g_times_fewer_bytes(results):
     _, out = results
-    rows = {(r["dtype"], r["causal"], r["layout"], r["a_kv"]): r["bytes_fwd"] for r in out[0][:16]}
+    rows = {(r["case"]["dtype"], r["case"]["causal"], r["case"]["layout"], r["case"]["a_kv"]): r["fwd"]
+            for r in out[0][:16]}
     for (dt, c, lay, a_kv), nb in rows.items():
         if a_kv == 2:
             assert 2 * nb == rows[(dt, c, lay, 4)]

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from lesson10.spmd import count_bytes, gather_sequence, local_positions, shard_sequence
-from lesson10.spmd.bench import check_shard_cases
 from lesson10.spmd.launch import launch
+from rank_workers import shard_cases
 from lesson10.layouts import shard_positions
 
 N = 2
@@ -24,16 +24,16 @@ def _numbered(shape):
 
 
 def shard_worker(cases, dim_cases):
-    """In each rank: the bench worker's default-dim cases, then shard / gather along
-    other dims with the bytes of the gather, and local_positions."""
-    rows = check_shard_cases(cases)
+    """In each rank: the default-dim cases of ``rank_workers.shard_cases``, then shard /
+    gather along other dims with the activation bytes of the gather, and local_positions."""
+    rows = shard_cases(cases)
     dims = []
     for shape, dim, layout in dim_cases:
         x = _numbered(shape)
         loc = shard_sequence(x, layout, dim=dim)
         with count_bytes() as c:
             back = gather_sequence(loc, layout, dim=dim)
-        dims.append({"local": loc, "back": back, "bytes": c.sent,
+        dims.append({"local": loc, "back": back, "bytes": c.activation, "metadata": c.by_op.get("metadata", 0),
                      "pos": local_positions(x.shape[dim], layout).tolist()})
     return rows, dims
 

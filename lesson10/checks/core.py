@@ -1,9 +1,17 @@
 """Check functions for the exercise notebooks.
 
-Every exercise has one ``check_<exercise>(student_fn)``. It runs the student's
-function on fresh random cases (never the ones shown in the notebook) and
-compares the result with the reference in :mod:`lesson10.sim`,
-:mod:`lesson10.layouts` or :mod:`lesson10.cost`:
+Every exercise has one ``check_<exercise>(student_fn, *, seed=None)``. It runs the
+student's function on two sets of cases and compares the results with the reference in
+:mod:`lesson10.sim`, :mod:`lesson10.layouts` or :mod:`lesson10.cost`:
+
+* a fixed list of targeted cases, always run: the edge cases of the exercise (empty and
+  fully masked rows, scores of +-800, ties, empty experts, uneven sizes, integer inputs);
+* a random batch drawn from ``seed``. With ``seed=None`` the seed is fixed per check, so a
+  given answer gets the same verdict on every run; the grader passes its own secret
+  generator to :attr:`Exercise.body` instead.
+
+Besides the values it checks the types the exercise asks for (integer ids, boolean masks)
+and that the function left its inputs unchanged. The outcome:
 
 * right: prints one line saying what was verified (for example the max error);
 * wrong: raises :class:`CheckFailed` (an ``AssertionError``) saying what differs
@@ -21,7 +29,10 @@ from __future__ import annotations
 import functools
 import json
 import math
+import numbers
 import os
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +66,8 @@ class Exercise:
     #: function and compares; raises CheckFailed, NotImplementedError or _StudentError.
     #: The check cell and the grader's judge both drive it.
     body: object = None
+    #: the name of the function the student writes (what ``summary()`` prints)
+    function: str = ""
 
 
 #: exercise id -> Exercise, filled by the ``@_exercise`` decorator below
@@ -93,7 +106,8 @@ def summary() -> None:
     got = sum(o["points"] for o in latest.values())
     total = sum(o["max_points"] for o in latest.values())
     for o in latest.values():
-        print(f"  {o['exercise']:<22s} {o['status']:<14s} {o['points']}/{o['max_points']}")
+        name = EXERCISES[o["exercise"]].function or o["exercise"]
+        print(f"  {name:<22s} {o['status']:<14s} {o['points']}/{o['max_points']}")
     print(f"  {'total':<22s} {'':<14s} {got}/{total}")
 
 
@@ -158,10 +172,16 @@ def _describe(x) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _exercise(exercise: str, notebook: str, points: int, title: str):
+def seed_of(exercise: str) -> int:
+    """The seed a check uses when it is called without one: fixed per exercise."""
+    return zlib.crc32(f"lesson10.checks.{exercise}".encode())
+
+
+def _exercise(exercise: str, notebook: str, points: int, title: str, function: str = ""):
     """Turn ``body(student_fn, rng) -> success text`` into a public check function."""
     def decorate(body):
-        EXERCISES[exercise] = Exercise(exercise, notebook, points, title, body)
+        EXERCISES[exercise] = Exercise(exercise, notebook, points, title, body,
+                                       function or exercise)
 
         @functools.wraps(body)
         def check(student_fn, *, seed: int | None = None) -> None:
@@ -175,7 +195,7 @@ def _exercise(exercise: str, notebook: str, points: int, title: str):
                        f"course's reference, not your function; pass the function you wrote")
                 _record(exercise, False, "failed", msg)
                 raise CheckFailed(msg)
-            rng = np.random.default_rng(seed)
+            rng = np.random.default_rng(seed_of(exercise) if seed is None else seed)
             try:
                 verified = body(student_fn, rng)
             except NotImplementedError:
@@ -199,6 +219,9 @@ def _exercise(exercise: str, notebook: str, points: int, title: str):
 
         del check.__wrapped__                  # help() shows check(student_fn, *, seed=None)
         check.exercise = exercise
+        check.__doc__ = (body.__doc__ or "") + (
+            "\n\n    ``seed=None`` uses a seed fixed for this check (same verdict every run); "
+            "pass an integer to draw another random batch.")
         return check
 
     return decorate
@@ -278,10 +301,12 @@ def _as_list(exercise, out, n, where, what) -> list:
         out = list(out)
     if not isinstance(out, (list, tuple)):
         _fail(exercise, where, f"{what} should be a list with one array per rank, got "
-              f"{type(out).__name__}", show=False)
+              f"{type(out).__name__}", show=False,
+              hint="return a Python list: entry r is what rank r holds")
     if len(out) != n:
         _fail(exercise, where, f"{what} should hold {n} arrays (one per rank), got {len(out)}",
-              show=False)
+              show=False, hint="return a Python list with one entry per rank: entry r is what "
+                               "rank r holds")
     return list(out)
 
 
@@ -312,7 +337,7 @@ def _number(exercise, x, where, what) -> float:
         val = float(x)
     except (TypeError, ValueError) as exc:
         _fail(exercise, where, f"{what} should be a real number, got {type(x).__name__} ({exc})",
-              show=False)
+              show=False, hint="return one number (a Python float or a NumPy scalar)")
     return val
 
 
@@ -320,3 +345,89 @@ def _close_number(exercise, yours, target, *, where, what, rel=1e-9, hint=""):
     yours = _number(exercise, yours, where, what)
     if not (math.isfinite(yours) and abs(yours - target) <= rel * max(1.0, abs(target))):
         _fail(exercise, where, f"{what} differs", yours, float(target), hint)
+
+
+# --------------------------------------------------------------------------- inputs and types
+def _snapshot(x):
+    """A copy of the data passed to the student: arrays and (nested) lists/tuples are
+    copied, anything else (numbers, a callable op) is kept as it is."""
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_snapshot(y) for y in x)
+    return x
+
+
+def _changed(before, after, name: str):
+    """Where ``after`` differs from the copy ``before`` (e.g. ``"xs[0]"``), or None."""
+    if isinstance(before, np.ndarray):
+        if not isinstance(after, np.ndarray) or after.shape != before.shape or \
+                not np.array_equal(after, before, equal_nan=before.dtype.kind == "f"):
+            return name
+        return None
+    if isinstance(before, (list, tuple)):
+        if not isinstance(after, (list, tuple)) or len(after) != len(before):
+            n = len(after) if hasattr(after, "__len__") else "?"
+            return f"{name} (it now holds {n} entries, not {len(before)})"
+        for i, (b, a) in enumerate(zip(before, after)):
+            where = _changed(b, a, f"{name}[{i}]")
+            if where:
+                return where
+    return None
+
+
+def _run(exercise: str, fn, names, *args, **kwargs):
+    """Call the student's function (through :func:`_call`) on ``args`` and check afterwards
+    that it left them unchanged; ``names`` are the parameter names used in the message."""
+    kept = [_snapshot(a) for a in args]
+    out = _call(fn, *args, **kwargs)
+    for name, before, after in zip(names, kept, args):
+        where = _changed(before, after, name)
+        if where:
+            _fail(exercise, "", f"your function changed its input {where} in place", show=False,
+                  hint="work on new arrays and lists (x = x + y, np.sort(x), list(xs)) instead of "
+                       "writing into the ones you were given (x += y, x[...] = ..., x.sort(), "
+                       "xs.pop()): the caller still needs them, and later cells of the notebook "
+                       "would see the changed values")
+    return out
+
+
+def _pair(exercise, out, where, what: str):
+    """The two entries of a pair: any sequence or array of length 2 is accepted."""
+    if isinstance(out, np.ndarray) and out.ndim >= 1 and out.shape[0] == 2:
+        return out[0], out[1]
+    if isinstance(out, Sequence) and not isinstance(out, (str, bytes)) and len(out) == 2:
+        return out[0], out[1]
+    _fail(exercise, where, f"return a pair {what}; got "
+          f"{type(out).__name__}" + (f" of length {len(out)}" if hasattr(out, "__len__") else ""),
+          show=False, hint=f"return both values, e.g. `return {what.strip('()')}` (a tuple; a "
+                           f"list or an array of two entries is fine too)")
+
+
+def _int_array(exercise, x, where, what, hint="") -> np.ndarray:
+    """``x`` as an array that must already hold integers (ids are integers: a float id
+    cannot index an array and hides a bug)."""
+    try:
+        _real_only(x)
+        arr = np.asarray(x)
+    except (TypeError, ValueError) as exc:
+        _fail(exercise, where, f"{what} is not an array of integers ({type(x).__name__}: {exc})",
+              show=False, hint=hint)
+    if arr.dtype.kind not in "iu":
+        _fail(exercise, where, f"{what} must be an integer array, got dtype {arr.dtype}",
+              show=False, hint=hint or "ids are integers: build them with np.arange / np.argsort, "
+                                       "or convert with .astype(int)")
+    return arr
+
+
+def _bool_array(exercise, x, where, what, hint="") -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype.kind != "b":
+        _fail(exercise, where, f"{what} must be a boolean array (True = kept), got dtype {arr.dtype}",
+              show=False, hint=hint or "start from np.zeros(shape, dtype=bool) or compare (a < b); "
+                                       "a 0/1 integer array used as a mask picks rows 0 and 1 instead")
+    return arr
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Real) or (isinstance(x, np.ndarray) and x.ndim == 0)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import CheckFailed, _exercise, _call, _compare, _compare_shards, _fail
+from .core import CheckFailed, _compare, _compare_shards, _exercise, _fail, _pair, _run
 
 
 NB02 = "02_ring_attention"
@@ -17,6 +17,40 @@ def _qkv(rng, s, a, d, a_kv=None, scale=1.0):
     return q, k, v
 
 
+def _large_qk(rng, sq, sk, a, d):
+    """q, k whose scores are +-(900 .. 1100): exp overflows (or underflows to 0 in every
+    entry of a row) unless the row maximum is subtracted first."""
+    u = rng.standard_normal((a, d))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    amp = np.sqrt(1000.0 * np.sqrt(d))
+    sign = np.where(rng.random(sq) < 0.5, -1.0, 1.0)
+    sign[0], sign[-1] = 1.0, -1.0
+    q = sign[:, None, None] * amp * u[None]
+    k = rng.uniform(0.9, 1.1, size=(sk, 1, 1)) * amp * u[None]
+    return q, k
+
+
+def _block_cases(rng, n_random=8):
+    """(kind, sq, sk, a, d, causal) of the fixed cases, then the random batch."""
+    fixed = [("random positions, causal", 3, 5, 2, 4, True),
+             ("not causal", 4, 3, 2, 3, False),
+             ("later keys: some queries see no key", 4, 3, 3, 2, True),
+             ("all keys after all queries: every row empty", 3, 2, 2, 3, True),
+             ("large scores (|q.k|/sqrt(d) about 1000), causal", 4, 5, 2, 4, True),
+             ("large scores, not causal", 3, 4, 1, 2, False),
+             ("diagonal block: keys at the same positions as the queries", 4, 4, 2, 3, True),
+             ("integer q, k, v", 3, 4, 2, 2, True),
+             ("one query, uneven sizes", 1, 6, 3, 5, True),
+             ("causal not passed (default True)", 5, 3, 2, 3, None)]
+    rand = []
+    for _ in range(n_random):
+        big = rng.random() < 0.25
+        rand.append(("random" + (", large scores" if big else ""), int(rng.integers(1, 7)),
+                     int(rng.integers(1, 7)), int(rng.integers(1, 4)), int(rng.integers(1, 6)),
+                     bool(rng.random() < 0.7)))
+    return fixed + rand
+
+
 @_exercise("block_attention", NB02, 1, "attention of one block, with positions, mask and lse")
 def check_block_attention(block_attention, rng):
     """``block_attention(q, k, v, q_pos, k_pos, causal=True) -> (out, lse)`` for ``q`` of
@@ -24,43 +58,48 @@ def check_block_attention(block_attention, rng):
     ``k_pos[j] <= q_pos[i]`` (causal). A query that sees no key: out 0, lse -inf."""
     from ..sim.attention import attention
     err = 0.0
-    kinds = ["random positions, causal", "random positions, not causal",
-             "later keys: some queries see no key", "all keys after all queries", "large scores",
-             "diagonal block: keys at the same positions as the queries"]
-    for case, kind in enumerate(kinds):
-        a, d = int(rng.integers(1, 4)), int(rng.integers(2, 6))
-        sq, sk = int(rng.integers(2, 6)), int(rng.integers(2, 6))
-        if kind.startswith("diagonal"):
-            sk = sq                                # a rank's own block: key j == query j
-        causal = "not causal" not in kind
-        q = rng.standard_normal((sq, a, d)) * (6.0 if kind == "large scores" else 1.0)
-        k = rng.standard_normal((sk, a, d)) * (6.0 if kind == "large scores" else 1.0)
-        v = rng.standard_normal((sk, a, d))
+    cases = _block_cases(rng)
+    for kind, sq, sk, a, d, causal in cases:
+        if kind.startswith("integer"):
+            q, k, v = (rng.integers(-3, 4, size=(n, a, d)) for n in (sq, sk, sk))
+        else:
+            q, k, v = (rng.standard_normal((n, a, d)) for n in (sq, sk, sk))
+        if "large" in kind:
+            q, k = _large_qk(rng, sq, sk, a, d)
         perm = rng.permutation(sq + sk + 4)
         q_pos, k_pos = np.sort(perm[:sq]), np.sort(perm[sq:sq + sk])
         if kind.startswith("later keys"):
-            q_pos = np.arange(sq) * 2 + 1          # query 0 (pos 1) sees only keys at 0/1
-            k_pos = np.arange(sk) * 2 + 2          # so query 0 sees nothing
+            q_pos = np.arange(sq) * 2 + 1          # query 0 (position 1) sees no key,
+            k_pos = np.arange(sk) * 2 + 2          # the last queries see some
         if kind.startswith("all keys after"):
             q_pos, k_pos = np.arange(sq), np.arange(sk) + sq
         if kind.startswith("diagonal"):
             k_pos = q_pos.copy()                   # key == query is visible (<=, not <)
+        if kind.startswith("integer"):
+            q_pos, k_pos = np.arange(sq) + sk, np.arange(sk)   # every query sees every key
         q_pos, k_pos = rng.permutation(q_pos), rng.permutation(k_pos)   # any order must work
-        o_t, l_t = attention(q, k, v, causal=causal, q_pos=q_pos, k_pos=k_pos)
-        out = _call(block_attention, q.copy(), k.copy(), v.copy(), q_pos.copy(), k_pos.copy(), causal)
-        where = f"case {case} ({kind}, sq={sq}, sk={sk}, a={a}, d={d})"
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            _fail("block_attention", where, "return a pair (out, lse)", show=False)
+        o_t, l_t = attention(q, k, v, causal=causal is not False, q_pos=q_pos, k_pos=k_pos)
+        args = (q, k, v, q_pos, k_pos) + (() if causal is None else (causal,))
+        out = _run("block_attention", block_attention, ("q", "k", "v", "q_pos", "k_pos"), *args)
+        where = f"{kind} (sq={sq}, sk={sk}, a={a}, d={d}, causal={causal is not False})"
+        yours_o, yours_l = _pair("block_attention", out, where, "(out, lse)")
         hint = ("scores = q.k / sqrt(d) per head; mask key j for query i when k_pos[j] > q_pos[i] "
                 "(use the positions, not the row numbers; a key at the query's own position is "
                 "visible); subtract the row max before exp; a row with no visible key has out 0 "
-                "and lse -inf")
-        err = max(err, _compare("block_attention", out[1], l_t, where=where, what="lse",
+                "and lse -inf, not NaN")
+        err = max(err, _compare("block_attention", yours_l, l_t, where=where, what="lse",
                                 axes=("query", "head"), hint=hint))
-        err = max(err, _compare("block_attention", out[0], o_t, where=where, what="out",
+        err = max(err, _compare("block_attention", yours_o, o_t, where=where, what="out",
                                 axes=("query", "head", "dim"), hint=hint))
-    return (f"{len(kinds)} random cases (shuffled positions, empty rows, large scores, a diagonal "
-            f"block), max error {err:.1e}")
+    return (f"{len(cases)} cases (shuffled positions, empty rows, scores of +-1000, a diagonal "
+            f"block, integer inputs, not causal), max error {err:.1e}")
+
+
+def _merge_cases(rng, n_random=8):
+    fixed = ["ordinary", "large lse (about +800)", "small lse (about -800)",
+             "lse1 about +800, lse2 about -800", "one side saw no key (lse -inf)",
+             "both sides saw no key in some rows", "integer o1, o2"]
+    return fixed + [f"random {i}" for i in range(n_random)]
 
 
 @_exercise("merge", NB02, 1, "the logsumexp merge of two partial results")
@@ -69,39 +108,50 @@ def check_merge(merge, rng):
     of shape ``(s, a)``: the exact attention over the union of two disjoint key sets."""
     from ..sim.attention import merge as ref_merge
     err = 0.0
-    kinds = ["ordinary", "large lse (about +800)", "small lse (about -800)",
-             "one side saw no key (lse -inf)", "both sides saw no key"]
-    for case, kind in enumerate(kinds):
-        s, a, d = int(rng.integers(2, 6)), int(rng.integers(1, 4)), int(rng.integers(2, 5))
+    kinds = _merge_cases(rng)
+    for kind in kinds:
+        s, a, d = int(rng.integers(2, 6)), int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        if s == a:
+            s += 1
         o1, o2 = rng.standard_normal((s, a, d)), rng.standard_normal((s, a, d))
         l1, l2 = rng.standard_normal((s, a)) * 2, rng.standard_normal((s, a)) * 2
         if kind.startswith("large"):
             l1, l2 = l1 + 800, l2 + 800
         if kind.startswith("small"):
             l1, l2 = l1 - 800, l2 - 800
+        if kind.startswith("lse1 about"):
+            l1, l2 = l1 + 800, l2 - 800
+        if kind.startswith("integer"):
+            o1, o2 = rng.integers(-5, 6, size=(s, a, d)), rng.integers(-5, 6, size=(s, a, d))
+        if kind.startswith("random"):
+            scale = float(rng.choice([1.0, 300.0, 1000.0]))
+            l1, l2 = l1 * scale, l2 * scale + float(rng.normal(0, scale))
+            for l, o in ((l1, o1), (l2, o2)):
+                empty = rng.random((s, a)) < 0.2
+                l[empty] = -np.inf
+                o[empty] = 0.0
         if kind.startswith("one side"):
             mask = rng.random((s, a)) < 0.5
-            mask[0, 0] = True
+            mask[0, 0], mask[-1, -1] = True, False
             l2 = np.where(mask, -np.inf, l2)
             o2 = np.where(mask[..., None], 0.0, o2)
         if kind.startswith("both"):
             l1 = np.where(np.arange(s)[:, None] % 2 == 0, -np.inf, l1)
             o1 = np.where(np.isinf(l1)[..., None], 0.0, o1)
-            l2 = l1.copy()
+            l2 = np.where(np.isinf(l1), -np.inf, l2)
             o2 = np.where(np.isinf(l2)[..., None], 0.0, o2)
-        o_t, l_t = ref_merge(o1, l1, o2, l2)
-        out = _call(merge, o1.copy(), l1.copy(), o2.copy(), l2.copy())
-        where = f"case {case} ({kind})"
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            _fail("merge", where, "return a pair (o, lse)", show=False)
+        o_t, l_t = ref_merge(o1.astype(float), l1, o2.astype(float), l2)
+        out = _run("merge", merge, ("o1", "lse1", "o2", "lse2"), o1, l1, o2, l2)
+        where = f"{kind} (s={s}, a={a}, d={d})"
+        yours_o, yours_l = _pair("merge", out, where, "(o, lse)")
         hint = ("lse = m + log(exp(lse1 - m) + exp(lse2 - m)) with m = max(lse1, lse2), so exp never "
                 "overflows; o = exp(lse1 - lse) o1 + exp(lse2 - lse) o2; where both lse are -inf, "
                 "use m = 0 (or np.where) so you get lse = -inf and o = 0, not NaN")
-        err = max(err, _compare("merge", out[1], l_t, where=where, what="lse", axes=("query", "head"),
-                                hint=hint))
-        err = max(err, _compare("merge", out[0], o_t, where=where, what="o",
+        err = max(err, _compare("merge", yours_l, l_t, where=where, what="lse",
+                                axes=("query", "head"), hint=hint))
+        err = max(err, _compare("merge", yours_o, o_t, where=where, what="o",
                                 axes=("query", "head", "dim"), hint=hint))
-    return f"{len(kinds)} random cases (incl. lse of +-800 and -inf), max error {err:.1e}"
+    return f"{len(kinds)} cases (lse of +-800, far apart, -inf on one or both sides), max error {err:.1e}"
 
 
 def _diagnose(exercise, out, candidates: dict, where: str) -> None:
@@ -137,13 +187,16 @@ def _mask_mistakes(q, k, v, pos, local_rows: bool):
     return out
 
 
-def _ring_cases(rng):
-    cases = []
-    for layout in ("contiguous", "zigzag", "striped"):
-        for causal in (True, False):
-            n = int(rng.choice([2, 3, 4]))
-            s = 2 * n * int(rng.integers(1, 3))
-            cases.append((layout, causal, n, s))
+def _ring_cases(rng, n_random=4):
+    """(layout, causal, N_c, s): fixed cases (every layout, causal and not, N_c = 1, c > 1,
+    causal not passed = None), then random ones."""
+    cases = [("contiguous", True, 4, 8), ("zigzag", True, 3, 12), ("striped", True, 4, 12),
+             ("contiguous", False, 3, 6), ("zigzag", False, 2, 8), ("contiguous", True, 1, 3),
+             ("zigzag", None, 4, 8)]
+    for _ in range(n_random):
+        layout = str(rng.choice(["contiguous", "zigzag", "striped"]))
+        n = int(rng.integers(2, 5))
+        cases.append((layout, bool(rng.random() < 0.7), n, 2 * n * int(rng.integers(1, 3))))
     return cases
 
 
@@ -157,25 +210,28 @@ def check_ring_attention(ring_attention, rng):
     err = 0.0
     cases = _ring_cases(rng)
     for layout, causal, n, s in cases:
-        a, d = int(rng.integers(1, 3)), int(rng.integers(2, 5))
+        a, d = int(rng.integers(1, 4)), int(rng.integers(1, 5))
         q, k, v = _qkv(rng, s, a, d, scale=1.5)
         pos = shard_positions(s, n, layout)
-        out_full, _ = attention(q, k, v, causal=causal)
+        causal_ = causal is not False
+        out_full, _ = attention(q, k, v, causal=causal_)
         target = [out_full[p] for p in pos]
-        out = _call(ring_attention, [q[p].copy() for p in pos], [k[p].copy() for p in pos],
-                    [v[p].copy() for p in pos], [p.copy() for p in pos], causal)
+        args = ([q[p] for p in pos], [k[p] for p in pos], [v[p] for p in pos], [p.copy() for p in pos])
+        out = _run("ring_attention", ring_attention, ("q_shards", "k_shards", "v_shards", "positions"),
+                   *args, *(() if causal is None else (causal,)))
+        where = (f"{layout} layout, causal={causal_}{' (not passed: the default)' if causal is None else ''}"
+                 f", N_c={n}, s={s}, a={a}, d={d}")
         try:
             err = max(err, _compare_shards(
-                "ring_attention", out, target,
-                where=f"{layout} layout, causal={causal}, N_c={n}, s={s}", what="output",
+                "ring_attention", out, target, where=where, what="output",
                 axes=("local query", "head", "dim"),
                 hint="n rounds; in round k rank r uses the K/V block of rank (r - k) mod n with the "
                      "global positions of both blocks (the mask compares positions), then merges "
-                     "(out, lse) into its running result, starting from out = 0, lse = -inf"))
+                     "(out, lse) into its running result, starting from out = 0, lse = -inf; pass "
+                     "causal on to block_attention"))
         except CheckFailed:
-            if causal:      # name the classic mistakes when they are the cause
-                _diagnose("ring_attention", out, _mask_mistakes(q, k, v, pos, local_rows=True),
-                          f"{layout} layout, causal=True, N_c={n}, s={s}")
+            if causal_:      # name the classic mistakes when they are the cause
+                _diagnose("ring_attention", out, _mask_mistakes(q, k, v, pos, local_rows=True), where)
             raise
-    return (f"{len(cases)} random cases (contiguous/zigzag/striped, causal and not, N_c in 2..4) "
+    return (f"{len(cases)} cases (contiguous/zigzag/striped, causal and not, N_c in 1..4) "
             f"match full attention, max error {err:.1e}")

@@ -1,7 +1,9 @@
 """Checks of notebook 03: load balance."""
 from __future__ import annotations
 
-from .core import _exercise, _call, _close_number, _compare, _compare_shards
+import numpy as np
+
+from .core import _as_list, _close_number, _compare, _compare_shards, _exercise, _int_array, _run
 
 
 NB03 = "03_load_balance"
@@ -9,53 +11,94 @@ NB03 = "03_load_balance"
 
 @_exercise("zigzag_positions", NB03, 1, "the zig-zag layout")
 def check_zigzag_positions(zigzag_positions, rng):
-    """``zigzag_positions(s, n) -> list`` of ``n`` int arrays: rank r holds chunk r and chunk
-    2n-1-r of the 2n chunks of s/(2n) tokens, in increasing order."""
+    """``zigzag_positions(s, n) -> list`` of ``n`` integer arrays: rank r holds chunk r and
+    chunk 2n-1-r of the 2n chunks of s/(2n) tokens, in increasing order."""
     from ..layouts import shard_positions
-    cases = [(2 * n * m, n) for n, m in zip(rng.integers(2, 9, size=5), rng.integers(1, 5, size=5))]
-    cases.append((8, 4))
+    cases = [(2, 1), (4, 1), (8, 4), (24, 3), (16, 2), (12, 6)]       # n = 1, m = 1, m > 1
+    cases += [(2 * int(n) * int(m), int(n)) for n, m in zip(rng.integers(2, 9, size=6),
+                                                            rng.integers(1, 5, size=6))]
     for s, n in cases:
-        s, n = int(s), int(n)
         target = shard_positions(s, n, "zigzag")
-        out = _call(zigzag_positions, s, n)
-        _compare_shards("zigzag_positions", out, target, where=f"s={s}, N_c={n}",
-                        what="token id", axes=("slot",), exact=True,
-                        hint=f"cut the sequence into 2n = {2 * n} chunks of s/(2n) = {s // (2 * n)} "
-                             f"tokens; rank r takes chunk r and chunk 2n-1-r (rank 0: the first "
-                             f"and the last chunk), chunk r's ids first, so each array is sorted")
-    return f"{len(cases)} cases (N_c in 2..8): every rank holds chunks r and 2N_c-1-r"
+        out = _run("zigzag_positions", zigzag_positions, (), s, n)
+        where = f"s={s}, N_c={n}"
+        hint = (f"cut the sequence into 2n = {2 * n} chunks of s/(2n) = {s // (2 * n)} tokens; rank r "
+                f"takes chunk r and chunk 2n-1-r (rank 0: the first and the last chunk), chunk r's "
+                f"ids first, so each array is sorted")
+        for r, ids in enumerate(_as_list("zigzag_positions", out, n, where, "your list")):
+            _int_array("zigzag_positions", ids, f"{where}, rank {r}", "the token ids",
+                       hint="token ids are integers (they index arrays): np.arange gives integers, "
+                            "np.linspace and / give floats")
+        _compare_shards("zigzag_positions", out, target, where=where, what="token id",
+                        axes=("slot",), exact=True, hint=hint)
+    return f"{len(cases)} cases (N_c in 1..8, chunks of 1..4 tokens): every rank holds chunks r and 2N_c-1-r"
+
+
+def _pair_counts(positions) -> np.ndarray:
+    """work[k, r] for any positions (the layouts module counts the named layouts only)."""
+    n = len(positions)
+    return np.array([[int((positions[(r - k) % n][None, :] <= positions[r][:, None]).sum())
+                      for r in range(n)] for k in range(n)])
+
+
+def _work_cases(rng, n_random=6):
+    """(label, positions): every layout, shuffled ids, uneven sizes, N_c = 1, then random."""
+    from ..layouts import shard_positions
+    cases = [(f"{lay} layout, s={s}, N_c={n}", shard_positions(s, n, lay))
+             for lay, s, n in (("contiguous", 8, 4), ("zigzag", 12, 3), ("striped", 12, 4),
+                               ("contiguous", 6, 2), ("contiguous", 4, 1))]
+    ids = rng.permutation(9)
+    cases.append(("shuffled token ids (3 per rank, in no particular order), N_c=3",
+                  np.split(ids, 3)))
+    ids = rng.permutation(8)
+    cases.append(("uneven sizes: 2, 5 and 1 tokens", [ids[:2], ids[2:7], ids[7:]]))
+    for _ in range(n_random):
+        n, c = int(rng.integers(2, 7)), int(rng.integers(1, 4))
+        if rng.random() < 0.5:
+            lay = str(rng.choice(["contiguous", "zigzag", "striped"]))
+            s = 2 * n * c if lay == "zigzag" else n * c
+            cases.append((f"{lay} layout, s={s}, N_c={n}", shard_positions(s, n, lay)))
+        else:
+            cases.append((f"random token ids, N_c={n}, c={c}", np.split(rng.permutation(n * c), n)))
+    return cases
 
 
 @_exercise("causal_work", NB03, 2, "causal work per round and rank")
 def check_causal_work(causal_work, rng):
     """``causal_work(positions) -> array (rounds, ranks)``: ``work[k, r]`` counts the pairs
     (query in ``positions[r]``, key in ``positions[(r-k) % n]``) with key <= query."""
-    from ..layouts import causal_work as ref_work, shard_positions
-    cases = []
-    for layout in ("contiguous", "zigzag", "striped"):
-        n = int(rng.integers(3, 7))
-        cases.append((layout, n, 2 * n * int(rng.integers(1, 4))))
-    for layout, n, s in cases:
-        target = ref_work(n, layout, s=s)
-        out = _call(causal_work, [p.copy() for p in shard_positions(s, n, layout)])
-        _compare("causal_work", out, target, where=f"{layout} layout, s={s}, N_c={n}",
+    cases = _work_cases(rng)
+    for where, positions in cases:
+        out = _run("causal_work", causal_work, ("positions",), [np.array(p) for p in positions])
+        _compare("causal_work", out, _pair_counts(positions), where=where,
                  what="work", axes=("round", "rank"), exact=True,
                  hint="rows are rounds, columns are ranks; in round k rank r holds the K/V of "
-                      "rank (r - k) mod N_c; count pairs with key <= query (the diagonal counts)")
-    return f"{len(cases)} random cases (contiguous, zigzag, striped; N_c in 3..6) match pair counts"
+                      "rank (r - k) mod N_c; count pairs with key <= query (the diagonal counts), "
+                      "comparing the token ids, not the row numbers")
+    return f"{len(cases)} cases (every layout, shuffled ids, uneven sizes, N_c in 1..6) match pair counts"
 
 
 @_exercise("ring_time", NB03, 1, "ring time")
 def check_ring_time(ring_time, rng):
     """``ring_time(work) -> number``: every round lasts as long as its busiest rank, so the
-    ring takes ``sum over rounds of max over ranks``."""
+    ring takes ``sum over rounds of max over ranks``. ``work`` may be fractional (block
+    units, as ``layouts.causal_work(n, layout)`` returns them)."""
     from ..layouts import causal_work as ref_work, ring_time as ref_time
-    cases = [rng.integers(0, 20, size=(int(n), int(n))) for n in rng.integers(3, 7, size=4)]
-    cases += [ref_work(n, lay) for n, lay in ((4, "contiguous"), (5, "zigzag"))]
-    for i, work in enumerate(cases):
-        out = _call(ring_time, work.copy())
-        _close_number("ring_time", out, ref_time(work), where=f"case {i} (work of shape {work.shape})",
+    cases = [("block units, contiguous, N_c=4", ref_work(4, "contiguous")),
+             ("block units, zigzag, N_c=5", ref_work(5, "zigzag")),
+             ("block units, striped, N_c=3", ref_work(3, "striped")),
+             ("pair counts, contiguous, s=8, N_c=4", ref_work(4, "contiguous", s=8)),
+             ("one rank", np.array([[3.5]])),
+             ("integer work", rng.integers(0, 20, size=(4, 4))),
+             ("fractional work", rng.integers(0, 9, size=(5, 5)) / 2)]
+    for i in range(8):
+        n = int(rng.integers(2, 7))
+        work = rng.integers(0, 30, size=(n, n))
+        cases.append((f"random work {i}", work / 4 if rng.random() < 0.5 else work))
+    for label, work in cases:
+        out = _run("ring_time", ring_time, ("work",), work)
+        _close_number("ring_time", out, ref_time(work), where=f"{label} (work of shape {work.shape})",
                       what="ring time",
                       hint="work[k, r] is round k, rank r; all ranks wait for the slowest in each "
-                           "round: sum over rounds (axis 0) of the max over ranks (axis 1)")
-    return f"{len(cases)} cases (random work matrices and the lesson's layouts)"
+                           "round: sum over rounds (axis 0) of the max over ranks (axis 1); work "
+                           "may be fractional, so do not round")
+    return f"{len(cases)} cases (block units with halves, pair counts, random work matrices)"

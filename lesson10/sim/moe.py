@@ -26,14 +26,13 @@ Conventions used throughout this module:
 """
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import asdict, dataclass, field
-from fractions import Fraction
 
 import numpy as np
 
 from .. import cost
+from ..cost import expert_capacity  # the one exact formula; re-exported here
 from .comm import check_group, check_shards
 from .nodes import check_nodes, node_bytes, node_limited_scores
 
@@ -104,23 +103,6 @@ def route_topk(logits, k: int, bias=None, nodes=None, max_nodes=None):
     return experts, gates
 
 
-def expert_capacity(N: int, E: int, k: int, capacity_factor=None):
-    """``C = ceil(CF * k * N / E)`` copies per expert, or ``None`` without a capacity factor.
-
-    The factor is read as the decimal number it was written as (``1.1`` is 11/10), so
-    that ``C`` is not off by one because of binary rounding.
-    """
-    for name, val, lo in (("N (tokens)", N, 0), ("E (experts)", E, 1), ("k", k, 1)):
-        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < lo:
-            raise ValueError(f"{name} must be an integer >= {lo}, got {val!r}")
-    if capacity_factor is None:
-        return None
-    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, numbers.Real) \
-            or not math.isfinite(capacity_factor) or capacity_factor <= 0:
-        raise ValueError(f"capacity_factor must be a number > 0 (or None for no limit), "
-                         f"got {capacity_factor!r}")
-    cf = Fraction(repr(float(capacity_factor)))
-    return math.ceil(cf * k * N / E)
 
 
 def capacity_keep(experts, E: int, capacity) -> np.ndarray:

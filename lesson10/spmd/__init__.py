@@ -4,12 +4,13 @@ Every function runs inside one rank; ``group=None`` means the whole world.
 Start ranks with :func:`launch` (gloo on CPU, NCCL with one GPU per rank) or
 with ``torchrun`` (see :func:`init_from_env`). Local tensors are ``(b, s/N, a, d)``
 with the sequence on dim 1. Measure what a method sends with :func:`count_bytes`.
+:mod:`.workers` runs each method once on real ranks and checks it against one process.
 """
 from .attention import attention as reference_attention, local_attention, merge
 from .comm import ByteCounter, count_bytes
 from .launch import LaunchTimeout, RankError, init_from_env, is_torchrun, launch, shutdown
 from .moe import ExpertParallelMoE, moe_reference, route_topk, switch_aux_loss, update_expert_bias
-from .ring import RingAttention, ring_attention
+from .ring import RingAttention, ring_attention, ring_options
 from .shard import gather_sequence, local_positions, shard_sequence
 from .sp import (ColumnParallelLinear, ReferenceBlock, RowParallelLinear, SequenceParallelBlock,
                  copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp)
@@ -20,7 +21,7 @@ __all__ = [
     "count_bytes", "ByteCounter",
     "reference_attention", "local_attention", "merge",
     "shard_sequence", "gather_sequence", "local_positions",
-    "ring_attention", "RingAttention",
+    "ring_attention", "RingAttention", "ring_options",
     "seq_to_heads", "heads_to_seq", "ulysses_attention",
     "copy_to_tp", "reduce_from_tp", "gather_from_sp", "reduce_scatter_to_sp",
     "ColumnParallelLinear", "RowParallelLinear", "SequenceParallelBlock", "ReferenceBlock",

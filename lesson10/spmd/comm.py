@@ -19,12 +19,21 @@ from dataclasses import dataclass, field
 
 _active: list["ByteCounter"] = []
 
+#: ops that are not activation traffic: shape/count exchanges, replicated weight-gradient
+#: sums, and SP's backward re-gather of the LayerNorm output it kept only a shard of
+SIDE_OPS = ("metadata", "param_grad", "ag_recompute")
+
 
 @dataclass
 class ByteCounter:
     sent: int = 0
     calls: int = 0
     by_op: dict = field(default_factory=dict)
+
+    @property
+    def activation(self) -> int:
+        """The bytes the lesson's formulas count: everything but :data:`SIDE_OPS`."""
+        return int(sum(v for op, v in self.by_op.items() if op not in SIDE_OPS))
 
     def add(self, op: str, nbytes: int) -> None:
         nbytes = int(nbytes)
@@ -171,11 +180,18 @@ def all_to_all_single(x: torch.Tensor, output_split_sizes=None, input_split_size
     return out
 
 
-def check_same_shape(x: torch.Tensor, group=None, what: str = "tensor", dims=None) -> None:
-    """ValueError on every rank if ``x.shape`` (or ``x.shape[d] for d in dims``) differs
-    between the ranks of ``group``: a mismatched collective would hang or mix data.
+_DTYPE_CODES = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 
-    One all-gather of a few int64s, recorded under ``"metadata"``.
+
+def check_same_shape(x: torch.Tensor, group=None, what: str = "tensor", dims=None,
+                     hint: str = "every rank must hold an equal shard (same batch, tokens, heads, "
+                                 "dim); shard the sequence with shard_sequence()") -> None:
+    """ValueError on every rank if ``x.shape`` (or ``x.shape[d] for d in dims``) or the
+    dtype differs between the ranks of ``group``: a mismatched collective would hang,
+    abort the process (gloo) or mix data.
+
+    The one cross-rank shape check of the package: one all-gather of ten int64s,
+    recorded under ``"metadata"`` (not activation traffic).
     """
     n = group_size(group)
     if n == 1:
@@ -183,10 +199,13 @@ def check_same_shape(x: torch.Tensor, group=None, what: str = "tensor", dims=Non
     shape = list(x.shape) if dims is None else [x.shape[d] for d in dims]
     if len(shape) > 8:
         raise ValueError(f"{what}: at most 8 dims are checked, got {len(shape)}")
-    mine = torch.tensor([len(shape)] + shape + [-1] * (8 - len(shape)), dtype=torch.int64)
+    code = _DTYPE_CODES.get(x.dtype, 9)
+    mine = torch.tensor([len(shape)] + shape + [-1] * (8 - len(shape)) + [code], dtype=torch.int64)
     dev = x.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
     allv = all_gather(mine.to(dev)[None], dim=0, group=group, op="metadata").cpu()
     if not bool((allv == allv[0]).all()):
-        rows = {r: tuple(allv[r, 1:1 + int(allv[r, 0])].tolist()) for r in range(n)}
-        raise ValueError(f"mismatched shards: {what} has different shapes on the ranks {rows}; "
-                         "every rank must hold an equal shard (same batch, tokens, heads, dim).")
+        names = {c: str(t).replace("torch.", "") for t, c in _DTYPE_CODES.items()}
+        rows = {r: (tuple(allv[r, 1:1 + int(allv[r, 0])].tolist()), names.get(int(allv[r, -1]), "other"))
+                for r in range(n)}
+        raise ValueError(f"mismatched shards: {what} has different shapes or dtypes on the ranks "
+                         f"(rank: (shape, dtype)) {rows}; {hint}.")

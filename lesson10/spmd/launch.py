@@ -24,7 +24,7 @@ What :func:`launch` does for you:
   so no process is left behind.
 
 The worker function must be importable by a fresh process: a module-level function
-of a module (``lesson10.spmd.notebook_workers`` holds the ones notebook 06 uses). A
+of a module (:mod:`lesson10.spmd.workers` holds the checked runs of every method). A
 function typed into a notebook cell is not, and gives a clear error.
 
 Under ``torchrun`` the processes already exist: call :func:`init_from_env` at the
@@ -47,7 +47,8 @@ import torch.multiprocessing as mp
 
 __all__ = [
     "launch", "RankError", "LaunchTimeout", "choose_backend",
-    "init_from_env", "is_torchrun", "shutdown", "current_device",
+    "init_from_env", "is_torchrun", "shutdown", "current_device", "DTYPES", "torch_dtype",
+    "synchronize",
 ]
 
 
@@ -132,6 +133,23 @@ def current_device() -> torch.device:
     if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+#: dtype names accepted by the workers, the benchmarks and the command line
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"float32"`` -> ``torch.float32`` (one of :data:`DTYPES`); ValueError otherwise."""
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def synchronize() -> None:
+    """Wait for this rank's GPU work (a no-op on CPU), before reading a clock."""
+    if current_device().type == "cuda":
+        torch.cuda.synchronize()
 
 
 def _check_importable(fn) -> None:

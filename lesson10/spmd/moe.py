@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from fractions import Fraction
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..cost import expert_capacity
 from . import comm
 from .sp import copy_to_tp
 
@@ -83,17 +83,6 @@ def route_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None):
 def _check_k(k, E) -> None:
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= E:
         raise ValueError(f"k = {k!r} must be an integer between 1 and the number of experts E = {E}")
-
-
-def expert_capacity(N: int, E: int, k: int, capacity_factor=None):
-    """``C = ceil(CF k N / E)`` (``CF`` read as the decimal it was written as), or ``None``."""
-    if capacity_factor is None:
-        return None
-    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, numbers.Real) \
-            or not math.isfinite(capacity_factor) or capacity_factor <= 0:
-        raise ValueError(f"capacity_factor must be a number > 0 (or None for dropless), "
-                         f"got {capacity_factor!r}")
-    return math.ceil(Fraction(repr(float(capacity_factor))) * k * N / E)
 
 
 def switch_aux_loss(probs: torch.Tensor, experts: torch.Tensor, alpha: float = 1e-2):

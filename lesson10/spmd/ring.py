@@ -26,14 +26,17 @@ rank's share, and arrive back home after ``N_c`` hops.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 
+from ..layouts import layout_name
 from .attention import _check_float, local_attention, local_attention_backward, merge
+from . import comm
 from .comm import record
 
-__all__ = ["RingComm", "ring_attention", "RingAttention", "ring_blocks"]
+__all__ = ["RingComm", "ring_options", "ring_attention", "RingAttention", "ring_blocks"]
 
 RING_LAYOUTS = ("contiguous", "zigzag")
 
@@ -53,21 +56,32 @@ class _Shift:
 
 
 class RingComm:
-    """Point-to-point ring inside ``group``: send to rank ``r+1``, receive from ``r-1``."""
+    """Point-to-point ring inside ``group``: send to rank ``r+1``, receive from ``r-1``.
 
-    def __init__(self, group=None):
+    Two knobs for experiments live here, not in ``ring_attention``'s signature; set them
+    with :func:`ring_options` around a call (the backward reuses the forward's values):
+
+    * ``overlap`` (default True): start each transfer before the round's compute; False
+      waits for it first, so nothing hides (benchmark 2 of ``bench ring``);
+    * ``timings``: a list that receives ``{"phase", "round", "compute_s", "wait_s"}``
+      per round; ``wait_s`` is the communication the compute did not hide.
+    """
+
+    def __init__(self, group=None, overlap: bool = True, timings: list | None = None):
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         to_global = (lambda i: i) if group is None else (lambda i: dist.get_global_rank(group, i))
         self.next = to_global((self.rank + 1) % self.size)
         self.prev = to_global((self.rank - 1) % self.size)
+        self.overlap, self.timings = overlap, timings
 
     def shift(self, tensors, tag: int = 0) -> _Shift:
         """Start sending every tensor to ``r+1`` and receiving as many from ``r-1`` (async).
 
         Returns a :class:`_Shift`; the sent tensors must not change until ``wait()``.
         Every sent byte is recorded as ``"p2p"`` in :func:`lesson10.spmd.comm.count_bytes`.
+        Without overlap the transfer completes before this returns.
         """
         sent = [t.contiguous() for t in tensors]
         received = [torch.empty_like(t) for t in sent]
@@ -76,7 +90,30 @@ class RingComm:
             ops.append(dist.P2POp(dist.isend, t, self.next, self.group, tag + i))
             ops.append(dist.P2POp(dist.irecv, buf, self.prev, self.group, tag + i))
             record("p2p", t.numel() * t.element_size())
-        return _Shift(dist.batch_isend_irecv(ops), sent, received)
+        shift = _Shift(dist.batch_isend_irecv(ops), sent, received)
+        if not self.overlap:
+            shift.wait()
+        return shift
+
+    def log(self, phase: str, step: int, compute_s: float, wait_s: float) -> None:
+        if self.timings is not None:
+            self.timings.append({"phase": phase, "round": step, "compute_s": compute_s,
+                                 "wait_s": wait_s})
+
+
+_OPTIONS = {"overlap": True, "timings": None}
+
+
+@contextmanager
+def ring_options(overlap: bool = True, timings: list | None = None):
+    """Run the ring attention calls inside the ``with`` block with these
+    :class:`RingComm` settings (see there); restored afterwards."""
+    old = dict(_OPTIONS)
+    _OPTIONS.update(overlap=bool(overlap), timings=timings)
+    try:
+        yield
+    finally:
+        _OPTIONS.update(old)
 
 
 # -------------------------------------------------------------------- the plan
@@ -103,7 +140,7 @@ def _acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _check(q, k, v, layout, group, check_ranks):
+def _check(q, k, v, layout, group):
     _check_float(q=q, k=k, v=v)
     if layout not in RING_LAYOUTS:
         raise ValueError(f"ring_attention supports layout in {RING_LAYOUTS}, got {layout!r}")
@@ -125,17 +162,8 @@ def _check(q, k, v, layout, group, check_ranks):
         raise ValueError(
             f"the zigzag layout gives each rank two chunks of c/2 tokens, so the local length c "
             f"must be even (s a multiple of 2*N_c); got c = {c}. Pad the sequence.")
-    if check_ranks and dist.get_world_size(group) > 1:
-        dev = q.device
-        code = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}.get(q.dtype, 9)
-        mine = torch.tensor([*q.shape, k.shape[2], code], dtype=torch.int64, device=dev)
-        allv = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(allv, mine, group=group)        # a few ints: not counted as traffic
-        if any(not torch.equal(x, mine) for x in allv):
-            shapes = [tuple(x.tolist()) for x in allv]
-            raise ValueError(
-                "ring_attention needs the same (b, c, a, d, a_kv, dtype) on every rank; got "
-                f"{shapes}. Shard the sequence with shard_sequence() so every rank has s/N_c tokens.")
+    comm.check_same_shape(q, group, "ring_attention: q")
+    comm.check_same_shape(k, group, "ring_attention: k")
 
 
 # ------------------------------------------------------------------- autograd
@@ -143,18 +171,16 @@ class RingAttention(torch.autograd.Function):
     """``out = ring_attention(q, k, v)`` with the ring backward (see the module doc)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, layout, group, overlap, scale, impl, timings):
-        comm = RingComm(group)
-        r, n, c = comm.rank, comm.size, q.shape[1]
+    def forward(ctx, q, k, v, causal, layout, group, scale, impl):
+        ring = RingComm(group, **_OPTIONS)
+        r, n, c = ring.rank, ring.size, q.shape[1]
         acc = _acc_dtype(q.dtype)
         out = lse = None
         kv = [k, v]
         for step in range(n):
             src = (r - step) % n
             t0 = time.perf_counter()
-            pending = comm.shift(kv, tag=0) if step < n - 1 else None
-            if pending is not None and not overlap:
-                pending.wait()                         # transfer first, then compute
+            pending = ring.shift(kv, tag=0) if step < n - 1 else None
             t1 = time.perf_counter()
             for qs, ks, cz in ring_blocks(layout, causal, r, src, c):
                 o_b, l_b = local_attention(q[:, qs], kv[0][:, ks], kv[1][:, ks], causal=cz,
@@ -168,21 +194,18 @@ class RingAttention(torch.autograd.Function):
             t2 = time.perf_counter()
             if pending is not None:
                 kv = pending.wait()
-            t3 = time.perf_counter()
-            if timings is not None:
-                timings.append({"phase": "forward", "round": step, "compute_s": t2 - t1,
-                                "wait_s": (t1 - t0) + (t3 - t2)})
+            ring.log("forward", step, t2 - t1, (t1 - t0) + (time.perf_counter() - t2))
         out_q = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out_q, lse)
-        ctx.cfg = (causal, layout, group, overlap, scale, impl, timings)
+        ctx.cfg = (causal, layout, group, scale, impl, ring.overlap, ring.timings)
         return out_q
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        causal, layout, group, overlap, scale, impl, timings = ctx.cfg
-        comm = RingComm(group)
-        r, n, c = comm.rank, comm.size, q.shape[1]
+        causal, layout, group, scale, impl, overlap, timings = ctx.cfg
+        ring = RingComm(group, overlap, timings)
+        r, n, c = ring.rank, ring.size, q.shape[1]
         acc = _acc_dtype(q.dtype)
         dout = dout.contiguous()
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
@@ -191,9 +214,7 @@ class RingAttention(torch.autograd.Function):
         for step in range(n):
             src = (r - step) % n
             t0 = time.perf_counter()
-            pending = comm.shift(kv, tag=0) if step < n - 1 else None
-            if pending is not None and not overlap:
-                pending.wait()
+            pending = ring.shift(kv, tag=0) if step < n - 1 else None
             t1 = time.perf_counter()
             dk_b = torch.zeros(k.shape, dtype=acc, device=k.device)
             dv_b = torch.zeros(v.shape, dtype=acc, device=v.device)
@@ -209,24 +230,16 @@ class RingAttention(torch.autograd.Function):
                 got_k, got_v = travelling.wait()
                 dk_b += got_k
                 dv_b += got_v
-            t3 = time.perf_counter()
-            travelling = comm.shift([dk_b, dv_b], tag=2)
-            if not overlap:
-                travelling.wait()
+            travelling = ring.shift([dk_b, dv_b], tag=2)
             if pending is not None:
                 kv = pending.wait()
-            t4 = time.perf_counter()
-            if timings is not None:
-                timings.append({"phase": "backward", "round": step, "compute_s": t2 - t1,
-                                "wait_s": (t1 - t0) + (t4 - t2)})
+            ring.log("backward", step, t2 - t1, (t1 - t0) + (time.perf_counter() - t2))
         dk, dv = travelling.wait()                     # N_c hops: our own dK/dV, complete
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
-                None, None, None, None, None, None, None)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
 def ring_attention(q, k, v, causal: bool = True, layout: str = "zigzag", group=None, *,
-                   overlap: bool = True, scale=None, impl: str = "auto", check: bool = True,
-                   timings: list | None = None):
+                   scale=None, impl: str = "auto"):
     """Exact attention over the whole sequence from local shards, by a ring of K/V blocks.
 
     ``q``: ``(b, c, a, d)``, ``k``/``v``: ``(b, c, a_kv, d)``, this rank's ``c = s/N_c``
@@ -235,14 +248,23 @@ def ring_attention(q, k, v, causal: bool = True, layout: str = "zigzag", group=N
 
     Bytes per rank: forward ``N_c - 1`` shifts of the compact K and V (``4ch/g`` in
     bf16); backward ``N_c - 1`` K/V shifts plus ``N_c`` dK/dV shifts (in float32 for
-    low-precision inputs). ``overlap=False`` waits for each transfer before computing
-    (for benchmarks). ``impl``: local kernel choice (see
-    :func:`lesson10.spmd.attention.local_attention`). ``check``: one tiny all-gather
-    that checks every rank passes the same shapes. ``timings``: a list that receives
-    ``{"phase", "round", "compute_s", "wait_s"}`` per round.
+    low-precision inputs); plus a shape check (``"metadata"``) so that ranks with
+    different shards get a ValueError instead of a hang. ``impl``: local kernel choice
+    (see :func:`lesson10.spmd.attention.local_attention`). Overlap and per-round
+    timings: :func:`ring_options`.
+
+    Worked example, ``N_c = 2``, zig-zag, ``s = 8``: rank 0 holds tokens
+    ``[0, 1, 6, 7]``, rank 1 ``[2, 3, 4, 5]``. Round 0: each rank attends causally to its
+    own tokens while sending its K/V on. Round 1: rank 0 gets rank 1's K/V (src 1 > 0),
+    so only its late queries ``6, 7`` attend, to all of ``2..5``; rank 1 gets rank 0's
+    (src 0 < 1), so all its queries attend to the early chunk ``0, 1`` only. Both do half
+    a block: balanced.
     """
-    layout = {"zig-zag": "zigzag", "zig_zag": "zigzag"}.get(layout, layout)
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("ring_attention runs inside a rank: use lesson10.spmd.launch or torchrun")
-    _check(q, k, v, layout, group, check)
-    return RingAttention.apply(q, k, v, bool(causal), layout, group, bool(overlap), scale, impl, timings)
+    try:
+        layout = layout_name(layout)
+    except ValueError:
+        pass                                # _check names the layouts the ring supports
+    _check(q, k, v, layout, group)
+    return RingAttention.apply(q, k, v, bool(causal), layout, group, scale, impl)

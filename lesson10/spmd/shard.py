@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .comm import record
+from .comm import check_same_shape, record
 
 __all__ = ["shard_sequence", "gather_sequence", "local_positions"]
 
@@ -34,19 +34,6 @@ def _dim(x, dim: int, name: str) -> int:
         raise ValueError(f"dim = {dim!r} is not a dimension of {name} with shape {tuple(x.shape)}; "
                          f"pass the sequence dim (1 for (b, s, a, d))")
     return dim % x.dim()
-
-
-def _check_same_shape(x, group, n: int) -> None:
-    """Every rank must pass the same shard shape, or the all-gather would abort the
-    process (gloo) or hang; a few ints, not counted as traffic."""
-    dev = x.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
-    mine = torch.tensor([x.dim(), *x.shape] + [-1] * (8 - x.dim()), dtype=torch.int64, device=dev)
-    allv = [torch.empty_like(mine) for _ in range(n)]
-    dist.all_gather(allv, mine, group=group)
-    if any(not torch.equal(v, mine) for v in allv):
-        shapes = {r: tuple(v[1:1 + int(v[0])].tolist()) for r, v in enumerate(allv)}
-        raise ValueError(f"gather_sequence: the ranks hold shards of different shapes {shapes}; "
-                         f"every rank must pass its s/n tokens (use shard_sequence)")
 
 
 def _positions(s: int, n: int, layout: str):
@@ -85,7 +72,8 @@ def gather_sequence(x_local: torch.Tensor, layout: str = "zigzag", group=None, d
     if x_local.dim() > 8:
         raise ValueError(f"gather_sequence: at most 8 dims, got shape {tuple(x_local.shape)}")
     if n > 1:
-        _check_same_shape(x_local, group, n)
+        check_same_shape(x_local, group, "gather_sequence: x_local",
+                         hint="every rank must pass its s/n tokens (use shard_sequence)")
     _positions(x_local.shape[dim] * n, n, layout)     # bad layout / length: same error everywhere
     parts = [torch.empty_like(x_local) for _ in range(n)]
     xc = x_local.contiguous()

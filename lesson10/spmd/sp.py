@@ -30,7 +30,7 @@ while the input gradient is being computed, as Megatron-LM does: ``(t-1)/t`` of
 ``(b, s, h)`` more bytes per rank in the backward, for ``(t-1)/t`` of that tensor
 less memory. The dropout mask is kept as ``bool`` (1 byte per element). With both,
 every tensor a block saves per rank under SP is ``1/t`` of its TP-replicated
-counterpart (see ``lesson10.spmd.bench.sp_block_activation_bytes``).
+counterpart (see :func:`lesson10.cost.sp_block_activation_bytes`).
 """
 from __future__ import annotations
 
@@ -396,14 +396,13 @@ class SequenceParallelBlock(nn.Module):
     ``(b, s, h)``), because only its ``s/t`` shard is kept (:class:`_SPColumnLinear`).
     The weights come from ``reference`` (a :class:`ReferenceBlock`, else one is built
     from ``seed``), so the result matches it exactly, gradients included.
-    ``check_shapes``: under SP, first check that every rank holds a shard of the same
-    shape (a clear ValueError instead of a hang); turn off when timing.
+    Under SP the forward first checks that every rank holds a shard of the same shape
+    (a clear ValueError instead of a hang; ``"metadata"`` bytes).
     """
 
     def __init__(self, h: int, ffn: int, sequence_parallel: bool = False, p: float = 0.0,
                  group=None, seed: int = 0, dropout_seed: int = 1234, dtype=torch.float32,
-                 reference: ReferenceBlock | None = None, eps: float = 1e-5,
-                 check_shapes: bool = True):
+                 reference: ReferenceBlock | None = None, eps: float = 1e-5):
         super().__init__()
         n = comm.group_size(group)
         if ffn % n:
@@ -421,7 +420,6 @@ class SequenceParallelBlock(nn.Module):
         self.fc2 = RowParallelLinear(ref.fc2.weight, ref.fc2.bias, sequence_parallel, group)
         self.sequence_parallel, self.group = sequence_parallel, group
         self.p, self.dropout_seed = ref.p, ref.dropout_seed
-        self.check_shapes = check_shapes
 
     def forward(self, x):
         n, r = comm.group_size(self.group), comm.group_rank(self.group)
@@ -429,8 +427,7 @@ class SequenceParallelBlock(nn.Module):
             raise ValueError(f"expected x of shape (b, s, {self.ln.normalized_shape[0]}), "
                              f"got {tuple(x.shape)}")
         if self.sequence_parallel:
-            if self.check_shapes:   # one tiny all-gather ("metadata" bytes)
-                comm.check_same_shape(x, self.group, "the SP input shard")
+            comm.check_same_shape(x, self.group, "the SP input shard")
             c = x.shape[1]                                   # s/t tokens of this rank
             s, positions = c * n, torch.arange(r * c, (r + 1) * c)
             # LN acts on this rank's tokens only: its weight gradients are partial sums

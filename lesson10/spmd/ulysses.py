@@ -128,22 +128,21 @@ def _check(q, k, v, n, replicate_kv):
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                       layout: str = "contiguous", group=None, replicate_kv: bool = False,
-                      scale: float | None = None, check_shapes: bool = True) -> torch.Tensor:
+                      scale: float | None = None) -> torch.Tensor:
     """Attention of local shards ``q`` ``(b, c, a, d)``, ``k``/``v`` ``(b, c, n_kv, d)``.
 
     ``c = s/N_c`` tokens per rank, held as ``layout`` says (``contiguous``,
     ``zigzag``, ``striped``). Returns this rank's output shard ``(b, c, a, d)``, equal
     to full attention over the ``s`` tokens restricted to this rank's tokens.
     Differentiable. Forward bytes: four all-to-alls, ``(N_c-1)/N_c`` of the local
-    Q, K, V and output (K, V at ``n_kv`` heads). ``check_shapes``: first compare the
-    shard shapes of all ranks (one tiny all-gather, ``"metadata"`` bytes), so mismatched
-    shards give a ValueError on every rank instead of a hang; turn off when timing.
+    Q, K, V and output (K, V at ``n_kv`` heads). It first compares the shard shapes of all
+    ranks (a tiny all-gather, ``"metadata"`` bytes), so mismatched shards give a
+    ValueError on every rank instead of a hang.
     """
     n = comm.group_size(group)
     m = _check(q, k, v, n, replicate_kv)
-    if check_shapes:
-        comm.check_same_shape(q, group, "q")
-        comm.check_same_shape(k, group, "k")
+    comm.check_same_shape(q, group, "q")
+    comm.check_same_shape(k, group, "k")
     b, c, a, d = q.shape
     s = n * c
     order = layout_order(s, n, layout)               # validates s and the layout name

@@ -5,7 +5,7 @@ from fractions import Fraction
 import pytest
 
 from lesson10 import cost
-from lesson10.spmd import bench
+from lesson10 import bench
 
 
 def _rows(md: str, first: str):
@@ -117,8 +117,8 @@ def test_bench_sp_memory_is_the_count(sp_md, t):
 def test_block_terms_are_the_lessons_share_of_a_layer(t):
     s, b, h = 64, 2, 32
     sbh = s * b * h
-    tp = bench.sp_block_activation_bytes(s, b, h, t, sp=False)
-    sp = bench.sp_block_activation_bytes(s, b, h, t, sp=True)
+    tp = cost.sp_block_activation_bytes(s, b, h, t, sp=False)
+    sp = cost.sp_block_activation_bytes(s, b, h, t, sp=True)
     # Korthikanti: LN input 2, fc1 input 2, mask 1 replicated; GELU in/out 16 split
     assert tp == pytest.approx(sbh * (5 + 16 / t))
     assert sp == pytest.approx(21 * sbh / t)
@@ -126,7 +126,7 @@ def test_block_terms_are_the_lessons_share_of_a_layer(t):
     assert cost.activation_bytes(s, b, h, 4, t=t) - tp == pytest.approx(sbh * (5 + 8 / t))
     assert cost.activation_bytes(s, b, h, 4, t=t, sp=True) - sp == pytest.approx(13 * sbh / t)
     # keeping the all-gathered fc1 input costs (1 - 1/t) of it
-    full = bench.sp_block_activation_bytes(s, b, h, t, sp=True, regather=False)
+    full = cost.sp_block_activation_bytes(s, b, h, t, sp=True, regather=False)
     assert full - sp == pytest.approx(2 * sbh * (1 - 1 / t))
 
 

@@ -1,4 +1,4 @@
-"""``python -m lesson10 bench sim``: how fast the NumPy simulation is.
+"""``python -m lesson10 bench sim``: how fast the NumPy simulation is (no torch needed).
 
 Times :func:`simulate_moe` (the vectorised routing simulator, up to ``T = 2**20``
 tokens, ``E = 256``, ``k = 8``, ``Ne = 64``) and the simulated ring and Ulysses
@@ -21,15 +21,14 @@ import numpy as np
 
 from .. import cost
 from ..layouts import shard_positions
-from .attention import attention
-from .comm import SimGroup
-from .moe import simulate_moe
-from .ring import ring_attention
-from .ulysses import ulysses_attention
+from ..sim.attention import attention
+from ..sim.comm import SimGroup
+from ..sim.moe import simulate_moe
+from ..sim.ring import ring_attention
+from ..sim.ulysses import ulysses_attention
+from . import RESULTS_DIR
 
-__all__ = ["main", "bench_moe", "bench_attention", "RESULTS_DIR"]
-
-RESULTS_DIR = Path("benchmarks") / "results"
+__all__ = ["main", "bench_moe", "bench_attention"]
 
 MOE_CASES = [  # (T all GPUs, E, k, Ne, capacity_factor, skew)
     (2**20, 256, 8, 64, None, 0.0),

@@ -1,0 +1,59 @@
+"""Benchmarks: timing only. ``python -m lesson10 bench {sim,ring,ulysses,moe,sp,all}``.
+
+:mod:`.harness` (interleaved reps, slowest rank, tables) and one module per benchmark:
+:mod:`.attention` (ring, Ulysses), :mod:`.moe`, :mod:`.sp` on real ranks, and
+:mod:`.sim` (the NumPy simulation, no torch). Tables land in ``benchmarks/results/``.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+RESULTS_DIR = Path("benchmarks") / "results"
+
+__all__ = ["main", "RESULTS_DIR"]
+
+
+def main(argv=None) -> int:
+    """``python -m lesson10 bench {sim,ring,ulysses,moe,sp,all} [--nproc 2 4] [--seq ...]``."""
+    argv = list(argv or [])
+    if argv[:1] == ["sim"]:
+        from .sim import main as sim_main
+        return sim_main(argv[1:])
+    from ..run import add_size_args
+    p = argparse.ArgumentParser(prog="python -m lesson10 bench",
+                                description="benchmarks of the real multi-process methods "
+                                            "('bench sim' times the NumPy simulation)")
+    p.add_argument("what", choices=["ring", "ulysses", "moe", "sp", "all"])
+    p.add_argument("--nproc", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--out", default=str(RESULTS_DIR), help="folder for the tables")
+    p.add_argument("--no-plot", action="store_true")
+    add_size_args(p)
+    p.set_defaults(seq=None)
+    g = p.add_argument_group("moe and sp sizes")
+    g.add_argument("--hidden", type=int, default=None, help="h (default: moe 256, sp 512)")
+    g.add_argument("--ffn", type=int, default=None, help="d_ff (default: moe 512, sp 4h)")
+    g.add_argument("--tokens", type=int, default=2048, help="moe: tokens T per rank")
+    g.add_argument("--experts", type=int, default=8, help="moe: experts E")
+    g.add_argument("--topk", type=int, default=2, help="moe: experts per token k")
+    args = p.parse_args(argv)
+    for name in ("seq", "hidden", "ffn", "tokens", "experts", "topk", "reps", "batch"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            p.error(f"--{name} must be a positive integer, got {v}")
+    if any(n < 1 for n in args.nproc):
+        p.error(f"--nproc must be positive, got {args.nproc}")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for what in (["ring", "ulysses", "moe", "sp"] if args.what == "all" else [args.what]):
+        if what in ("ring", "ulysses"):
+            from .attention import bench
+            bench(argparse.Namespace(**{**vars(args), "seq": args.seq or 4096}), what, out_dir)
+        elif what == "moe":
+            from .moe import bench
+            bench(args, out_dir)
+        else:
+            from .sp import bench
+            bench(args, out_dir)
+    return 0

@@ -1,0 +1,101 @@
+"""The timing harness every benchmark shares: interleaved reps, the slowest rank, the
+single-process baseline measured in the same launch, and the markdown tables.
+
+A benchmark worker runs inside every rank (started by :func:`lesson10.spmd.launch`) and
+hands :func:`interleaved` a ``step(cfg, state) -> seconds`` per config. Reps are
+interleaved (rep 1 of every config, then rep 2, ...), so a change in the load of a
+shared machine hits every config alike; each rep's time is that of the slowest rank,
+because a parallel step ends when its last rank does. Results: medians.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..spmd.launch import current_device, synchronize
+from . import RESULTS_DIR
+
+__all__ = ["RESULTS_DIR", "slowest", "timed", "interleaved", "one_process", "median",
+           "md_table", "ms", "ratio", "machine_note", "write_table"]
+
+def slowest(seconds: float) -> float:
+    """The largest of every rank's ``seconds`` (one all-reduce)."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=current_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def timed(fn) -> float:
+    """Run ``fn()`` on every rank after a barrier; the slowest rank's seconds."""
+    dist.barrier()
+    synchronize()
+    t0 = time.perf_counter()
+    fn()
+    synchronize()
+    return slowest(time.perf_counter() - t0)
+
+
+def interleaved(configs: list, step, reps: int = 5, warmup: int = 1):
+    """``step(cfg, state) -> seconds or None`` run ``warmup + reps`` times per config,
+    interleaved. Returns ``(times, states)``: the timed seconds per config (after the
+    warm-up; ``None`` answers are not timings) and each config's ``state`` dict."""
+    states = [{} for _ in configs]
+    times = [[] for _ in configs]
+    for i in range(warmup + reps):
+        for j, cfg in enumerate(configs):
+            t = step(cfg, states[j])
+            if i >= warmup and t is not None:
+                times[j].append(t)
+    return times, states
+
+
+def one_process(threads: int, fn, *args) -> float:
+    """The single-process baseline inside a launch: rank 0 alone runs ``fn(*args) ->
+    seconds`` with ``threads`` torch threads while the others wait; every rank returns it."""
+    dist.barrier()
+    t = 0.0
+    if dist.get_rank() == 0:
+        old = torch.get_num_threads()
+        torch.set_num_threads(int(threads))
+        try:
+            t = fn(*args)
+        finally:
+            torch.set_num_threads(old)
+    return slowest(t)
+
+
+def median(times: list):
+    return statistics.median(times) if times else None
+
+
+def md_table(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def ms(x) -> str:
+    return f"{1e3 * x:.1f}"
+
+
+def ratio(vals) -> float:
+    """max / mean (1.0 for an all-zero list): the load imbalance."""
+    m = sum(vals) / len(vals)
+    return max(vals) / m if m > 0 else 1.0
+
+
+def machine_note() -> str:
+    return (f"cores on this machine: {os.cpu_count()}; torch {torch.__version__}; "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+
+
+def write_table(md: Path, lines: list[str]) -> None:
+    """Write a benchmark's markdown to ``md`` and print it."""
+    md.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {md}")

@@ -1,0 +1,111 @@
+"""One checked multi-process run of a method, from the command line.
+
+    python -m lesson10 run ring --nproc 4 --seq 1024          # starts 4 ranks (gloo / NCCL)
+    torchrun --nproc-per-node 8 -m lesson10.run ring --seq 65536   # this process is one rank
+
+Methods: ``sp`` (TP and TP + SP), ``ring``, ``ulysses``, ``moe`` (uniform routing, then a
+random router with capacity factor 1.25). Each run is a worker of
+:mod:`lesson10.spmd.workers`: it compares outputs and gradients with a single-process
+reference and prints the time, the largest error and the bytes each rank sent next to
+the lesson's formula. Exit status 0 when every error is within the dtype's tolerance.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["main", "add_size_args", "cases", "report"]
+
+METHODS = ("sp", "ring", "ulysses", "moe")
+
+
+def add_size_args(p: argparse.ArgumentParser) -> None:
+    """The size options ``run`` and ``bench`` share."""
+    from .spmd.launch import DTYPES
+    p.add_argument("--seq", type=int, default=4096, help="whole sequence length s")
+    p.add_argument("--heads", type=int, default=8, help="query heads a")
+    p.add_argument("--kv-heads", type=int, default=None, help="K/V heads (GQA); default = heads")
+    p.add_argument("--dim", type=int, default=64, help="head dim d")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    p.add_argument("--timeout", type=float, default=600.0)
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="one checked multi-process run")
+    p.add_argument("method", choices=METHODS)
+    p.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
+    p.add_argument("--layout", default=None, help="zigzag | contiguous (default: ring zigzag, "
+                                                   "Ulysses contiguous)")
+    p.add_argument("--no-causal", action="store_true")
+    p.add_argument("--no-overlap", action="store_true")
+    add_size_args(p)
+    p.set_defaults(seq=1024, dtype="float32")
+    return p
+
+
+def cases(args, n: int) -> list[tuple]:
+    """``(worker name, kwargs)`` for each checked run of ``args.method`` on ``n`` ranks."""
+    if args.method in ("ring", "ulysses"):
+        return [("check_attention", dict(
+            method=args.method, b=args.batch, s=args.seq, a=args.heads,
+            a_kv=args.kv_heads or args.heads, d=args.dim, causal=not args.no_causal,
+            layout=args.layout, dtype=args.dtype, overlap=not args.no_overlap))]
+    h = args.heads * args.dim
+    if args.method == "sp":
+        return [("check_sp", dict(b=args.batch, s=args.seq, h=h, ffn=4 * h, p=0.1,
+                                  sequence_parallel=sp, blocks=1, dtype=args.dtype))
+                for sp in (False, True)]
+    E = max(4, 2 * n)
+    base = dict(T=max(E, args.seq // n), h=max(h, E), E=E, d_ff=2 * h, k=2, dtype=args.dtype)
+    return [("check_moe", dict(base, routing="uniform")),
+            ("check_moe", dict(base, routing="random", capacity_factor=1.25))]
+
+
+def report(res: dict) -> str:
+    """A few lines on one result of :mod:`lesson10.spmd.workers` (rank 0's)."""
+    if "error" in res:
+        return f"{res['method']}: rejected: {res['error']}"
+    c = {k: v for k, v in res["case"].items() if v is not None and v is not False}
+    from .spmd.comm import SIDE_OPS
+    side = {k: v for k, v in res["fwd_by_op"].items() if k in SIDE_OPS}
+    errs = ", ".join(f"{k} {v:.1e}" for k, v in res["err"].items())
+    return "\n".join([
+        f"{res['method']} on N={res['n']} ranks: " + " ".join(f"{k}={v}" for k, v in c.items()),
+        f"  fwd+bwd time (slowest rank): {1e3 * res['time_s']:.1f} ms",
+        f"  max |error| vs single-process reference: {res['max_err']:.2e} "
+        f"-> {'OK' if res['ok'] else 'TOO LARGE'} (tol {res['tol']:g}; {errs})",
+        f"  bytes sent per rank, forward: {res['fwd']:,} (lesson's formula: "
+        f"{res['formula_fwd']:,.0f})" + (f"; besides: {side}" if side else ""),
+        f"  bytes sent per rank, backward: {res['bwd']:,}"])
+
+
+def main(argv=None) -> int:
+    """``python -m lesson10 run METHOD --nproc N [sizes]``; under torchrun the same, one rank
+    per process (see :func:`lesson10.spmd.launch.init_from_env`)."""
+    from .spmd.launch import init_from_env, is_torchrun, launch, shutdown
+    from .spmd.workers import run_checks
+    torchrun = is_torchrun()
+    args = _parser("torchrun ... -m lesson10.run" if torchrun else "python -m lesson10 run").parse_args(argv)
+    if torchrun:
+        import torch.distributed as dist
+        init_from_env(args.backend, timeout=args.timeout)
+        try:
+            results = run_checks(cases(args, dist.get_world_size()))
+            if dist.get_rank() != 0:
+                return 0
+        finally:
+            shutdown()
+    else:
+        results = launch(run_checks, args.nproc, cases(args, args.nproc), backend=args.backend,
+                         timeout=args.timeout)[0]
+    for res in results:
+        print(report(res))
+    ok = all(res.get("ok", False) for res in results)
+    print("OK" if ok else "ERROR TOO LARGE")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,360 @@
+"""One checked run per method on real ranks: notebook 06, ``python -m lesson10 run`` and the tests.
+
+Pass a worker to :func:`lesson10.spmd.launch.launch`; it runs inside every rank::
+
+    from lesson10.spmd import launch, workers
+    res = launch(workers.check_attention, 2, "ring", s=64)[0]     # rank 0's result
+    both = launch(workers.run_checks, 2, [("check_sp", {"sequence_parallel": False}),
+                                          ("check_sp", {})])[0]   # two runs, one launch
+
+Every worker draws the *whole* input from a seed, so each rank computes the
+single-process reference on its own, cuts out its shard, runs the parallel method and
+compares its part of the output and of the gradients. One result schema for all:
+
+``method``, ``case`` (the arguments), ``n`` (ranks of the method's group), ``rank``;
+``err`` (``{name: largest |error| over all ranks}``), ``max_err``, ``tol`` (for the
+dtype), ``ok``; ``fwd`` / ``bwd``: the activation bytes this rank sent (side traffic
+left out, see :data:`lesson10.spmd.comm.SIDE_OPS`), ``fwd_by_op`` / ``bwd_by_op``: every byte by op;
+``formula_fwd``: the lesson's bytes from :mod:`lesson10.cost` with the same ``e``
+(8 for float64); ``time_s``: forward + backward of the slowest rank; plus a few
+fields of the method's own. A case the method rejects gives ``{"method", "case",
+"error": message}`` (every method raises its ValueError on every rank, before any
+collective, so nothing hangs).
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import cost
+from . import comm
+from .attention import attention
+from .comm import SIDE_OPS
+from .launch import current_device, synchronize, torch_dtype
+
+__all__ = ["hello", "check_attention", "check_sp", "check_moe", "run_checks",
+           "uniform_router_tokens", "SIDE_OPS", "TOL"]
+
+#: largest error accepted against the float64 reference, by dtype
+TOL = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 5e-2}
+
+
+# ------------------------------------------------------------------ helpers
+def _err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest |a - b| (0.0 for empty tensors), on the CPU in float64."""
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float((a - b).abs().max()) if a.numel() else 0.0
+
+
+def _max_over_ranks(values: dict) -> dict:
+    """Every number in ``values`` replaced by its maximum over all ranks (one all-reduce,
+    outside any byte counter: bookkeeping, not the method's traffic)."""
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=current_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(keys, t.cpu().tolist()))
+
+
+def _elem(dtype: str) -> int:
+    return torch.empty((), dtype=torch_dtype(dtype)).element_size()
+
+
+def _result(method, case, n, errs, fwd, bwd, formula_fwd, seconds, **extra) -> dict:
+    errs = _max_over_ranks(errs)
+    seconds = _max_over_ranks({"t": seconds})["t"]
+    max_err = max(errs.values()) if errs else 0.0
+    tol = TOL[case["dtype"]]
+    return {"method": method, "case": case, "n": n, "rank": dist.get_rank(),
+            "err": errs, "max_err": max_err, "tol": tol, "ok": bool(max_err <= tol),
+            "fwd": fwd.activation, "bwd": bwd.activation,
+            "fwd_by_op": dict(fwd.by_op), "bwd_by_op": dict(bwd.by_op),
+            "formula_fwd": formula_fwd, "time_s": seconds, **extra}
+
+
+def _timed_step(forward, dout):
+    """``forward()`` then ``backward(dout)``, each inside a byte counter, timed on this rank."""
+    dist.barrier()
+    synchronize()
+    t0 = time.perf_counter()
+    with comm.count_bytes() as fwd:
+        out = forward()
+    with comm.count_bytes() as bwd:
+        out.backward(dout)
+    synchronize()
+    return out, fwd, bwd, time.perf_counter() - t0
+
+
+def run_checks(todo: list) -> list[dict]:
+    """Several checked runs in one launch (starting ranks costs seconds): ``todo`` is a
+    list of ``(worker name, kwargs)``, e.g. ``[("check_sp", {"sequence_parallel": False}),
+    ("check_sp", {})]``; returns this rank's results in that order."""
+    return [globals()[name](**kwargs) for name, kwargs in todo]
+
+
+def hello() -> dict:
+    """Who am I: rank, world size, backend, process id, host, torch threads, device."""
+    return {"rank": dist.get_rank(), "world": dist.get_world_size(),
+            "backend": dist.get_backend(), "pid": os.getpid(), "host": socket.gethostname(),
+            "threads": torch.get_num_threads(), "device": str(current_device())}
+
+
+# -------------------------------------------------------------- attention
+def _attention_method(method: str):
+    from .ring import ring_attention
+    from .ulysses import ulysses_attention
+    methods = {"ring": ring_attention, "ulysses": ulysses_attention}
+    if method not in methods:
+        raise ValueError(f"method must be one of {sorted(methods)}, got {method!r}")
+    return methods[method]
+
+
+def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a_kv: int = 2,
+                    d: int = 8, causal: bool = True, layout: str | None = None,
+                    dtype: str = "float64", seed: int = 0, replicate_kv: bool = False,
+                    impl: str = "auto", overlap: bool = True, split: int = 1) -> dict:
+    """``method`` (``"ring"`` or ``"ulysses"``) on this rank's shard vs full attention.
+
+    Inputs ``q (b, s, a, d)``, ``k, v (b, s, a_kv, d)`` and the output gradient, drawn
+    from ``seed``; the reference is :func:`lesson10.spmd.attention.attention` in float64
+    on the same (rounded) inputs. ``layout``: default zig-zag for the ring, contiguous
+    for Ulysses. ``err``: ``out``, ``dq``, ``dk``, ``dv`` of this rank's tokens.
+    ``formula_fwd = cost.comm_bytes(method, s, a d, n, g, e) * b`` with ``g`` query
+    heads per K/V head *as sent* (``replicate_kv`` copies K/V heads up to
+    ``lcm(a_kv, N_c)``). ``split = m``: the world is cut into ``m`` groups of
+    consecutive ranks (``new_group``), each running the method on its own sequence.
+    Extras: ``tokens`` (this rank's global positions), ``kv_heads_sent``.
+    """
+    from .ring import ring_options
+    from .shard import local_positions, shard_sequence
+
+    case = dict(method=method, b=b, s=s, a=a, a_kv=a_kv, d=d, causal=causal, layout=layout,
+                dtype=dtype, seed=seed, replicate_kv=replicate_kv, impl=impl, overlap=overlap,
+                split=split)
+    fn = _attention_method(method)
+    layout = layout or ("zigzag" if method == "ring" else "contiguous")
+    case["layout"] = layout
+    world, rank = dist.get_world_size(), dist.get_rank()
+    group, n, which = None, world, 0
+    if split > 1:
+        if world % split:
+            raise ValueError(f"split = {split} does not divide the {world} ranks")
+        n, which = world // split, rank // (world // split)
+        groups = [dist.new_group(list(range(i, i + n))) for i in range(0, world, n)]
+        group = groups[which]
+    dt, dev = torch_dtype(dtype), current_device()
+    g = torch.Generator().manual_seed(seed + 1000 * which)
+    q, dout = (torch.randn(b, s, a, d, generator=g, dtype=torch.float64).to(dt) for _ in range(2))
+    k, v = (torch.randn(b, s, a_kv, d, generator=g, dtype=torch.float64).to(dt) for _ in range(2))
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    o_ref, _ = attention(*ref, causal=causal)
+    o_ref.backward(dout.double())
+    kw = {"impl": impl} if method == "ring" else {"replicate_kv": replicate_kv}
+    try:
+        pos = local_positions(s, layout, group)
+        loc = [shard_sequence(t.to(dev), layout, group).detach().requires_grad_() for t in (q, k, v)]
+        with ring_options(overlap=overlap):
+            o, fwd, bwd, seconds = _timed_step(
+                lambda: fn(*loc, causal=causal, layout=layout, group=group, **kw),
+                shard_sequence(dout.to(dev), layout, group))
+    except ValueError as e:
+        return {"method": method, "case": case, "error": str(e)}
+    errs = {"out": _err(o, o_ref[:, pos]), "dq": _err(loc[0].grad, ref[0].grad[:, pos]),
+            "dk": _err(loc[1].grad, ref[1].grad[:, pos]), "dv": _err(loc[2].grad, ref[2].grad[:, pos])}
+    sent_kv = math.lcm(a_kv, n) if method == "ulysses" and replicate_kv and a_kv % n else a_kv
+    formula = cost.comm_bytes(method, s, a * d, n, g=a / sent_kv, e=_elem(dtype)) * b
+    return _result(method, case, n, errs, fwd, bwd, formula, seconds,
+                   tokens=pos.tolist(), kv_heads_sent=sent_kv)
+
+
+# ----------------------------------------------------------------------- SP
+def check_sp(b: int = 2, s: int = 8, h: int = 16, ffn: int = 32, p: float = 0.1,
+             sequence_parallel: bool = True, blocks: int = 2, seed: int = 0,
+             dtype: str = "float64") -> dict:
+    """``blocks`` :class:`SequenceParallelBlock` s in a row, as TP or TP + SP, vs one process.
+
+    Each block: LayerNorm -> column-parallel fc1 -> GELU -> row-parallel fc2 -> dropout
+    -> residual; two blocks communicate like a transformer layer (attention + MLP):
+    2 all-reduces forward under TP, 2 reduce-scatters + 2 all-gathers under TP + SP.
+    Input ``x (b, s, h)``; under SP rank ``r`` holds tokens ``r s/t .. (r+1) s/t - 1``.
+    ``err``: ``out``, ``dx`` and every weight gradient (``"grad <block>.<name>"``, this
+    rank's shard of the reference's). ``formula_fwd = cost.comm_bytes("sp", s, h, t, e)
+    * b * blocks / 2``. Extras: ``tokens_per_rank`` of the LayerNorm input, ``dropped``
+    (the fraction of block 0's outputs its dropout zeroed, in the reference).
+    """
+    from .sp import ReferenceBlock, SequenceParallelBlock, sp_shard
+
+    case = dict(b=b, s=s, h=h, ffn=ffn, p=p, sequence_parallel=sequence_parallel, blocks=blocks,
+                seed=seed, dtype=dtype)
+    dt, dev = torch_dtype(dtype), current_device()
+    t, r = dist.get_world_size(), dist.get_rank()
+    refs = [ReferenceBlock(h, ffn, p, seed=seed + i, dropout_seed=99 + i, dtype=dt) for i in range(blocks)]
+    g = torch.Generator().manual_seed(seed + 1000)
+    x = torch.randn(b, s, h, generator=g, dtype=dt)
+    dy = torch.randn(b, s, h, generator=g, dtype=dt)
+    xr = x.clone().requires_grad_()
+    ys = [xr]
+    for ref in refs:
+        ys.append(ref(ys[-1]))
+    yr = ys[-1]
+    yr.backward(dy)
+    dropped = float((ys[1] - xr == 0).double().mean()) if p else 0.0   # block 0's dropout
+    try:
+        mods = [SequenceParallelBlock(h, ffn, sequence_parallel=sequence_parallel, reference=ref).to(dev)
+                for ref in refs]
+        if sequence_parallel:
+            xl, dyl, tok = sp_shard(x), sp_shard(dy), slice(r * s // t, (r + 1) * s // t)
+        else:
+            xl, dyl, tok = x.clone(), dy, slice(None)
+        xl = xl.to(dev).requires_grad_()
+
+        def forward():
+            y = xl
+            for m in mods:
+                y = m(y)
+            return y
+
+        y, fwd, bwd, seconds = _timed_step(forward, dyl.to(dev))
+    except ValueError as e:
+        return {"method": "sp", "case": case, "error": str(e)}
+    rows = slice(r * ffn // t, (r + 1) * ffn // t)
+    errs = {"out": _err(y, yr[:, tok]), "dx": _err(xl.grad, xr.grad[:, tok])}
+    for i, (m, ref) in enumerate(zip(mods, refs)):
+        want = {"ln.weight": ref.ln.weight.grad, "ln.bias": ref.ln.bias.grad,
+                "fc1.weight": ref.fc1.weight.grad[rows], "fc1.bias": ref.fc1.bias.grad[rows],
+                "fc2.weight": ref.fc2.weight.grad[:, rows], "fc2.bias": ref.fc2.bias.grad}
+        got = dict(m.named_parameters())
+        errs.update({f"grad {i}.{k}": _err(got[k].grad, want[k]) for k in want})
+    formula = cost.comm_bytes("sp", s, h, t, e=_elem(dtype)) * b * blocks / 2
+    return _result("sp", case, t, errs, fwd, bwd, formula, seconds, tokens_per_rank=xl.shape[1],
+                   dropped=dropped)
+
+
+# ---------------------------------------------------------------------- MoE
+def uniform_router_tokens(T: int, h: int, E: int, k: int, start: int = 0, dtype=torch.float64):
+    """Tokens and a router that route *exactly* uniformly (for byte checks).
+
+    ``router_w`` = the first ``E`` columns of the identity ``(h, E)``; token ``t`` is
+    ``sum_j (k - j) e_{(start + t k + j) mod E}``, so its top-``k`` experts are
+    ``start + t k .. start + t k + k - 1 (mod E)``, best first: with ``k T`` a multiple
+    of ``E`` every expert gets ``k T / E`` copies from every rank.
+    """
+    if h < E:
+        raise ValueError(f"uniform routing needs h >= E, got h = {h}, E = {E}")
+    x = torch.zeros(T, h, dtype=dtype)
+    for t in range(T):
+        for j in range(k):
+            x[t, (start + t * k + j) % E] = k - j
+    return x, torch.eye(h, E, dtype=dtype)
+
+
+def check_moe(T=16, h: int = 8, E: int = 4, k: int = 2, d_ff: int = 16, capacity_factor=None,
+              routing: str = "random", seed: int = 0, dtype: str = "float64", alpha: float = 0.5,
+              bias=None, rate=None) -> dict:
+    """:class:`ExpertParallelMoE` on ``N_e`` ranks vs :func:`lesson10.spmd.moe.moe_reference`.
+
+    ``T``: tokens per rank (or a list, one per rank); ``routing``: ``"uniform"`` (every
+    rank sends exactly ``kT/E`` copies to every expert, :func:`uniform_router_tokens`)
+    or ``"random"``; ``bias``: the routing bias (list of ``E``); ``alpha``: aux-loss
+    weight (large, so that its gradient shows). Step: loss ``sum(y dy) + aux_loss``.
+    ``err``: ``y``, ``dx``, ``router_grad``, ``w1_grad``, ``w2_grad`` (this rank's
+    experts), ``aux``; in float64 also ``sim`` / ``sim_aux`` against
+    :mod:`lesson10.sim.moe`, and ``bias`` (the bias update, with ``rate``).
+    Routing bookkeeping, counted independently with :mod:`lesson10.sim.moe`:
+    ``capacity``, ``ref_dropped``, ``dropped_mine`` (dropped copies of this rank's
+    tokens), ``remote_sent`` (this rank's kept copies whose expert lives elsewhere: they
+    leave in the dispatch), ``remote_received`` (kept copies of other ranks' tokens for
+    this rank's experts: their outputs leave in the combine), so exactly
+    ``fwd = (remote_sent + remote_received) * row_bytes``. From the layer: ``dropped``,
+    ``load`` (kept copies per local expert), ``counts``, ``w_grad_zero``.
+    ``formula_fwd = cost.moe_a2a_bytes(k, T, h, N_e, e)`` (uniform routing, no drops).
+    """
+    from ..sim.moe import capacity_keep, route_topk as sim_route
+    from ..sim.moe import moe_reference as sim_reference, switch_aux_loss as sim_aux
+    from ..sim.moe import update_expert_bias as sim_update
+    from .moe import ExpertParallelMoE, init_moe_weights, moe_reference
+
+    case = dict(T=T, h=h, E=E, k=k, d_ff=d_ff, capacity_factor=capacity_factor, routing=routing,
+                seed=seed, dtype=dtype, alpha=alpha, bias=bias, rate=rate)
+    dt, dev = torch_dtype(dtype), current_device()
+    n, r = dist.get_world_size(), dist.get_rank()
+    Ts = list(T) if isinstance(T, (list, tuple)) else [T] * n
+    if len(Ts) != n:
+        raise ValueError(f"T lists {len(Ts)} token counts for {n} ranks")
+    router_w, w1, w2 = init_moe_weights(h, E, d_ff, seed, dt)
+    g = torch.Generator().manual_seed(seed + 7)
+    if routing == "uniform":
+        x = torch.cat([uniform_router_tokens(Ts[i], h, E, k, i, dt)[0] for i in range(n)])
+        router_w = uniform_router_tokens(1, h, E, k, 0, dt)[1]
+    elif routing == "random":
+        x = torch.randn(sum(Ts), h, generator=g, dtype=dt)
+    else:
+        raise ValueError(f"routing must be 'uniform' or 'random', got {routing!r}")
+    dy = torch.randn(sum(Ts), h, generator=g, dtype=dt)
+    b_t = None if bias is None else torch.tensor(bias, dtype=router_w.dtype)
+    lo, hi = sum(Ts[:r]), sum(Ts[:r + 1])
+    try:
+        layer = ExpertParallelMoE(h, E, d_ff, k, capacity_factor=capacity_factor,
+                                  router_w=router_w, w1=w1, w2=w2, alpha=alpha).to(dev)
+    except ValueError as e:
+        return {"method": "moe", "case": case, "error": str(e)}
+    if b_t is not None:
+        layer.bias.copy_(b_t)
+    xl = x[lo:hi].clone().to(dev).requires_grad_()
+    dyl = dy[lo:hi].to(dev)
+
+    outs = []
+
+    def forward():
+        outs.append(layer(xl))
+        return (outs[0] * dyl).sum() + layer.aux_loss      # a scalar: backward() needs no dout
+
+    _, fwd, bwd, seconds = _timed_step(forward, None)
+    y = outs[0].detach()
+    aux_total = layer.aux_loss.detach().clone()
+    dist.all_reduce(aux_total)
+    xr, rw, rw1, rw2 = (t.clone().requires_grad_() for t in (x, router_w, w1, w2))
+    yr, auxr = moe_reference(xr, rw, rw1, rw2, k, capacity_factor, b_t, alpha)
+    ((yr * dy).sum() + auxr).backward()
+    El = E // n
+    errs = {"y": _err(y, yr[lo:hi]), "dx": _err(xl.grad, xr.grad[lo:hi]),
+            "router_grad": _err(layer.router_w.grad, rw.grad),
+            "w1_grad": _err(layer.w1.grad, rw1.grad[r * El:(r + 1) * El]),
+            "w2_grad": _err(layer.w2.grad, rw2.grad[r * El:(r + 1) * El]),
+            "aux": abs(float(aux_total) - float(auxr.detach()))}
+    # routing bookkeeping with the NumPy simulation (an independent implementation)
+    bias_np = None if b_t is None else b_t.numpy()
+    logits = (x.double() @ router_w.double()).numpy()
+    experts, _ = sim_route(logits, k, bias_np)
+    N = sum(Ts)
+    cap = cost.expert_capacity(N, E, k, capacity_factor)
+    kept = capacity_keep(experts, E, cap)
+    home = experts // El                                          # (N, k) rank of each expert
+    owner = np.repeat(np.arange(n), Ts)[:, None]                  # (N, 1) rank of each token
+    extra = {"capacity": cap, "ref_dropped": int((~kept).sum()),
+             "dropped_mine": int(((owner == r) & ~kept).sum()),
+             "remote_sent": int(((owner == r) & (home != r) & kept).sum()),
+             "remote_received": int(((owner != r) & (home == r) & kept).sum()),
+             "row_bytes": h * _elem(dtype), "copies": N * k, "T_mine": Ts[r],
+             "dropped": int(layer.dropped), "load": layer.load.tolist(),
+             "counts": layer.counts.tolist(), "aux_value": float(aux_total),
+             "w_grad_zero": [bool((layer.w1.grad[e] == 0).all()) for e in range(El)]}
+    if dtype == "float64":
+        experts_np = [(w1[e].numpy(), w2[e].numpy()) for e in range(E)]
+        ys = sim_reference(x.numpy(), router_w.numpy(), experts_np, k, capacity_factor, bias_np)
+        errs["sim"] = float(np.abs(ys[lo:hi] - y.cpu().numpy()).max(initial=0.0))
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        errs["sim_aux"] = abs(sim_aux(p / p.sum(1, keepdims=True), experts, alpha) - float(aux_total))
+    if rate is not None:
+        before = layer.bias.detach().cpu().clone()
+        new = layer.update_bias(rate).detach().cpu().clone()
+        errs["bias"] = float(np.abs(sim_update(before.numpy(), layer.load.cpu().numpy(), rate)
+                                    - new.numpy()).max())
+        extra["bias_changed"] = bool((new != before).any())
+    formula = cost.moe_a2a_bytes(k, Ts[r], h, n, e=_elem(dtype)) if Ts[r] else 0.0
+    return _result("moe", case, n, errs, fwd, bwd, formula, seconds, **extra)

@@ -1,0 +1,640 @@
+"""Right and wrong answers for notebooks 01-03, written independently of the notebooks
+(test data for tests/test_checks_answers.py). Every wrong answer is a mistake a student
+could make; the comment says which."""
+import math
+
+import numpy as np
+
+
+# --------------------------------------------------------------------------- 01 reduce_scatter
+def rs_loops(xs):
+    t = len(xs)
+    c = xs[0].shape[0] // t
+    return [sum(x[i * c:(i + 1) * c] for x in xs) for i in range(t)]
+
+
+def rs_split(xs):
+    return list(np.split(np.sum(xs, axis=0), len(xs), axis=0))
+
+
+def rs_array(xs):                        # one (t, c, h) array: entry i is rank i's shard
+    t = len(xs)
+    total = np.add.reduce(np.stack(xs))
+    return total.reshape(t, total.shape[0] // t, total.shape[1])
+
+
+def rs_wrong_axis(xs):                   # splits the hidden axis instead of the tokens
+    return list(np.split(np.sum(xs, axis=0), len(xs), axis=1))
+
+
+def rs_no_sum(xs):                       # keeps its own partial, forgets the other ranks
+    t = len(xs)
+    c = xs[0].shape[0] // t
+    return [x[r * c:(r + 1) * c] for r, x in enumerate(xs)]
+
+
+def rs_strided(xs):                      # rank i gets rows i, i + t, ... (reshape the wrong way)
+    t = len(xs)
+    total = np.sum(xs, axis=0)
+    return [total.reshape(-1, t, total.shape[1])[:, i] for i in range(t)]
+
+
+def rs_in_place(xs):                     # accumulates into the caller's xs[0]
+    total = xs[0]
+    for x in xs[1:]:
+        total += x
+    return list(np.split(total, len(xs)))
+
+
+def rs_reversed(xs):                     # rank 0 gets the last block
+    return rs_split(xs)[::-1]
+
+
+def rs_mean(xs):                         # averages instead of summing
+    return list(np.split(np.mean(xs, axis=0), len(xs)))
+
+
+def rs_one_array(xs):                    # the full sum, not split
+    return np.sum(xs, axis=0)
+
+
+# --------------------------------------------------------------------------- 01 all_gather
+def ag_concat(shards):
+    full = np.concatenate(shards, axis=0)
+    return [full.copy() for _ in shards]
+
+
+def ag_loops(shards):
+    out = []
+    for _ in shards:
+        rows = [row for sh in shards for row in sh]
+        out.append(np.array(rows))
+    return out
+
+
+def ag_broadcast(shards):                # one read-only (t, t c, h) array
+    full = np.concatenate(shards)
+    return np.broadcast_to(full, (len(shards),) + full.shape)
+
+
+def ag_ring_order(shards):               # starts with its own shard
+    n = len(shards)
+    return [np.concatenate(shards[r:] + shards[:r], axis=0) for r in range(n)]
+
+
+def ag_wrong_axis(shards):
+    full = np.concatenate(shards, axis=1)
+    return [full.copy() for _ in shards]
+
+
+def ag_one_array(shards):                # the gathered tensor, but not one per rank
+    return np.concatenate(shards, axis=0)
+
+
+def ag_interleaved(shards):              # stacks then reshapes: token order c-major
+    full = np.stack(shards, axis=1).reshape(-1, shards[0].shape[1])
+    return [full.copy() for _ in shards]
+
+
+def ag_reversed(shards):
+    full = np.concatenate(shards[::-1])
+    return [full.copy() for _ in shards]
+
+
+def ag_no_gather(shards):                # every rank keeps its own shard
+    return [s.copy() for s in shards]
+
+
+def ag_stack(shards):                    # (t, c, h) per rank instead of (t c, h)
+    full = np.stack(shards)
+    return [full.copy() for _ in shards]
+
+
+def ag_overwrites(shards):               # writes the result into the caller's list
+    full = np.concatenate(shards)
+    for i in range(len(shards)):
+        shards[i] = full
+    return shards
+
+
+# --------------------------------------------------------------------------- 01 sp_forward
+def sp_helpers(partials, op):
+    return ag_concat([op(x) for x in rs_split(partials)])
+
+
+def sp_inline(partials, op):
+    t = len(partials)
+    total = sum(partials)
+    c = total.shape[0] // t
+    full = np.concatenate([op(total[i * c:(i + 1) * c]) for i in range(t)])
+    return [full.copy() for _ in range(t)]
+
+
+def sp_array(partials, op):
+    full = np.vstack([op(x) for x in rs_loops(partials)])
+    return np.stack([full] * len(partials))
+
+
+def sp_op_before_sum(partials, op):      # runs the op on each partial, then reduces
+    return ag_concat(rs_split([op(x) for x in partials]))
+
+
+def sp_is_tp(partials, op):              # all-reduce, then op on all s tokens
+    full = op(np.sum(partials, axis=0))
+    return [full.copy() for _ in partials]
+
+
+def sp_no_gather(partials, op):          # stops after the token-wise op
+    return [op(x) for x in rs_split(partials)]
+
+
+def sp_in_place(partials, op):           # sums into partials[0]: the caller's array changes
+    acc = partials[0]
+    for p in partials[1:]:
+        acc += p
+    t = len(partials)
+    return ag_concat([op(b) for b in np.split(acc, t)])
+
+
+def sp_per_token(partials, op):          # op on one token at a time
+    shards = rs_split(partials)
+    return ag_concat([np.concatenate([op(row[None]) for row in sh]) for sh in shards])
+
+
+def sp_op_per_block(partials, op):       # op on each partial's block, then summed
+    t = len(partials)
+    c = partials[0].shape[0] // t
+    return ag_concat([sum(op(p[i * c:(i + 1) * c]) for p in partials) for i in range(t)])
+
+
+def sp_ring_gather(partials, op):        # gathers starting from its own shard
+    return ag_ring_order([op(x) for x in rs_split(partials)])
+
+
+# --------------------------------------------------------------------------- 01 sp_bytes
+def bytes_tuple(s, h, t, e=2):
+    n = s * h * e
+    return 2 * (2 * (t - 1) / t * n), 4 * ((t - 1) / t * n)
+
+
+def bytes_array(s, h, t, e=2):
+    return np.array(bytes_tuple(s, h, t, e))
+
+
+def bytes_int_list(s, h, t, e=2):
+    both = 4 * (t - 1) * s * h * e / t
+    return [both, both]
+
+
+def bytes_no_fraction(s, h, t, e=2):
+    return 4 * s * h * e, 4 * s * h * e
+
+
+def bytes_half_allreduce(s, h, t, e=2):  # an all-reduce counted like a reduce-scatter
+    n = s * h * e
+    return 2 * (t - 1) / t * n, 4 * (t - 1) / t * n
+
+
+def bytes_fixed_e(s, h, t, e=2):         # bf16 hard-coded
+    return bytes_tuple(s, h, t, 2)
+
+
+def bytes_one_over_t(s, h, t, e=2):      # 1/t instead of (t-1)/t
+    n = s * h * e
+    return 4 * n / t, 4 * n / t
+
+
+def bytes_int_division(s, h, t, e=2):    # (t - 1) // t is 0
+    n = s * h * e
+    return 4 * ((t - 1) // t) * n, 4 * ((t - 1) // t) * n
+
+
+def bytes_sp_two_collectives(s, h, t, e=2):   # TP + SP counted as one RS + one AG
+    n = s * h * e
+    return 4 * (t - 1) / t * n, 2 * (t - 1) / t * n
+
+
+def bytes_only_sp(s, h, t, e=2):         # one number, not a pair
+    return 4 * (t - 1) / t * s * h * e
+
+
+def bytes_default_e1(s, h, t, e=1):      # wrong default
+    return bytes_tuple(s, h, t, e)
+
+
+# --------------------------------------------------------------------------- 02 block_attention
+def attn_einsum(q, k, v, q_pos, k_pos, causal=True):
+    x = np.einsum("iad,jad->aij", q, k) / np.sqrt(q.shape[-1])
+    if causal:
+        x = np.where(np.asarray(k_pos)[None, None, :] <= np.asarray(q_pos)[None, :, None], x, -np.inf)
+    m = x.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(x - m)
+    l = p.sum(-1)
+    lse = np.where(l > 0, np.log(np.where(l > 0, l, 1)) + m[..., 0], -np.inf)
+    out = np.einsum("aij,jad->iad", p / np.where(l > 0, l, 1)[..., None], v)
+    return out, lse.T
+
+
+def attn_matmul_heads(q, k, v, q_pos, k_pos, causal=True):
+    sq, a, d = q.shape
+    out, lse = np.zeros((sq, a, v.shape[2])), np.full((sq, a), -np.inf)
+    visible = np.ones((sq, k.shape[0]), dtype=bool)
+    if causal:
+        visible = np.asarray(k_pos)[None, :] <= np.asarray(q_pos)[:, None]
+    for h in range(a):
+        x = (q[:, h, :] @ k[:, h, :].T) / math.sqrt(d)
+        x = np.where(visible, x, -np.inf)
+        for i in range(sq):
+            if not visible[i].any():
+                continue
+            m = x[i].max()
+            w = np.exp(x[i] - m)
+            lse[i, h] = m + np.log(w.sum())
+            out[i, h] = (w / w.sum()) @ v[:, h, :]
+    return out, lse
+
+
+def attn_python(q, k, v, q_pos, k_pos, causal=True):
+    sq, a, d = q.shape
+    out = [[[0.0] * v.shape[2] for _ in range(a)] for _ in range(sq)]
+    lse = [[-math.inf] * a for _ in range(sq)]
+    for i in range(sq):
+        keys = [j for j in range(len(k)) if not causal or k_pos[j] <= q_pos[i]]
+        for h in range(a):
+            if not keys:
+                continue
+            xs = [sum(float(q[i, h, t]) * float(k[j, h, t]) for t in range(d)) / math.sqrt(d)
+                  for j in keys]
+            m = max(xs)
+            w = [math.exp(x - m) for x in xs]
+            tot = sum(w)
+            lse[i][h] = m + math.log(tot)
+            out[i][h] = [sum(wj * float(v[j, h, t]) for wj, j in zip(w, keys)) / tot
+                         for t in range(v.shape[2])]
+    return out, lse
+
+
+def attn_no_mask(q, k, v, q_pos, k_pos, causal=True):
+    return attn_einsum(q, k, v, q_pos, k_pos, False)
+
+
+def attn_row_mask(q, k, v, q_pos, k_pos, causal=True):      # compares row numbers
+    return attn_einsum(q, k, v, np.arange(len(q)), np.arange(len(k)), causal)
+
+
+def attn_nan_rows(q, k, v, q_pos, k_pos, causal=True):      # softmax of an all -inf row
+    with np.errstate(all="ignore"):
+        x = np.einsum("iad,jad->aij", q, k) / np.sqrt(q.shape[-1])
+        if causal:
+            x = np.where(np.asarray(k_pos)[None, None, :] <= np.asarray(q_pos)[None, :, None], x, -np.inf)
+        m = x.max(-1, keepdims=True)
+        p = np.exp(x - m)
+        l = p.sum(-1)
+        return np.einsum("aij,jad->iad", p / l[..., None], v), (np.log(l) + m[..., 0]).T
+
+
+def attn_strict(q, k, v, q_pos, k_pos, causal=True):        # key < query: drops the diagonal
+    if not causal:
+        return attn_einsum(q, k, v, q_pos, k_pos, False)
+    return attn_einsum(q, k, v, np.asarray(q_pos) - 0.5, k_pos, True)
+
+
+def attn_no_shift(q, k, v, q_pos, k_pos, causal=True):      # exp of the raw scores
+    with np.errstate(all="ignore"):
+        x = np.einsum("iad,jad->aij", q, k) / np.sqrt(q.shape[-1])
+        if causal:
+            x = np.where(np.asarray(k_pos)[None, None, :] <= np.asarray(q_pos)[None, :, None], x, -np.inf)
+        p = np.exp(x)
+        l = p.sum(-1)
+        safe = np.where(l > 0, l, 1)
+        return np.einsum("aij,jad->iad", p / safe[..., None], v), np.log(l).T
+
+
+def attn_finite_mask(q, k, v, q_pos, k_pos, causal=True):   # -1e9 instead of -inf
+    x = np.einsum("iad,jad->aij", q, k) / np.sqrt(q.shape[-1])
+    if causal:
+        x = np.where(np.asarray(k_pos)[None, None, :] <= np.asarray(q_pos)[None, :, None], x, -1e9)
+    m = x.max(-1, keepdims=True)
+    p = np.exp(x - m)
+    l = p.sum(-1)
+    return np.einsum("aij,jad->iad", p / l[..., None], v), (np.log(l) + m[..., 0]).T
+
+
+def attn_scale_d(q, k, v, q_pos, k_pos, causal=True):       # 1/d instead of 1/sqrt(d)
+    return attn_einsum(q / np.sqrt(q.shape[-1]), k, v, q_pos, k_pos, causal)
+
+
+def attn_zeros_like(q, k, v, q_pos, k_pos, causal=True):    # output dtype follows q (ints!)
+    o, l = attn_einsum(q, k, v, q_pos, k_pos, causal)
+    out = np.zeros_like(q)
+    out[...] = o
+    return out, l
+
+
+def attn_lse_no_max(q, k, v, q_pos, k_pos, causal=True):    # lse = log(sum) without + m
+    o, l = attn_einsum(q, k, v, q_pos, k_pos, causal)
+    x = np.einsum("iad,jad->aij", q, k) / np.sqrt(q.shape[-1])
+    m = x.max(-1).T
+    return o, np.where(np.isfinite(l), l - m, l)
+
+
+def attn_default_false(q, k, v, q_pos, k_pos, causal=False):
+    return attn_einsum(q, k, v, q_pos, k_pos, causal)
+
+
+# --------------------------------------------------------------------------- 02 merge
+def merge_where(o1, l1, o2, l2):
+    m = np.maximum(l1, l2)
+    m = np.where(np.isfinite(m), m, 0.0)
+    w1, w2 = np.exp(l1 - m), np.exp(l2 - m)
+    tot = w1 + w2
+    safe = np.where(tot > 0, tot, 1.0)
+    lse = np.where(tot > 0, m + np.log(safe), -np.inf)
+    return (w1 / safe)[..., None] * o1 + (w2 / safe)[..., None] * o2, lse
+
+
+def merge_logaddexp(o1, l1, o2, l2):
+    lse = np.logaddexp(l1, l2)
+    ref = np.where(np.isfinite(lse), lse, 0.0)
+    return np.exp(l1 - ref)[..., None] * o1 + np.exp(l2 - ref)[..., None] * o2, lse
+
+
+def merge_loops(o1, l1, o2, l2):
+    s, a = np.shape(l1)
+    o, lse = np.zeros(np.shape(o1)), np.full((s, a), -np.inf)
+    for i in range(s):
+        for h in range(a):
+            x, y = float(l1[i, h]), float(l2[i, h])
+            if x == -math.inf and y == -math.inf:
+                continue
+            m = max(x, y)
+            tot = math.exp(x - m) + math.exp(y - m)
+            lse[i, h] = m + math.log(tot)
+            o[i, h] = math.exp(x - lse[i, h]) * o1[i, h] + math.exp(y - lse[i, h]) * o2[i, h]
+    return o, lse
+
+
+def merge_no_shift(o1, l1, o2, l2):      # overflows for large lse
+    with np.errstate(all="ignore"):
+        lse = np.log(np.exp(l1) + np.exp(l2))
+        return (np.exp(l1 - lse)[..., None] * o1 + np.exp(l2 - lse)[..., None] * o2), lse
+
+
+def merge_no_inf_guard(o1, l1, o2, l2):  # max shift, but -inf - (-inf) = NaN
+    with np.errstate(all="ignore"):
+        m = np.maximum(l1, l2)
+        lse = m + np.log(np.exp(l1 - m) + np.exp(l2 - m))
+        return (np.exp(l1 - lse)[..., None] * o1 + np.exp(l2 - lse)[..., None] * o2), lse
+
+
+def merge_average(o1, l1, o2, l2):
+    return (o1 + o2) / 2, np.maximum(l1, l2)
+
+
+def merge_unnormalised(o1, l1, o2, l2):  # forgets to divide by the total weight
+    m = np.maximum(l1, l2)
+    m = np.where(np.isfinite(m), m, 0.0)
+    w1, w2 = np.exp(l1 - m), np.exp(l2 - m)
+    o, lse = merge_where(o1, l1, o2, l2)
+    return w1[..., None] * o1 + w2[..., None] * o2, lse
+
+
+def merge_lse_max(o1, l1, o2, l2):       # lse = max(lse1, lse2)
+    o, _ = merge_where(o1, l1, o2, l2)
+    return o, np.maximum(l1, l2)
+
+
+def merge_swapped(o1, l1, o2, l2):       # each weight on the other output
+    o, lse = merge_where(o1, l1, o2, l2)
+    ref = np.where(np.isfinite(lse), lse, 0.0)
+    return np.exp(l2 - ref)[..., None] * o1 + np.exp(l1 - ref)[..., None] * o2, lse
+
+
+def merge_into_o1(o1, l1, o2, l2):       # reuses the caller's o1 as the output buffer
+    o, lse = merge_where(o1, l1, o2, l2)
+    o1[...] = o
+    return o1, lse
+
+
+def merge_lse_no_m(o1, l1, o2, l2):      # lse = log(sum of shifted weights), + m forgotten
+    o, lse = merge_where(o1, l1, o2, l2)
+    m = np.maximum(l1, l2)
+    return o, np.where(np.isfinite(lse), lse - np.where(np.isfinite(m), m, 0), lse)
+
+
+# --------------------------------------------------------------------------- 02 ring_attention
+def make_ring(attend=attn_einsum, mrg=merge_where, rounds=None, source=lambda r, k, n: (r - k) % n,
+              causal_override=None, key_pos="theirs", lse0=-np.inf, stack=False):
+    def ring_attention(q_shards, k_shards, v_shards, positions, causal=True):
+        n = len(q_shards)
+        outs = []
+        for r in range(n):
+            o = np.zeros_like(q_shards[r], dtype=float)
+            lse = np.full(q_shards[r].shape[:2], lse0)
+            for k in range(n if rounds is None else rounds(n)):
+                j = source(r, k, n)
+                kp = positions[j] if key_pos == "theirs" else positions[r]
+                c = causal if causal_override is None else causal_override
+                ob, lb = attend(q_shards[r], k_shards[j], v_shards[j], positions[r], kp, c)
+                o, lse = mrg(o, lse, np.asarray(ob, dtype=float), np.asarray(lb, dtype=float))
+            outs.append(o)
+        return np.stack(outs) if stack else outs
+    return ring_attention
+
+
+def ring_rotating(q_shards, k_shards, v_shards, positions, causal=True):
+    n = len(q_shards)
+    out = [np.zeros_like(q) for q in q_shards]
+    lse = [np.full(q.shape[:2], -np.inf) for q in q_shards]
+    kv = list(zip(k_shards, v_shards, positions))
+    for _ in range(n):
+        for r in range(n):
+            k, v, kp = kv[r]
+            ob, lb = attn_matmul_heads(q_shards[r], k, v, positions[r], kp, causal)
+            out[r], lse[r] = merge_logaddexp(out[r], lse[r], ob, lb)
+        kv = [kv[(r - 1) % n] for r in range(n)]
+    return out
+
+
+# --------------------------------------------------------------------------- 03 zigzag_positions
+def zz_concat(s, n):
+    m = s // (2 * n)
+    return [np.r_[np.arange(r * m, (r + 1) * m), np.arange((2 * n - 1 - r) * m, (2 * n - r) * m)]
+            for r in range(n)]
+
+
+def zz_reshape(s, n):
+    chunks = np.arange(s).reshape(2 * n, -1)
+    return np.stack([np.concatenate([chunks[r], chunks[2 * n - 1 - r]]) for r in range(n)])
+
+
+def zz_lists(s, n):
+    m = s // (2 * n)
+    return [list(range(r * m, (r + 1) * m)) + list(range((2 * n - 1 - r) * m, (2 * n - r) * m))
+            for r in range(n)]
+
+
+def zz_off_by_one(s, n):                 # late chunk 2n - r instead of 2n - 1 - r
+    m = s // (2 * n)
+    return [np.r_[np.arange(r * m, (r + 1) * m),
+                  np.arange(((2 * n - r) % (2 * n)) * m, ((2 * n - r) % (2 * n) + 1) * m)]
+            for r in range(n)]
+
+
+def zz_n_plus_r(s, n):                   # chunks r and n + r
+    m = s // (2 * n)
+    return [np.r_[np.arange(r * m, (r + 1) * m), np.arange((n + r) * m, (n + r + 1) * m)]
+            for r in range(n)]
+
+
+def zz_late_first(s, n):                 # right chunks, late one first: not sorted
+    return [np.roll(p, -(len(p) // 2)) for p in zz_concat(s, n)]
+
+
+def zz_float(s, n):                      # float ids
+    return [p.astype(float) for p in zz_concat(s, n)]
+
+
+def zz_chunk_s_over_n(s, n):             # chunk length s/n instead of s/(2n)
+    m = s // n
+    return [np.r_[np.arange(r * m, (r + 1) * m), np.arange((2 * n - 1 - r) * m, (2 * n - r) * m)]
+            for r in range(n)]
+
+
+def zz_mirrored_ranks(s, n):             # rank r takes chunks n-1-r and n+r
+    m = s // (2 * n)
+    return [np.r_[np.arange((n - 1 - r) * m, (n - r) * m), np.arange((n + r) * m, (n + r + 1) * m)]
+            for r in range(n)]
+
+
+def zz_flat(s, n):                       # one array for all ranks
+    return np.concatenate(zz_concat(s, n))
+
+
+def zz_linspace(s, n):                   # np.linspace gives floats
+    m = s // (2 * n)
+    return [np.r_[np.linspace(r * m, (r + 1) * m - 1, m),
+                  np.linspace((2 * n - 1 - r) * m, (2 * n - r) * m - 1, m)] for r in range(n)]
+
+
+# --------------------------------------------------------------------------- 03 causal_work
+def work_loops(positions):
+    n = len(positions)
+    return np.array([[(np.asarray(positions[(r - k) % n])[None, :] <= np.asarray(positions[r])[:, None]).sum()
+                      for r in range(n)] for k in range(n)])
+
+
+def work_searchsorted(positions):
+    n = len(positions)
+    W = np.zeros((n, n), dtype=int)
+    for k in range(n):
+        for r in range(n):
+            W[k, r] = np.searchsorted(np.sort(positions[(r - k) % n]), positions[r], side="right").sum()
+    return W
+
+
+def work_python(positions):
+    n = len(positions)
+    return [[sum(1 for i in positions[r] for j in positions[(r - k) % n] if j <= i)
+             for r in range(n)] for k in range(n)]
+
+
+def work_strict(positions):              # forgets the diagonal (key == query)
+    n = len(positions)
+    return np.array([[(positions[(r - k) % n][None, :] < positions[r][:, None]).sum()
+                      for r in range(n)] for k in range(n)])
+
+
+def work_wrong_direction(positions):     # round k holds the K/V of rank r + k
+    n = len(positions)
+    return np.array([[(positions[(r + k) % n][None, :] <= positions[r][:, None]).sum()
+                      for r in range(n)] for k in range(n)])
+
+
+def work_transposed(positions):
+    return work_loops(positions).T
+
+
+def work_row_numbers(positions):         # compares row numbers within each block
+    n = len(positions)
+    return np.array([[(np.arange(len(positions[(r - k) % n]))[None, :]
+                       <= np.arange(len(positions[r]))[:, None]).sum()
+                      for r in range(n)] for k in range(n)])
+
+
+def work_own_block(positions):           # every round against its own tokens
+    n = len(positions)
+    return np.array([[(positions[r][None, :] <= positions[r][:, None]).sum()
+                      for r in range(n)] for k in range(n)])
+
+
+def work_assumes_sorted(positions):      # searchsorted on unsorted ids
+    n = len(positions)
+    return np.array([[np.searchsorted(positions[(r - k) % n], positions[r], side="right").sum()
+                      for r in range(n)] for k in range(n)])
+
+
+def work_stack(positions):               # np.array(positions): equal sizes only
+    P = np.array(positions)
+    n = len(P)
+    return np.array([(P[(np.arange(n) - k) % n][:, None, :] <= P[:, :, None]).sum(axis=(1, 2))
+                     for k in range(n)])
+
+
+# --------------------------------------------------------------------------- 03 ring_time
+def time_numpy(work):
+    return np.asarray(work).max(axis=1).sum()
+
+
+def time_loop(work):
+    return sum(max(row) for row in work)
+
+
+def time_item(work):
+    return np.amax(work, axis=-1).sum().item()
+
+
+def time_busiest_rank(work):             # the busiest rank's total
+    return np.asarray(work).sum(axis=0).max()
+
+
+def time_wrong_axis(work):
+    return np.asarray(work).max(axis=0).sum()
+
+
+def time_mean(work):                     # the average rank, not the slowest
+    return np.asarray(work).mean(axis=1).sum()
+
+
+def time_ideal(work):                    # total work / ranks
+    return np.asarray(work).sum() / np.shape(work)[1]
+
+
+def time_int(work):                      # rounds block units down
+    return int(np.max(work, axis=1).sum())
+
+
+def time_sorts_input(work):              # sorts the caller's array in place
+    work.sort(axis=1)
+    return work[:, -1].sum()
+
+
+def time_max_times_rounds(work):         # the busiest cell in every round
+    return np.max(work) * len(work)
+
+
+def ring_rotates_inputs(q_shards, k_shards, v_shards, positions, causal=True):
+    """Rotates the caller's lists (n - 1 times: the last round needs no transfer)."""
+    n = len(q_shards)
+    my_pos = list(positions)
+    out = [np.zeros_like(q, dtype=float) for q in q_shards]
+    lse = [np.full(q.shape[:2], -np.inf) for q in q_shards]
+    for rnd in range(n):
+        for r in range(n):
+            ob, lb = attn_einsum(q_shards[r], k_shards[r], v_shards[r], my_pos[r], positions[r], causal)
+            out[r], lse[r] = merge_where(out[r], lse[r], ob, lb)
+        if rnd < n - 1:
+            for lst in (k_shards, v_shards, positions):
+                lst.insert(0, lst.pop())
+    return out

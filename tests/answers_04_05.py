@@ -1,0 +1,520 @@
+"""Right and wrong answers for notebooks 04-05 (test data for tests/test_checks_answers.py)."""
+import math
+from collections import Counter
+from decimal import Decimal
+from fractions import Fraction
+
+import numpy as np
+
+from answers_01_03 import attn_einsum
+
+
+# --------------------------------------------------------------------------- 04 seq_to_heads
+def s2h_split(shards):
+    n = len(shards)
+    blocks = [np.split(x, n, axis=1) for x in shards]
+    return [np.concatenate([blocks[i][j] for i in range(n)], axis=0) for j in range(n)]
+
+
+def s2h_reshape(shards):
+    n = len(shards)
+    x = np.stack(shards)                                  # (n, c, a, d)
+    _, c, a, d = x.shape
+    x = x.reshape(n, c, n, a // n, d)                     # raises when n does not divide a
+    return np.stack([x[:, :, j].reshape(n * c, a // n, d) for j in range(n)])
+
+
+def s2h_slices(shards):
+    n, a = len(shards), shards[0].shape[1]
+    if a % n:
+        raise ValueError(f"{a} heads do not split over {n} ranks")
+    g = a // n
+    return [np.concatenate([x[:, j * g:(j + 1) * g] for x in shards]) for j in range(n)]
+
+
+def s2h_wrong_axes(shards):              # cuts tokens, stacks heads
+    n = len(shards)
+    blocks = [np.split(x, n, axis=0) for x in shards]
+    return [np.concatenate([blocks[i][j] for i in range(n)], axis=1) for j in range(n)]
+
+
+def s2h_wrong_index(shards):             # rank j stacks its own head groups
+    n = len(shards)
+    blocks = [np.split(x, n, axis=1) for x in shards]
+    return [np.concatenate([blocks[j][i] for i in range(n)], axis=0) for j in range(n)]
+
+
+def s2h_strided_heads(shards):           # rank j gets heads j, j + n, ... (transposed reshape)
+    n = len(shards)
+    x = np.concatenate(shards)
+    s, a, d = x.shape
+    return [x.reshape(s, a // n, n, d)[:, :, j] for j in range(n)]
+
+
+def s2h_no_check(shards):                # slicing: silently empty or short shards when n does not divide a
+    n, a = len(shards), shards[0].shape[1]
+    g = a // n
+    return [np.concatenate([x[:, j * g:(j + 1) * g] for x in shards]) for j in range(n)]
+
+
+def s2h_reversed_tokens(shards):
+    n = len(shards)
+    blocks = [np.split(x, n, axis=1) for x in shards]
+    return [np.concatenate([blocks[i][j] for i in reversed(range(n))], axis=0) for j in range(n)]
+
+
+def s2h_stack(shards):                   # (n, c, a/n, d) per rank
+    n = len(shards)
+    blocks = [np.split(x, n, axis=1) for x in shards]
+    return [np.stack([blocks[i][j] for i in range(n)]) for j in range(n)]
+
+
+def s2h_array_split(shards):             # np.array_split never complains
+    n = len(shards)
+    blocks = [np.array_split(x, n, axis=1) for x in shards]
+    return [np.concatenate([blocks[i][j] for i in range(n)], axis=0) for j in range(n)]
+
+
+def s2h_interleaved_tokens(shards):      # token order c-major
+    n = len(shards)
+    blocks = [np.split(x, n, axis=1) for x in shards]
+    out = []
+    for j in range(n):
+        st = np.stack([blocks[i][j] for i in range(n)], axis=1)     # (c, n, g, d)
+        out.append(st.reshape(-1, *st.shape[2:]))
+    return out
+
+
+# --------------------------------------------------------------------------- 04 heads_to_seq
+def h2s_split(shards):
+    n = len(shards)
+    blocks = [np.split(x, n, axis=0) for x in shards]
+    return [np.concatenate([blocks[j][r] for j in range(n)], axis=1) for r in range(n)]
+
+
+def h2s_reshape(shards):
+    n = len(shards)
+    x = np.stack(shards)                                  # (n, s, g, d)
+    _, s, g, d = x.shape
+    x = x.reshape(n, n, s // n, g, d)                     # [j, i]: block i of rank j
+    return [x[:, i].transpose(1, 0, 2, 3).reshape(s // n, n * g, d) for i in range(n)]
+
+
+def h2s_slices(shards):
+    n = len(shards)
+    c = shards[0].shape[0] // n
+    return [np.concatenate([x[i * c:(i + 1) * c] for x in shards], axis=1) for i in range(n)]
+
+
+def h2s_wrong_index(shards):
+    n = len(shards)
+    blocks = [np.split(x, n, axis=0) for x in shards]
+    return [np.concatenate([blocks[r][j] for j in range(n)], axis=1) for r in range(n)]
+
+
+def h2s_is_s2h(shards):
+    return s2h_split(shards)
+
+
+def h2s_reversed_heads(shards):
+    n = len(shards)
+    blocks = [np.split(x, n, axis=0) for x in shards]
+    return [np.concatenate([blocks[j][r] for j in reversed(range(n))], axis=1) for r in range(n)]
+
+
+def h2s_interleaved_heads(shards):       # head order g-major
+    n = len(shards)
+    blocks = [np.split(x, n, axis=0) for x in shards]
+    out = []
+    for r in range(n):
+        st = np.stack([blocks[j][r] for j in range(n)], axis=2)     # (c, g, n, d)
+        out.append(st.reshape(st.shape[0], -1, st.shape[3]))
+    return out
+
+
+def h2s_strided_tokens(shards):          # rank i gets tokens i, i + n, ...
+    n = len(shards)
+    return [np.concatenate([x[i::n] for x in shards], axis=1) for i in range(n)]
+
+
+def h2s_no_exchange(shards):
+    return [x.copy() for x in shards]
+
+
+def h2s_stack(shards):
+    n = len(shards)
+    blocks = [np.split(x, n, axis=0) for x in shards]
+    return [np.stack([blocks[j][r] for j in range(n)], axis=1) for r in range(n)]
+
+
+# --------------------------------------------------------------------------- 04 ulysses_attention
+def _gqa(q, k, v, q_pos, k_pos, causal, tile=False):
+    g = q.shape[1] // k.shape[1]
+    rep = (lambda x: np.tile(x, (1, g, 1))) if tile else (lambda x: np.repeat(x, g, axis=1))
+    return attn_einsum(q, rep(k), rep(v), q_pos, k_pos, causal)
+
+
+def make_ulysses(s2h=s2h_split, h2s=h2s_split, pos="concat", back=True, causal_override=None,
+                 tile=False):
+    def ulysses_attention(q_shards, k_shards, v_shards, positions, causal=True):
+        qh, kh, vh = s2h(q_shards), s2h(k_shards), s2h(v_shards)
+        p = {"concat": lambda: np.concatenate(positions),
+             "arange": lambda: np.arange(sum(map(len, positions))),
+             "sorted": lambda: np.sort(np.concatenate(positions))}[pos]()
+        c = causal if causal_override is None else causal_override
+        out = [_gqa(qh[j], kh[j], vh[j], p, p, c, tile)[0] for j in range(len(q_shards))]
+        return h2s(out) if back else out
+    return ulysses_attention
+
+
+def ulysses_sim(q_shards, k_shards, v_shards, positions, causal=True):
+    from lesson10.sim import attention
+    qh, kh, vh = s2h_reshape(q_shards), s2h_reshape(k_shards), s2h_reshape(v_shards)
+    pos = np.concatenate(positions)
+    return h2s_reshape([attention(qh[j], kh[j], vh[j], causal=causal, q_pos=pos, k_pos=pos)[0]
+                        for j in range(len(q_shards))])
+
+
+def ulysses_sorted_tokens(q_shards, k_shards, v_shards, positions, causal=True):
+    """Puts the gathered tokens in global order, masks with row numbers, puts them back."""
+    g = q_shards[0].shape[1] // k_shards[0].shape[1]
+    kr = [np.repeat(x, g, axis=1) for x in k_shards]
+    vr = [np.repeat(x, g, axis=1) for x in v_shards]
+    qh, kh, vh = s2h_slices(q_shards), s2h_slices(kr), s2h_slices(vr)
+    pos = np.concatenate(positions)
+    order = np.argsort(pos)
+    outs = []
+    for j in range(len(q_shards)):
+        o, _ = attn_einsum(qh[j][order], kh[j][order], vh[j][order], np.arange(len(pos)),
+                           np.arange(len(pos)), causal)
+        back = np.empty_like(o)
+        back[order] = o
+        outs.append(back)
+    return h2s_slices(outs)
+
+
+# --------------------------------------------------------------------------- 04 ulysses_bytes
+def ub_formula(s, h, n, g=1, e=2):
+    local = s / n * h * e
+    return (n - 1) / n * (2 * local + 2 * local / g)
+
+
+def ub_integers(s, h, n, g=1, e=2):
+    return (n - 1) * s * h * e * (2 * g + 2) / (n * n * g)
+
+
+def ub_per_tensor(s, h, n, g=1, e=2):
+    return sum((n - 1) / n * (s / n) * (h / div) * e for div in (1, g, g, 1))
+
+
+def ub_no_gqa(s, h, n, g=1, e=2):
+    return ub_formula(s, h, n, 1, e)
+
+
+def ub_full_seq(s, h, n, g=1, e=2):      # forgets that a rank holds s/N_c tokens
+    return ub_formula(s, h, n, g, e) * n
+
+
+def ub_no_fraction(s, h, n, g=1, e=2):   # counts the block a rank keeps
+    return (2 + 2 / g) * s * h * e / n
+
+
+def ub_one_over_n(s, h, n, g=1, e=2):    # 1/N_c instead of (N_c-1)/N_c
+    return (2 + 2 / g) * s * h * e / n / n
+
+
+def ub_g_everywhere(s, h, n, g=1, e=2):  # divides all four tensors by g
+    return ub_formula(s, h, n, 1, e) / g
+
+
+def ub_fixed_e(s, h, n, g=1, e=2):
+    return ub_formula(s, h, n, g, 2)
+
+
+def ub_kv_once(s, h, n, g=1, e=2):       # K and V together counted once: 2 + 1/g
+    return (n - 1) / n * (2 + 1 / g) * s * h * e / n
+
+
+def ub_three(s, h, n, g=1, e=2):         # forgets the output all-to-all
+    return (n - 1) / n * (1 + 2 / g) * s * h * e / n
+
+
+def ub_default_g2(s, h, n, g=2, e=2):
+    return ub_formula(s, h, n, g, e)
+
+
+# --------------------------------------------------------------------------- 05 route_topk
+def route_stable(logits, k):
+    experts = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    chosen = np.take_along_axis(logits, experts, axis=1)
+    z = np.exp(chosen - chosen.max(axis=1, keepdims=True))
+    return experts, z / z.sum(axis=1, keepdims=True)
+
+
+def route_python(logits, k):
+    experts, gates = [], []
+    for row in np.asarray(logits, dtype=float).tolist():
+        best = sorted(range(len(row)), key=lambda j: (-row[j], j))[:k]
+        m = max(row[j] for j in best)
+        w = [math.exp(row[j] - m) for j in best]
+        experts.append(best)
+        gates.append([x / sum(w) for x in w])
+    return experts, gates
+
+
+def route_lexsort(logits, k):
+    z = np.asarray(logits, dtype=float)
+    ids = np.broadcast_to(np.arange(z.shape[1]), z.shape)
+    experts = np.lexsort((ids, -z), axis=1)[:, :k]
+    chosen = np.take_along_axis(z, experts, axis=1)
+    m = chosen.max(axis=1, keepdims=True)
+    lse = m + np.log(np.exp(chosen - m).sum(axis=1, keepdims=True))
+    return experts, np.exp(chosen - lse)
+
+
+def route_softmax_all(logits, k):        # gates from the softmax over all E experts
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p = p / p.sum(1, keepdims=True)
+    experts = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    return experts, np.take_along_axis(p, experts, axis=1)
+
+
+def route_smallest(logits, k):           # argsort without the minus sign
+    experts = np.argsort(logits, axis=1, kind="stable")[:, :k]
+    chosen = np.take_along_axis(logits, experts, axis=1)
+    z = np.exp(chosen - chosen.max(axis=1, keepdims=True))
+    return experts, z / z.sum(axis=1, keepdims=True)
+
+
+def route_gates_not_following(logits, k):   # experts sorted by id, gates left best first
+    experts, gates = route_stable(logits, k)
+    return np.sort(experts, axis=1), gates
+
+
+def route_sorted_by_id(logits, k):       # experts and gates reordered by id together
+    experts, gates = route_stable(logits, k)
+    order = np.argsort(experts, axis=1)
+    return np.take_along_axis(experts, order, 1), np.take_along_axis(gates, order, 1)
+
+
+def route_float_ids(logits, k):
+    experts, gates = route_stable(logits, k)
+    return experts.astype(float), gates
+
+
+def route_ties_high(logits, k):          # reversed ascending sort: ties go to the higher id
+    experts = np.argsort(logits, axis=1, kind="stable")[:, ::-1][:, :k]
+    chosen = np.take_along_axis(logits, experts, axis=1)
+    z = np.exp(chosen - chosen.max(axis=1, keepdims=True))
+    return experts, z / z.sum(axis=1, keepdims=True)
+
+
+def route_no_shift(logits, k):           # exp of the raw logits overflows at 1000
+    experts = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    with np.errstate(all="ignore"):
+        z = np.exp(np.take_along_axis(logits, experts, axis=1).astype(float))
+        return experts, z / z.sum(axis=1, keepdims=True)
+
+
+def route_linear_gates(logits, k):       # normalises the logits, not their exponentials
+    experts = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    chosen = np.take_along_axis(logits, experts, axis=1).astype(float)
+    with np.errstate(all="ignore"):
+        return experts, chosen / chosen.sum(axis=1, keepdims=True)
+
+
+# --------------------------------------------------------------------------- 05 capacity_keep
+def cap_fraction_loops(experts, E, capacity_factor):
+    N, k = experts.shape
+    if capacity_factor is None:
+        return np.ones((N, k), dtype=bool)
+    C = math.ceil(Fraction(str(capacity_factor)) * k * N / E)
+    seen = [0] * E
+    keep = np.zeros((N, k), dtype=bool)
+    for t in range(N):
+        for j in range(k):
+            i = int(experts[t, j])
+            keep[t, j] = seen[i] < C
+            seen[i] += 1
+    return keep
+
+
+def cap_decimal_cumsum(experts, E, capacity_factor):
+    N, k = experts.shape
+    if capacity_factor is None:
+        return np.ones_like(experts, dtype=bool)
+    C = math.ceil(Decimal(repr(capacity_factor)) * k * N / E)
+    flat = experts.ravel()
+    onehot = flat[:, None] == np.arange(E)[None, :]
+    arrival = (np.cumsum(onehot, axis=0) - 1)[np.arange(flat.size), flat]
+    return (arrival < C).reshape(N, k)
+
+
+def cap_rounded_counter(experts, E, capacity_factor):
+    N, k = experts.shape
+    C = math.inf if capacity_factor is None else math.ceil(round(capacity_factor * k * N / E, 9))
+    seen = Counter()
+    out = []
+    for row in experts.tolist():
+        keep_row = []
+        for i in row:
+            keep_row.append(seen[i] < C)
+            seen[i] += 1
+        out.append(keep_row)
+    return np.array(out, dtype=bool)
+
+
+def make_capacity(rounding=None, strict=True, token_major=True, as_int=False, forget_k=False,
+                  reverse=False):
+    def capacity_keep(experts, E, capacity_factor):
+        N, k = experts.shape
+        if capacity_factor is None:
+            return np.ones((N, k), dtype=int if as_int else bool)
+        if rounding is None:
+            C = math.ceil(Fraction(str(capacity_factor)) * (1 if forget_k else k) * N / E)
+        else:
+            C = int(rounding(capacity_factor * k * N / E))
+        keep = np.zeros((N, k), dtype=int if as_int else bool)
+        seen = np.zeros(E, dtype=int)
+        order = [(t, j) for t in range(N) for j in range(k)] if token_major else \
+                [(t, j) for j in range(k) for t in range(N)]
+        for t, j in (order[::-1] if reverse else order):
+            i = experts[t, j]
+            keep[t, j] = (seen[i] < C) if strict else (seen[i] <= C)
+            seen[i] += 1
+        return keep
+    return capacity_keep
+
+
+def cap_no_none(experts, E, capacity_factor):    # forgets the None case
+    N, k = experts.shape
+    C = math.ceil(Fraction(str(capacity_factor)) * k * N / E)
+    seen = np.zeros(E, dtype=int)
+    keep = np.zeros((N, k), dtype=bool)
+    for t in range(N):
+        for j in range(k):
+            keep[t, j] = seen[experts[t, j]] < C
+            seen[experts[t, j]] += 1
+    return keep
+
+
+# --------------------------------------------------------------------------- 05 moe_stats
+def make_moe_stats(count_dropped=False, count_local=False, combine=True, load_before_drop=False,
+                   minlength=True, gpu_of_expert="block", gpu_of_token="block", drop_over_n=False):
+    def moe_stats(experts, keep, Ne, E, h, e=2):
+        N, k = experts.shape
+        T = N // Ne
+        tok = np.arange(N)
+        src = ((tok // T) if gpu_of_token == "block" else (tok % Ne))[:, None] * np.ones(k, dtype=int)
+        dst = experts // (E // Ne) if gpu_of_expert == "block" else experts % Ne
+        sent = keep if not count_dropped else np.ones_like(keep)
+        remote = sent & ((src != dst) if not count_local else True)
+        ml = dict(minlength=Ne) if minlength else {}
+        dispatch = np.bincount(src[remote], **ml) * h * e
+        back = np.bincount(dst[remote], **ml) * h * e
+        load = np.bincount(dst[np.ones_like(keep) if load_before_drop else keep], **ml)
+        dropped = (~keep).sum()
+        return {"drop_rate": dropped / (N if drop_over_n else N * k),
+                "bytes_per_gpu": dispatch + (back if combine else 0), "load_per_gpu": load}
+    return moe_stats
+
+
+def moe_loops(experts, keep, Ne, E, h, e=2):
+    N, k = experts.shape
+    T, per = N // Ne, E // Ne
+    sent, load, dropped = [0] * Ne, [0] * Ne, 0
+    for t in range(N):
+        for j in range(k):
+            if not keep[t, j]:
+                dropped += 1
+                continue
+            src, dst = t // T, int(experts[t, j]) // per
+            load[dst] += 1
+            if src != dst:
+                sent[src] += h * e
+                sent[dst] += h * e
+    return {"drop_rate": dropped / (N * k), "bytes_per_gpu": sent, "load_per_gpu": load}
+
+
+def moe_traffic(experts, keep, Ne, E, h, e=2):
+    N, k = experts.shape
+    src = np.repeat(np.arange(Ne), N // Ne)[:, None].repeat(k, axis=1)
+    dst = experts // (E // Ne)
+    traffic = np.zeros((Ne, Ne), dtype=int)
+    np.add.at(traffic, (src[keep], dst[keep]), 1)
+    local = np.diag(traffic)
+    return {"drop_rate": float(1 - keep.mean()),
+            "bytes_per_gpu": ((traffic.sum(1) - local) + (traffic.sum(0) - local)) * h * e,
+            "load_per_gpu": traffic.sum(0)}
+
+
+def moe_default_e1(experts, keep, Ne, E, h, e=1):
+    return make_moe_stats()(experts, keep, Ne, E, h, e)
+
+
+# --------------------------------------------------------------------------- 05 switch_aux_loss
+def aux_bincount(probs, experts, alpha=1e-2):
+    N, E = probs.shape
+    f = np.bincount(experts.ravel(), minlength=E) / experts.size
+    return alpha * E * float(f @ probs.mean(axis=0))
+
+
+def aux_loops(probs, experts, alpha=1e-2):
+    N, E = np.shape(probs)
+    counts = np.zeros(E)
+    for row in experts:
+        for i in row:
+            counts[i] += 1
+    f = counts / counts.sum()
+    P = [sum(probs[t][i] for t in range(N)) / N for i in range(E)]
+    return alpha * E * sum(fi * pi for fi, pi in zip(f, P))
+
+
+def aux_einsum(probs, experts, alpha=1e-2):
+    N, E = probs.shape
+    onehot = (experts[..., None] == np.arange(E)).astype(float)      # (N, k, E)
+    f = onehot.sum(axis=(0, 1)) / (N * experts.shape[1])
+    return float(alpha * E * np.einsum("i,i->", f, probs.mean(axis=0)))
+
+
+def aux_f_per_token(probs, experts, alpha=1e-2):   # f_i over N tokens, not N k copies
+    N, E = probs.shape
+    return alpha * E * float(np.bincount(experts.ravel(), minlength=E) / N @ probs.mean(axis=0))
+
+
+def aux_no_E(probs, experts, alpha=1e-2):
+    return aux_bincount(probs, experts, alpha) / probs.shape[1]
+
+
+def aux_no_minlength(probs, experts, alpha=1e-2):  # bincount stops at the largest id chosen
+    N, E = probs.shape
+    f = np.bincount(experts.ravel()) / experts.size
+    return alpha * E * float(f @ probs.mean(axis=0))
+
+
+def aux_f_twice(probs, experts, alpha=1e-2):       # P_i from the hard counts too
+    N, E = probs.shape
+    f = np.bincount(experts.ravel(), minlength=E) / experts.size
+    return alpha * E * float(f @ f)
+
+
+def aux_first_choice(probs, experts, alpha=1e-2):  # f from the best expert only
+    N, E = probs.shape
+    f = np.bincount(experts[:, 0], minlength=E) / N
+    return alpha * E * float(f @ probs.mean(axis=0))
+
+
+def aux_mean_over_experts(probs, experts, alpha=1e-2):
+    N, E = probs.shape
+    f = np.bincount(experts.ravel(), minlength=E) / experts.size
+    return alpha * E * float(np.mean(f * probs.mean(axis=0)))
+
+
+def aux_default_alpha(probs, experts, alpha=1e-3):
+    return aux_bincount(probs, experts, alpha)
+
+
+def aux_sum_probs(probs, experts, alpha=1e-2):     # P_i summed over tokens, not averaged
+    N, E = probs.shape
+    f = np.bincount(experts.ravel(), minlength=E) / experts.size
+    return alpha * E * float(f @ probs.sum(axis=0))

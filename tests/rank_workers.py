@@ -1,0 +1,185 @@
+"""Worker functions that only the tests use: who-am-I, fault injectors and probes.
+
+A spawned rank imports its worker by module and name; pytest puts tests/ on sys.path
+(and multiprocessing passes sys.path to the ranks), so ``rank_workers.fail_on`` is
+found there. Nothing here belongs in the package: fault injectors (a rank that
+raises, exits or sleeps for an hour) and probes that collect error messages.
+
+``torchrun --nproc-per-node N tests/rank_workers.py`` runs :func:`all_reduce_rank` under
+torchrun (a smoke test of :func:`lesson10.spmd.launch.init_from_env`).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from lesson10.spmd.launch import current_device as _dev
+
+
+def whoami() -> dict:
+    """Rank facts: rank, world size, backend, env vars, threads, pid."""
+    return {
+        "rank": dist.get_rank(), "world": dist.get_world_size(),
+        "backend": dist.get_backend(), "pid": os.getpid(),
+        "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                 "MASTER_ADDR", "MASTER_PORT")},
+        "threads": torch.get_num_threads(),
+    }
+
+
+def all_reduce_rank(scale: float = 1.0) -> torch.Tensor:
+    """All-reduce of ``scale * (rank + 1)``: sum_{r<n} scale (r + 1) on every rank."""
+    x = torch.tensor([scale * (dist.get_rank() + 1.0)], dtype=torch.float64, device=_dev())
+    dist.all_reduce(x)
+    return x
+
+
+def fail_on(rank: int, pid_dir: str | None = None) -> None:
+    """Rank ``rank`` raises ValueError; the others wait in an all-reduce it never joins."""
+    if pid_dir:
+        with open(os.path.join(pid_dir, f"{dist.get_rank()}.pid"), "w") as f:
+            f.write(str(os.getpid()))
+    if dist.get_rank() == rank:
+        raise ValueError(f"deliberate failure in rank {rank}")
+    x = torch.ones(1, device=_dev())
+    dist.all_reduce(x)  # never completes: rank `rank` is gone
+
+
+def exit_on(rank: int, code: int = 3) -> None:
+    """Rank ``rank`` dies without a word (``os._exit``); the others wait in an all-reduce."""
+    if dist.get_rank() == rank:
+        os._exit(code)
+    x = torch.ones(1, device=_dev())
+    dist.all_reduce(x)
+
+
+def hang_on(rank: int, pid_dir: str | None = None) -> None:
+    """Every rank but ``rank`` calls an all-reduce; ``rank`` sleeps: a collective nobody answers."""
+    if pid_dir:
+        with open(os.path.join(pid_dir, f"{dist.get_rank()}.pid"), "w") as f:
+            f.write(str(os.getpid()))
+    if dist.get_rank() == rank:
+        time.sleep(3600)
+    x = torch.ones(1, device=_dev())
+    dist.all_reduce(x)
+
+
+
+def comm_cases() -> dict:
+    """Each comm wrapper once in float64 and float32: results and bytes recorded."""
+    from lesson10.spmd import comm
+
+    n, r = dist.get_world_size(), dist.get_rank()
+    res = {}
+    for dtype in (torch.float64, torch.float32):
+        name = str(dtype).split(".")[-1]
+        x = (torch.arange(2 * n * 3, dtype=dtype).reshape(2, n, 3) + 100 * r).to(_dev())  # (2, n, 3)
+        with comm.count_bytes() as c:
+            ar = comm.all_reduce(x.clone())
+        res[f"all_reduce_{name}"] = (ar, dict(c.by_op))
+        with comm.count_bytes() as c:
+            ag = comm.all_gather(x, dim=1)
+        res[f"all_gather_{name}"] = (ag, dict(c.by_op))
+        with comm.count_bytes() as c:
+            rs = comm.reduce_scatter(x, dim=1)
+        res[f"reduce_scatter_{name}"] = (rs, dict(c.by_op))
+        # uneven all-to-all: rank r sends (r + j) % 3 rows to rank j (some splits are 0)
+        ins = [(r + j) % 3 for j in range(n)]
+        outs = [(j + r) % 3 for j in range(n)]
+        rows = torch.cat([torch.full((ins[j], 2), float(10 * r + j), dtype=dtype)
+                          for j in range(n)]).to(_dev())
+        with comm.count_bytes() as c:
+            a2a = comm.all_to_all_single(rows, outs, ins)
+        res[f"all_to_all_{name}"] = (a2a, dict(c.by_op), ins, outs)
+    try:
+        comm.reduce_scatter(torch.zeros(n + 1, 2, device=_dev()), dim=0)
+        res["rs_error"] = None
+    except ValueError as e:
+        res["rs_error"] = str(e)
+    try:
+        comm.check_same_shape(torch.zeros(2 + (r == 0), 3, device=_dev()), what="x")
+        res["shape_error"] = None
+    except ValueError as e:
+        res["shape_error"] = str(e)
+    return res
+
+
+def ulysses_mismatch(b: int = 1, c: int = 4, a: int = 4, d: int = 8) -> str:
+    """Rank 0 passes one token more than the others: every rank must get a ValueError."""
+    from lesson10.spmd.ulysses import ulysses_attention
+    cc = c + (1 if dist.get_rank() == 0 else 0)
+    q = torch.randn(b, cc, a, d, device=_dev())
+    try:
+        ulysses_attention(q, q, q)
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def shard_cases(cases: list[tuple]) -> list[dict]:
+    """For each ``(s, layout)`` shard a tensor whose entries are their global
+    token ids and gather it back. Returns the ids this rank holds, the round trip's
+    exactness, and the error message when ``s`` does not fit the layout."""
+    out = []
+    for s, layout in cases:
+        from lesson10.spmd.shard import gather_sequence, shard_sequence
+        x = torch.arange(s, dtype=torch.float64).view(1, s, 1, 1).expand(2, s, 3, 1).contiguous()
+        try:
+            loc = shard_sequence(x, layout)
+        except ValueError as e:
+            out.append({"s": s, "layout": layout, "error": str(e)})
+            continue
+        back = gather_sequence(loc, layout)
+        out.append({"s": s, "layout": layout, "ids": loc[0, :, 0, 0].long().tolist(),
+                    "roundtrip": bool(torch.equal(back, x)), "error": None})
+    return out
+
+
+def ring_error_messages(n_heads_bad: int = 3) -> dict:
+    """The exceptions ``ring_attention`` raises for bad input (``type: message``)."""
+    from lesson10.spmd.ring import ring_attention
+    r = dist.get_rank()
+    cases = {
+        "odd_zigzag": lambda: ring_attention(*(torch.randn(1, 3, 2, 4) for _ in range(3)), layout="zigzag"),
+        "heads": lambda: ring_attention(torch.randn(1, 4, 4, 4), torch.randn(1, 4, n_heads_bad, 4),
+                                        torch.randn(1, 4, n_heads_bad, 4)),
+        "kv_mismatch": lambda: ring_attention(torch.randn(1, 4, 2, 4), torch.randn(1, 4, 2, 4),
+                                              torch.randn(1, 6, 2, 4)),
+        "layout": lambda: ring_attention(*(torch.randn(1, 4, 2, 4) for _ in range(3)), layout="striped"),
+        "ranks_disagree": lambda: ring_attention(*(torch.randn(1, 4 + 2 * r, 2, 4) for _ in range(3))),
+    }
+    msgs = {}
+    for name, fn in cases.items():
+        try:
+            fn()
+            msgs[name] = None
+        except Exception as e:  # noqa: BLE001 - the test inspects type and text
+            msgs[name] = f"{type(e).__name__}: {e}"
+    return msgs
+
+
+def run_jobs(jobs: dict) -> dict:
+    """In each rank: ``{name: (worker, kwargs)}`` -> ``{name: worker(**kwargs)}``, where a
+    worker is a name in :mod:`lesson10.spmd.workers` or in this module (the shared launch
+    of ``conftest.rank_results``)."""
+    from lesson10.spmd import workers
+    out = {}
+    for name, (worker, kwargs) in jobs.items():
+        fn = getattr(workers, worker, None) or globals()[worker]
+        if isinstance(kwargs, list):                  # a list of cases: one result each
+            out[name] = [fn(**kw) for kw in kwargs]
+        else:
+            out[name] = fn(**kwargs)
+    return out
+
+
+if __name__ == "__main__":  # under torchrun
+    from lesson10.spmd.launch import init_from_env, shutdown
+
+    rank, world = init_from_env(quiet=True)
+    total = float(all_reduce_rank()[0])
+    print(f"rank {rank}/{world} backend={dist.get_backend()} sum={total:g}", flush=True)
+    shutdown()
