@@ -6,6 +6,7 @@ with ``torchrun`` (see :func:`init_from_env`). Local tensors are ``(b, s/N, a, d
 with the sequence on dim 1. Measure what a method sends with :func:`count_bytes`.
 :mod:`.workers` runs each method once on real ranks and checks it against one process.
 """
+from .allgather import allgather_attention
 from .attention import attention as reference_attention, local_attention, merge
 from .comm import ByteCounter, count_bytes
 from .launch import LaunchTimeout, RankError, init_from_env, is_torchrun, launch, shutdown
@@ -15,6 +16,7 @@ from .shard import gather_sequence, local_positions, shard_sequence
 from .sp import (ColumnParallelLinear, ReferenceBlock, RowParallelLinear, SequenceParallelBlock,
                  copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp)
 from .ulysses import heads_to_seq, seq_to_heads, ulysses_attention
+from .usp import usp_attention
 
 __all__ = [
     "launch", "init_from_env", "is_torchrun", "shutdown", "RankError", "LaunchTimeout",
@@ -22,7 +24,7 @@ __all__ = [
     "reference_attention", "local_attention", "merge",
     "shard_sequence", "gather_sequence", "local_positions",
     "ring_attention", "RingAttention", "ring_options",
-    "seq_to_heads", "heads_to_seq", "ulysses_attention",
+    "seq_to_heads", "heads_to_seq", "ulysses_attention", "allgather_attention", "usp_attention",
     "copy_to_tp", "reduce_from_tp", "gather_from_sp", "reduce_scatter_to_sp",
     "ColumnParallelLinear", "RowParallelLinear", "SequenceParallelBlock", "ReferenceBlock",
     "ExpertParallelMoE", "moe_reference", "route_topk", "switch_aux_loss", "update_expert_bias",

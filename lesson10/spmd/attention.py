@@ -26,7 +26,8 @@ import math
 
 import torch
 
-__all__ = ["attention", "merge", "local_attention", "local_attention_backward", "visible_mask"]
+__all__ = ["attention", "merge", "local_attention", "local_attention_backward", "visible_mask",
+           "check_doc_ids"]
 
 
 # --------------------------------------------------------------------------- checks
@@ -79,13 +80,46 @@ def _check_impl(impl, q, k):
     return impl
 
 
-def visible_mask(q_pos, k_pos, causal: bool, device=None):
-    """Boolean ``(s_q, s_k)`` mask, True where query ``i`` may see key ``j`` (``None`` = all)."""
-    if not causal:
+def visible_mask(q_pos, k_pos, causal: bool, device=None, doc_ids=None):
+    """Boolean ``(s_q, s_k)`` mask, True where query ``i`` may see key ``j`` (``None`` = all):
+    ``k_pos[j] <= q_pos[i]`` when causal, and ``doc_ids[k_pos[j]] == doc_ids[q_pos[i]]`` with a
+    document mask (``doc_ids``: the document of every global position, length ``s``)."""
+    if not causal and doc_ids is None:
         return None
     q_pos = torch.as_tensor(q_pos, device=device)
     k_pos = torch.as_tensor(k_pos, device=device)
-    return k_pos[None, :] <= q_pos[:, None]
+    mask = torch.ones(q_pos.shape[0], k_pos.shape[0], dtype=torch.bool, device=q_pos.device)
+    if causal:
+        mask &= k_pos[None, :] <= q_pos[:, None]
+    if doc_ids is not None:
+        doc = check_doc_ids(doc_ids, device=q_pos.device)
+        for name, pos in (("q_pos", q_pos), ("k_pos", k_pos)):
+            if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= doc.shape[0]):
+                raise ValueError(f"{name} holds token ids outside 0..{doc.shape[0] - 1}, the "
+                                 f"positions that doc_ids describes")
+        mask &= doc[k_pos][None, :] == doc[q_pos][:, None]
+    return mask
+
+
+def check_doc_ids(doc_ids, s=None, device=None, where: str = "doc_ids"):
+    """``doc_ids`` as an int64 tensor ``(s,)`` (any length if ``s`` is None), or None.
+
+    One integer document id per *global* token position, the same on every rank (a packed
+    sequence of documents of 3, 2 and 1 tokens is ``[0, 0, 0, 1, 1, 2]``)."""
+    if doc_ids is None:
+        return None
+    try:
+        doc = torch.as_tensor(doc_ids, device=device)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{where}: doc_ids must be integer document ids ({e})") from None
+    if doc.dim() != 1 or (s is not None and doc.shape[0] != s):
+        raise ValueError(f"{where}: doc_ids must give the document of every one of the "
+                         f"{'s' if s is None else f's = {s}'} global token positions, a 1-D "
+                         f"tensor; got shape {tuple(doc.shape)}")
+    if doc.is_floating_point() or doc.is_complex() or doc.dtype == torch.bool:
+        raise ValueError(f"{where}: doc_ids must be integer document ids (e.g. 0, 0, 0, 1, 1, 2), "
+                         f"got {doc.dtype}")
+    return doc.to(torch.int64)
 
 
 def _positions(q_pos, k_pos, s_q, s_k, device):
@@ -106,11 +140,12 @@ def _positions(q_pos, k_pos, s_q, s_k, device):
 
 
 # ----------------------------------------------------------------------- reference
-def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale=None):
+def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale=None, doc_ids=None):
     """Reference attention with lse, written with einsum (differentiable by autograd).
 
     Returns ``(out, lse)`` of shapes ``(b, s_q, a, d)`` and ``(b, s_q, a)``; masked-out
     queries get ``out = 0`` and ``lse = -inf``. GQA: K/V heads are repeated ``g`` times.
+    ``doc_ids``: document mask (see :func:`visible_mask`), indexed by the global positions.
     """
     g = _check_qkv(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -118,9 +153,9 @@ def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale=None)
         k = k.repeat_interleave(g, dim=2)
         v = v.repeat_interleave(g, dim=2)
     x = torch.einsum("bqad,bkad->baqk", q, k) * scale          # (b, a, s_q, s_k)
-    if causal:
+    if causal or doc_ids is not None:
         qp, kp = _positions(q_pos, k_pos, q.shape[1], k.shape[1], q.device)
-        mask = visible_mask(qp, kp, True)                      # (s_q, s_k)
+        mask = visible_mask(qp, kp, causal, doc_ids=doc_ids)  # (s_q, s_k)
         seen = mask.any(-1)[:, None]                           # query sees >= 1 key
         # rows that see no key are computed on zeros and then dropped: no -inf - -inf,
         # so neither the forward nor autograd's backward can produce a NaN
@@ -205,9 +240,11 @@ def _cuda_kernel_ok(q):
     return _CUDA_VERIFIED[key]
 
 
-def _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, device):
+def _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, device, doc_ids=None):
     """``False``/``True``: the mask is none / "key index <= query index" (top-left causal,
-    s_q == s_k); ``None``: the kernel cannot express it."""
+    s_q == s_k); ``None``: the kernel cannot express it (e.g. a document mask)."""
+    if doc_ids is not None:
+        return None
     if not causal:
         return False
     if s_q != s_k:
@@ -232,17 +269,19 @@ def _choose_impl(impl, kind, q, k) -> str:
     return impl
 
 
-def local_attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale=None, impl="auto"):
+def local_attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale=None, impl="auto",
+                    doc_ids=None):
     """Fast attention with lse, no autograd: ``(out, lse)``, ``lse`` as ``(b, a, s_q)``.
 
     Note the lse layout ``(b, a, s_q)`` (the kernels' own, contiguous), unlike
     :func:`attention`. ``impl``: ``"auto"`` (kernel when it can express the mask and
     dtype, else einsum), ``"kernel"`` or ``"einsum"``. GQA K/V are passed compact (the
-    CPU kernel reads shared heads itself; on CUDA they are repeated here).
+    CPU kernel reads shared heads itself; on CUDA they are repeated here). ``doc_ids``: a
+    document mask over the global positions (einsum path).
     """
     g = _check_qkv(q, k, v)
     s_q, s_k = q.shape[1], k.shape[1]
-    kind = _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, q.device)
+    kind = _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, q.device, doc_ids)
     use = _choose_impl(impl, kind, q, k)
     if use == "kernel":
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -256,12 +295,13 @@ def local_attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale
                 qt, kt, vt, None, True, 0.0, kind, scale=scale)[:2]
             lse = lse[..., :s_q].contiguous()
         return out.transpose(1, 2), lse
-    out, lse = attention(q, k, v, causal=causal, q_pos=q_pos, k_pos=k_pos, scale=scale)
+    out, lse = attention(q, k, v, causal=causal, q_pos=q_pos, k_pos=k_pos, scale=scale,
+                         doc_ids=doc_ids)
     return out, lse.transpose(1, 2).contiguous()
 
 
 def local_attention_backward(dout, q, k, v, out, lse, causal: bool = False, q_pos=None, k_pos=None,
-                             scale=None, impl="auto"):
+                             scale=None, impl="auto", doc_ids=None):
     """Gradients ``(dq, dk, dv)`` of one attention block, recomputed from ``(out, lse)``.
 
     ``out``/``lse`` may be the *final* output and lse of the queries (over all keys,
@@ -281,7 +321,7 @@ def local_attention_backward(dout, q, k, v, out, lse, causal: bool = False, q_po
     if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (q.shape[0], q.shape[2], s_q):
         raise ValueError(f"lse must be (b, a, s_q) = {(q.shape[0], q.shape[2], s_q)} as returned by "
                          f"local_attention, got {tuple(getattr(lse, 'shape', ()))}")
-    kind = _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, q.device)
+    kind = _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, q.device, doc_ids)
     scale_v = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     use = _choose_impl(impl, kind, q, k)
     if use == "kernel":
@@ -308,9 +348,9 @@ def local_attention_backward(dout, q, k, v, out, lse, causal: bool = False, q_po
         k = k.repeat_interleave(g, dim=2)
         v = v.repeat_interleave(g, dim=2)
     x = torch.einsum("bqad,bkad->baqk", q, k) * scale_v
-    if causal:
+    if causal or doc_ids is not None:
         qp, kp = _positions(q_pos, k_pos, s_q, s_k, q.device)
-        x = x.masked_fill(~visible_mask(qp, kp, True), float("-inf"))
+        x = x.masked_fill(~visible_mask(qp, kp, causal, doc_ids=doc_ids), float("-inf"))
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)).to(x.dtype)
     p = torch.exp(x - lse_safe[..., None])                       # (b, a, s_q, s_k)
     dv = torch.einsum("baqk,bqad->bkad", p, dout)

@@ -33,6 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..cost import expert_capacity
+from ..sim.nodes import check_nodes
 from . import comm
 from .sp import copy_to_tp
 
@@ -60,11 +61,15 @@ def all_to_all(x: torch.Tensor, output_splits, input_splits, group=None) -> torc
     return _AllToAll.apply(x, list(output_splits), list(input_splits), group)
 
 
-def route_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None):
+def route_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None, nodes=None,
+               max_nodes=None):
     """``logits (T, E)`` -> ``(experts (T, k) long, gates (T, k))``.
 
     Experts: the ``k`` largest of ``logits + bias``, best first, ties to the lower id.
     Gates: softmax over the chosen logits (no bias). Differentiable in the gates.
+    Node-limited (DeepSeek-V3; the rule of :mod:`lesson10.sim.nodes`): experts split evenly
+    over ``nodes``; a token keeps the ``max_nodes`` nodes with the largest sum of their top
+    ``ceil(k/max_nodes)`` scores (ties to the lower node), then its top ``k`` among them.
     """
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not logits.is_floating_point():
         raise ValueError(f"logits must be a floating-point tensor (T, E), got "
@@ -75,6 +80,14 @@ def route_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None):
     if bias is not None and tuple(bias.shape) != (E,):
         raise ValueError(f"bias must have one entry per expert, shape ({E},), got {tuple(bias.shape)}")
     scores = logits.detach() if bias is None else logits.detach() + bias.to(logits.dtype)
+    nodes, max_nodes = check_nodes(E, k, nodes, max_nodes)
+    if max_nodes is not None and max_nodes < nodes and scores.shape[0]:
+        T, per = scores.shape[0], E // nodes
+        top = scores.reshape(T, nodes, per).topk(-(-k // max_nodes), dim=2).values.sum(2)
+        best = torch.sort(-top, dim=1, stable=True).indices[:, :max_nodes]   # (T, max_nodes)
+        allowed = torch.zeros(T, nodes, dtype=torch.bool, device=scores.device)
+        allowed.scatter_(1, best, True)
+        scores = scores.masked_fill(~allowed.repeat_interleave(per, dim=1), float("-inf"))
     experts = torch.sort(-scores, dim=-1, stable=True).indices[:, :k]   # (T, k)
     gates = torch.softmax(logits.gather(1, experts), dim=-1)           # (T, k)
     return experts, gates
@@ -124,7 +137,7 @@ def init_moe_weights(h: int, E: int, d_ff: int, seed: int = 0, dtype=torch.float
 
 
 def moe_reference(x, router_w, w1, w2, k: int, capacity_factor=None, bias=None,
-                  alpha: float = 1e-2):
+                  alpha: float = 1e-2, nodes=None, max_nodes=None):
     """Dense single-process MoE on all ``N`` tokens ``x (N, h)`` in global order.
 
     Returns ``(y (N, h), aux_loss)``; differentiable in ``x`` and every weight. Drops
@@ -143,7 +156,7 @@ def moe_reference(x, router_w, w1, w2, k: int, capacity_factor=None, bias=None,
         raise ValueError(f"x ({x.dtype}) and the expert weights ({w1.dtype}, {w2.dtype}) need one "
                          f"dtype: cast x with x.to(w1.dtype)")
     logits = x.to(router_w.dtype) @ router_w                        # (N, E)
-    experts, gates = route_topk(logits, k, bias)
+    experts, gates = route_topk(logits, k, bias, nodes=nodes, max_nodes=max_nodes)
     C = expert_capacity(N, E, k, capacity_factor)
     onehot = F.one_hot(experts.reshape(-1), E)                     # (N k, E)
     arrival = (onehot.cumsum(0) - 1).gather(1, experts.reshape(-1, 1)).reshape(N, k)
@@ -174,11 +187,13 @@ class ExpertParallelMoE(nn.Module):
     is replicated, so its gradient is all-reduced over ``group`` in the backward
     (``reduce_router_grad=False`` if a data-parallel wrapper already does that).
     ``bias`` is DeepSeek-V3's routing bias (a buffer); :meth:`update_bias` moves it.
+    ``nodes`` / ``max_nodes``: node-limited routing (see :func:`route_topk`).
     """
 
     def __init__(self, h: int, E: int, d_ff: int, k: int, capacity_factor=None, group=None,
                  router_w=None, w1=None, w2=None, seed: int = 0, dtype=torch.float32,
-                 alpha: float = 1e-2, reduce_router_grad: bool = True):
+                 alpha: float = 1e-2, reduce_router_grad: bool = True, nodes=None,
+                 max_nodes=None):
         super().__init__()
         for name, val in (("h", h), ("E", E), ("d_ff", d_ff)):
             if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 1:
@@ -189,6 +204,7 @@ class ExpertParallelMoE(nn.Module):
                              f"use E a multiple of N_e.")
         _check_k(k, E)
         expert_capacity(1, E, k, capacity_factor)          # validates capacity_factor
+        check_nodes(E, k, nodes, max_nodes)                # validates node-limited routing
         if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha):
             raise ValueError(f"alpha must be a finite number, got {alpha!r}")
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -214,6 +230,7 @@ class ExpertParallelMoE(nn.Module):
         self.h, self.E, self.d_ff, self.k = h, E, d_ff, k
         self.capacity_factor, self.group, self.alpha = capacity_factor, group, alpha
         self.reduce_router_grad = reduce_router_grad
+        self.nodes, self.max_nodes = nodes, max_nodes
         self.aux_loss = self.counts = self.load = None
         self.dropped = 0
 
@@ -250,7 +267,7 @@ class ExpertParallelMoE(nn.Module):
         if self.reduce_router_grad:
             w_r = copy_to_tp(w_r, self.group, op="param_grad")  # replicated: sum its grads
         logits = x.to(w_r.dtype) @ w_r                           # (T, E)
-        experts, gates = route_topk(logits, k, self.bias)        # (T, k), (T, k)
+        experts, gates = route_topk(logits, k, self.bias, self.nodes, self.max_nodes)
 
         # 2. count exchange: per-expert counts of every rank, (N_e, E)
         flat = experts.reshape(-1)                               # (T k,) row-major (t, j)

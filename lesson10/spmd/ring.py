@@ -31,8 +31,9 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from ..layouts import layout_name
-from .attention import _check_float, local_attention, local_attention_backward, merge
+from ..layouts import layout_name, shard_positions
+from .attention import (_check_float, check_doc_ids, local_attention, local_attention_backward,
+                        merge, visible_mask)
 from . import comm
 from .comm import record
 
@@ -84,6 +85,8 @@ class RingComm:
         Without overlap the transfer completes before this returns.
         """
         sent = [t.contiguous() for t in tensors]
+        if self.size == 1:                             # a ring of one: the block stays here
+            return _Shift([], sent, [t.clone() for t in sent])
         received = [torch.empty_like(t) for t in sent]
         ops = []
         for i, (t, buf) in enumerate(zip(sent, received)):
@@ -136,6 +139,28 @@ def ring_blocks(layout: str, causal: bool, rank: int, src: int, c: int):
     return [(slice(half, c), full, False)]          # the late query chunk vs all K/V
 
 
+def _doc_plan(layout: str, causal: bool, doc, n: int, c: int, device):
+    """With a document mask: ``plan(rank, src)`` -> blocks ``(q_slice, kv_slice, kwargs)``
+    over the whole local block, with the global positions and ``doc_ids`` for the mask, or
+    ``[]`` when no query of ``rank`` sees any key of ``src`` (the block is skipped)."""
+    pos = [torch.as_tensor(p, dtype=torch.long, device=device)
+           for p in shard_positions(n * c, n, layout)]
+    full = slice(0, c)
+
+    def plan(rank, src):
+        mask = visible_mask(pos[rank], pos[src], causal, doc_ids=doc)
+        if not bool(mask.any()):
+            return []
+        return [(full, full, dict(causal=causal, q_pos=pos[rank], k_pos=pos[src], doc_ids=doc))]
+    return plan
+
+
+def _layout_plan(layout: str, causal: bool, c: int):
+    def plan(rank, src):
+        return [(qs, ks, dict(causal=cz)) for qs, ks, cz in ring_blocks(layout, causal, rank, src, c)]
+    return plan
+
+
 def _acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -171,9 +196,11 @@ class RingAttention(torch.autograd.Function):
     """``out = ring_attention(q, k, v)`` with the ring backward (see the module doc)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, layout, group, scale, impl):
+    def forward(ctx, q, k, v, causal, layout, group, scale, impl, doc):
         ring = RingComm(group, **_OPTIONS)
         r, n, c = ring.rank, ring.size, q.shape[1]
+        plan = _layout_plan(layout, causal, c) if doc is None else \
+            _doc_plan(layout, causal, doc, n, c, q.device)
         acc = _acc_dtype(q.dtype)
         out = lse = None
         kv = [k, v]
@@ -182,10 +209,10 @@ class RingAttention(torch.autograd.Function):
             t0 = time.perf_counter()
             pending = ring.shift(kv, tag=0) if step < n - 1 else None
             t1 = time.perf_counter()
-            for qs, ks, cz in ring_blocks(layout, causal, r, src, c):
-                o_b, l_b = local_attention(q[:, qs], kv[0][:, ks], kv[1][:, ks], causal=cz,
-                                           scale=scale, impl=impl)
-                if out is None:                        # round 0 always covers every query
+            for qs, ks, kw in plan(r, src):
+                o_b, l_b = local_attention(q[:, qs], kv[0][:, ks], kv[1][:, ks], scale=scale,
+                                           impl=impl, **kw)
+                if out is None:       # round 0 covers every query (each sees itself)
                     out, lse = o_b.to(acc), l_b.to(acc)
                 else:
                     o_m, l_m = merge(out[:, qs], lse[:, :, qs].transpose(1, 2), o_b, l_b.transpose(1, 2))
@@ -197,15 +224,17 @@ class RingAttention(torch.autograd.Function):
             ring.log("forward", step, t2 - t1, (t1 - t0) + (time.perf_counter() - t2))
         out_q = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out_q, lse)
-        ctx.cfg = (causal, layout, group, scale, impl, ring.overlap, ring.timings)
+        ctx.cfg = (causal, layout, group, scale, impl, ring.overlap, ring.timings, doc)
         return out_q
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        causal, layout, group, scale, impl, overlap, timings = ctx.cfg
+        causal, layout, group, scale, impl, overlap, timings, doc = ctx.cfg
         ring = RingComm(group, overlap, timings)
         r, n, c = ring.rank, ring.size, q.shape[1]
+        plan = _layout_plan(layout, causal, c) if doc is None else \
+            _doc_plan(layout, causal, doc, n, c, q.device)
         acc = _acc_dtype(q.dtype)
         dout = dout.contiguous()
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
@@ -218,10 +247,10 @@ class RingAttention(torch.autograd.Function):
             t1 = time.perf_counter()
             dk_b = torch.zeros(k.shape, dtype=acc, device=k.device)
             dv_b = torch.zeros(v.shape, dtype=acc, device=v.device)
-            for qs, ks, cz in ring_blocks(layout, causal, r, src, c):
+            for qs, ks, kw in plan(r, src):
                 g_q, g_k, g_v = local_attention_backward(
                     dout[:, qs], q[:, qs], kv[0][:, ks], kv[1][:, ks], out[:, qs],
-                    lse[:, :, qs], causal=cz, scale=scale, impl=impl)
+                    lse[:, :, qs], scale=scale, impl=impl, **kw)
                 dq[:, qs] += g_q
                 dk_b[:, ks] += g_k
                 dv_b[:, ks] += g_v
@@ -235,11 +264,11 @@ class RingAttention(torch.autograd.Function):
                 kv = pending.wait()
             ring.log("backward", step, t2 - t1, (t1 - t0) + (time.perf_counter() - t2))
         dk, dv = travelling.wait()                     # N_c hops: our own dK/dV, complete
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
 
 
 def ring_attention(q, k, v, causal: bool = True, layout: str = "zigzag", group=None, *,
-                   scale=None, impl: str = "auto"):
+                   scale=None, impl: str = "auto", doc_ids=None):
     """Exact attention over the whole sequence from local shards, by a ring of K/V blocks.
 
     ``q``: ``(b, c, a, d)``, ``k``/``v``: ``(b, c, a_kv, d)``, this rank's ``c = s/N_c``
@@ -251,7 +280,9 @@ def ring_attention(q, k, v, causal: bool = True, layout: str = "zigzag", group=N
     low-precision inputs); plus a shape check (``"metadata"``) so that ranks with
     different shards get a ValueError instead of a hang. ``impl``: local kernel choice
     (see :func:`lesson10.spmd.attention.local_attention`). Overlap and per-round
-    timings: :func:`ring_options`.
+    timings: :func:`ring_options`. ``doc_ids``: the document of every global position
+    (length ``s``, the same on every rank), a document mask; a block in which no query
+    sees any key is skipped (it still travels: the same bytes).
 
     Worked example, ``N_c = 2``, zig-zag, ``s = 8``: rank 0 holds tokens
     ``[0, 1, 6, 7]``, rank 1 ``[2, 3, 4, 5]``. Round 0: each rank attends causally to its
@@ -267,4 +298,5 @@ def ring_attention(q, k, v, causal: bool = True, layout: str = "zigzag", group=N
     except ValueError:
         pass                                # _check names the layouts the ring supports
     _check(q, k, v, layout, group)
-    return RingAttention.apply(q, k, v, bool(causal), layout, group, scale, impl)
+    doc = check_doc_ids(doc_ids, dist.get_world_size(group) * q.shape[1], q.device, "ring_attention")
+    return RingAttention.apply(q, k, v, bool(causal), layout, group, scale, impl, doc)

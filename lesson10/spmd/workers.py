@@ -106,9 +106,12 @@ def hello() -> dict:
 
 # -------------------------------------------------------------- attention
 def _attention_method(method: str):
+    from .allgather import allgather_attention
     from .ring import ring_attention
     from .ulysses import ulysses_attention
-    methods = {"ring": ring_attention, "ulysses": ulysses_attention}
+    from .usp import usp_attention
+    methods = {"ring": ring_attention, "ulysses": ulysses_attention,
+               "allgather": allgather_attention, "usp": usp_attention}
     if method not in methods:
         raise ValueError(f"method must be one of {sorted(methods)}, got {method!r}")
     return methods[method]
@@ -117,8 +120,10 @@ def _attention_method(method: str):
 def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a_kv: int = 2,
                     d: int = 8, causal: bool = True, layout: str | None = None,
                     dtype: str = "float64", seed: int = 0, replicate_kv: bool = False,
-                    impl: str = "auto", overlap: bool = True, split: int = 1) -> dict:
-    """``method`` (``"ring"`` or ``"ulysses"``) on this rank's shard vs full attention.
+                    impl: str = "auto", overlap: bool = True, split: int = 1,
+                    ulysses_size: int | None = None, docs: list | None = None) -> dict:
+    """``method`` (``"ring"``, ``"ulysses"``, ``"allgather"`` or ``"usp"``) on this rank's
+    shard vs full attention.
 
     Inputs ``q (b, s, a, d)``, ``k, v (b, s, a_kv, d)`` and the output gradient, drawn
     from ``seed``; the reference is :func:`lesson10.spmd.attention.attention` in float64
@@ -128,6 +133,8 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
     heads per K/V head *as sent* (``replicate_kv`` copies K/V heads up to
     ``lcm(a_kv, N_c)``). ``split = m``: the world is cut into ``m`` groups of
     consecutive ranks (``new_group``), each running the method on its own sequence.
+    ``ulysses_size``: USP's Ulysses degree (``formula_fwd = cost.usp_bytes``); ``docs``:
+    document lengths (summing to ``s``) for a document mask (ring, allgather, usp).
     Extras: ``tokens`` (this rank's global positions), ``kv_heads_sent``.
     """
     from .ring import ring_options
@@ -135,9 +142,9 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
 
     case = dict(method=method, b=b, s=s, a=a, a_kv=a_kv, d=d, causal=causal, layout=layout,
                 dtype=dtype, seed=seed, replicate_kv=replicate_kv, impl=impl, overlap=overlap,
-                split=split)
+                split=split, ulysses_size=ulysses_size, docs=docs)
     fn = _attention_method(method)
-    layout = layout or ("zigzag" if method == "ring" else "contiguous")
+    layout = layout or ("contiguous" if method == "ulysses" else "zigzag")
     case["layout"] = layout
     world, rank = dist.get_world_size(), dist.get_rank()
     group, n, which = None, world, 0
@@ -151,10 +158,21 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
     g = torch.Generator().manual_seed(seed + 1000 * which)
     q, dout = (torch.randn(b, s, a, d, generator=g, dtype=torch.float64).to(dt) for _ in range(2))
     k, v = (torch.randn(b, s, a_kv, d, generator=g, dtype=torch.float64).to(dt) for _ in range(2))
+    doc = None
+    if docs is not None:
+        if method == "ulysses" or sum(docs) != s or min(docs) < 1:
+            return {"method": method, "case": case,
+                    "error": f"docs: document lengths >= 1 summing to s = {s}, for the ring, "
+                             f"allgather or usp (got {docs} with {method})"}
+        doc = torch.as_tensor(np.repeat(np.arange(len(docs)), docs))
     ref = [t.double().requires_grad_() for t in (q, k, v)]
-    o_ref, _ = attention(*ref, causal=causal)
+    o_ref, _ = attention(*ref, causal=causal, doc_ids=doc)
     o_ref.backward(dout.double())
-    kw = {"impl": impl} if method == "ring" else {"replicate_kv": replicate_kv}
+    kw = {"replicate_kv": replicate_kv} if method == "ulysses" else {"impl": impl}
+    if method == "usp":
+        kw["ulysses_size"] = ulysses_size
+    if doc is not None:
+        kw["doc_ids"] = doc
     try:
         pos = local_positions(s, layout, group)
         loc = [shard_sequence(t.to(dev), layout, group).detach().requires_grad_() for t in (q, k, v)]
@@ -167,7 +185,11 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
     errs = {"out": _err(o, o_ref[:, pos]), "dq": _err(loc[0].grad, ref[0].grad[:, pos]),
             "dk": _err(loc[1].grad, ref[1].grad[:, pos]), "dv": _err(loc[2].grad, ref[2].grad[:, pos])}
     sent_kv = math.lcm(a_kv, n) if method == "ulysses" and replicate_kv and a_kv % n else a_kv
-    formula = cost.comm_bytes(method, s, a * d, n, g=a / sent_kv, e=_elem(dtype)) * b
+    if method == "usp":
+        formula = cost.usp_bytes(s, a * d, ulysses_size, n // ulysses_size, g=a / a_kv,
+                                 e=_elem(dtype)) * b
+    else:
+        formula = cost.comm_bytes(method, s, a * d, n, g=a / sent_kv, e=_elem(dtype)) * b
     return _result(method, case, n, errs, fwd, bwd, formula, seconds,
                    tokens=pos.tolist(), kv_heads_sent=sent_kv)
 
@@ -255,7 +277,7 @@ def uniform_router_tokens(T: int, h: int, E: int, k: int, start: int = 0, dtype=
 
 def check_moe(T=16, h: int = 8, E: int = 4, k: int = 2, d_ff: int = 16, capacity_factor=None,
               routing: str = "random", seed: int = 0, dtype: str = "float64", alpha: float = 0.5,
-              bias=None, rate=None) -> dict:
+              bias=None, rate=None, nodes=None, max_nodes=None) -> dict:
     """:class:`ExpertParallelMoE` on ``N_e`` ranks vs :func:`lesson10.spmd.moe.moe_reference`.
 
     ``T``: tokens per rank (or a list, one per rank); ``routing``: ``"uniform"`` (every
@@ -273,6 +295,8 @@ def check_moe(T=16, h: int = 8, E: int = 4, k: int = 2, d_ff: int = 16, capacity
     ``fwd = (remote_sent + remote_received) * row_bytes``. From the layer: ``dropped``,
     ``load`` (kept copies per local expert), ``counts``, ``w_grad_zero``.
     ``formula_fwd = cost.moe_a2a_bytes(k, T, h, N_e, e)`` (uniform routing, no drops).
+    ``nodes`` / ``max_nodes``: node-limited routing (DeepSeek-V3); extra ``nodes_used``:
+    the most nodes any token's experts span.
     """
     from ..sim.moe import capacity_keep, route_topk as sim_route
     from ..sim.moe import moe_reference as sim_reference, switch_aux_loss as sim_aux
@@ -280,7 +304,8 @@ def check_moe(T=16, h: int = 8, E: int = 4, k: int = 2, d_ff: int = 16, capacity
     from .moe import ExpertParallelMoE, init_moe_weights, moe_reference
 
     case = dict(T=T, h=h, E=E, k=k, d_ff=d_ff, capacity_factor=capacity_factor, routing=routing,
-                seed=seed, dtype=dtype, alpha=alpha, bias=bias, rate=rate)
+                seed=seed, dtype=dtype, alpha=alpha, bias=bias, rate=rate, nodes=nodes,
+                max_nodes=max_nodes)
     dt, dev = torch_dtype(dtype), current_device()
     n, r = dist.get_world_size(), dist.get_rank()
     Ts = list(T) if isinstance(T, (list, tuple)) else [T] * n
@@ -300,7 +325,8 @@ def check_moe(T=16, h: int = 8, E: int = 4, k: int = 2, d_ff: int = 16, capacity
     lo, hi = sum(Ts[:r]), sum(Ts[:r + 1])
     try:
         layer = ExpertParallelMoE(h, E, d_ff, k, capacity_factor=capacity_factor,
-                                  router_w=router_w, w1=w1, w2=w2, alpha=alpha).to(dev)
+                                  router_w=router_w, w1=w1, w2=w2, alpha=alpha, nodes=nodes,
+                                  max_nodes=max_nodes).to(dev)
     except ValueError as e:
         return {"method": "moe", "case": case, "error": str(e)}
     if b_t is not None:
@@ -319,7 +345,8 @@ def check_moe(T=16, h: int = 8, E: int = 4, k: int = 2, d_ff: int = 16, capacity
     aux_total = layer.aux_loss.detach().clone()
     dist.all_reduce(aux_total)
     xr, rw, rw1, rw2 = (t.clone().requires_grad_() for t in (x, router_w, w1, w2))
-    yr, auxr = moe_reference(xr, rw, rw1, rw2, k, capacity_factor, b_t, alpha)
+    yr, auxr = moe_reference(xr, rw, rw1, rw2, k, capacity_factor, b_t, alpha, nodes=nodes,
+                             max_nodes=max_nodes)
     ((yr * dy).sum() + auxr).backward()
     El = E // n
     errs = {"y": _err(y, yr[lo:hi]), "dx": _err(xl.grad, xr.grad[lo:hi]),
@@ -330,7 +357,7 @@ def check_moe(T=16, h: int = 8, E: int = 4, k: int = 2, d_ff: int = 16, capacity
     # routing bookkeeping with the NumPy simulation (an independent implementation)
     bias_np = None if b_t is None else b_t.numpy()
     logits = (x.double() @ router_w.double()).numpy()
-    experts, _ = sim_route(logits, k, bias_np)
+    experts, _ = sim_route(logits, k, bias_np, nodes=nodes, max_nodes=max_nodes)
     N = sum(Ts)
     cap = cost.expert_capacity(N, E, k, capacity_factor)
     kept = capacity_keep(experts, E, cap)
@@ -343,10 +370,13 @@ def check_moe(T=16, h: int = 8, E: int = 4, k: int = 2, d_ff: int = 16, capacity
              "row_bytes": h * _elem(dtype), "copies": N * k, "T_mine": Ts[r],
              "dropped": int(layer.dropped), "load": layer.load.tolist(),
              "counts": layer.counts.tolist(), "aux_value": float(aux_total),
-             "w_grad_zero": [bool((layer.w1.grad[e] == 0).all()) for e in range(El)]}
+             "w_grad_zero": [bool((layer.w1.grad[e] == 0).all()) for e in range(El)],
+             "nodes_used": int(max((len(set((row // (E // nodes)).tolist())) for row in experts),
+                                   default=0)) if nodes else None}
     if dtype == "float64":
         experts_np = [(w1[e].numpy(), w2[e].numpy()) for e in range(E)]
-        ys = sim_reference(x.numpy(), router_w.numpy(), experts_np, k, capacity_factor, bias_np)
+        ys = sim_reference(x.numpy(), router_w.numpy(), experts_np, k, capacity_factor, bias_np,
+                           nodes=nodes, max_nodes=max_nodes)
         errs["sim"] = float(np.abs(ys[lo:hi] - y.cpu().numpy()).max(initial=0.0))
         p = np.exp(logits - logits.max(1, keepdims=True))
         errs["sim_aux"] = abs(sim_aux(p / p.sum(1, keepdims=True), experts, alpha) - float(aux_total))

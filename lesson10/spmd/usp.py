@@ -1,0 +1,123 @@
+"""USP on torch.distributed: Ulysses inside groups of consecutive ranks, ring across them.
+
+``N = u * r`` ranks (``u = ulysses_size``): rank ``i`` of ``group`` is Ulysses index
+``i % u`` in Ulysses group ``i // u`` (``u`` consecutive ranks, as inside a node) and
+ring index ``i // u`` in the ring of the ``r`` ranks with the same Ulysses index. The
+sub-groups come from ``torch.distributed.new_group`` and are made once per
+``(group, u)``.
+
+1. :func:`~lesson10.spmd.seq_to_heads` inside the Ulysses group: a rank holds the
+   ``u c`` tokens of its group for ``a/u`` query heads and ``a_kv/u`` K/V heads. For the
+   ``zigzag`` and ``contiguous`` layouts these tokens, sorted, are exactly the shard of the
+   same layout over ``r`` ranks, so
+2. :func:`~lesson10.spmd.ring_attention` runs on the ring group in that layout;
+3. :func:`~lesson10.spmd.heads_to_seq` goes back. Autograd flows through all three.
+
+Bytes per rank (forward): ``(u-1)/u (2 + 2/g) c h e + (r-1) 2 (s/r) h e / (g u)``
+(:func:`lesson10.cost.usp_bytes`): ``"all_to_all"`` and ``"p2p"`` in ``count_bytes``.
+The head limit applies only to ``u``: it must divide ``a_kv``.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..layouts import layout_name, shard_positions
+from . import comm
+from .attention import _check_float
+from .ring import ring_attention
+from .ulysses import heads_to_seq, seq_to_heads
+
+__all__ = ["usp_attention", "usp_groups"]
+
+_GROUPS: dict = {}
+
+
+def usp_groups(ulysses_size: int, group=None):
+    """``(ulysses_group, ring_group)`` of this rank for ``ulysses_size`` over ``group``.
+
+    Every rank of ``group`` must call it (the first call per ``(group, u)`` creates the
+    sub-groups with ``new_group``; later calls reuse them)."""
+    n, r = comm.group_size(group), comm.group_rank(group)
+    u = _check_u(ulysses_size, n)
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
+    key = (tuple(ranks), u)
+    if key not in _GROUPS:
+        mine = {}
+        for i in range(n // u):               # every rank creates every sub-group, same order
+            members = ranks[i * u:(i + 1) * u]
+            pg = dist.new_group(members, use_local_synchronization=True) if dist.get_rank() in members else None
+            if pg is not None:
+                mine["ulysses"] = pg
+        for j in range(u):
+            members = ranks[j::u]
+            pg = dist.new_group(members, use_local_synchronization=True) if dist.get_rank() in members else None
+            if pg is not None:
+                mine["ring"] = pg
+        _GROUPS[key] = (mine["ulysses"], mine["ring"])
+    return _GROUPS[key]
+
+
+def _check_u(ulysses_size, n: int) -> int:
+    if isinstance(ulysses_size, bool) or not isinstance(ulysses_size, numbers.Integral) \
+            or ulysses_size < 1:
+        raise ValueError(f"ulysses_size must be an integer >= 1, got {ulysses_size!r}")
+    if n % ulysses_size:
+        raise ValueError(f"usp_attention: N = {n} ranks do not split into Ulysses groups of "
+                         f"ulysses_size = {ulysses_size}; use a ulysses_size that divides N "
+                         f"(N = ulysses_size * ring_size)")
+    return int(ulysses_size)
+
+
+def usp_attention(q, k, v, causal: bool = True, layout: str = "zigzag", ulysses_size: int = None,
+                  group=None, *, doc_ids=None, scale=None, impl: str = "auto"):
+    """USP attention of local shards ``q`` ``(b, c, a, d)``, ``k``/``v`` ``(b, c, a_kv, d)``.
+
+    ``c = s/N`` tokens per rank in ``layout`` order (``"zigzag"`` or ``"contiguous"``, as
+    :func:`shard_sequence` gives them). ``ulysses_size`` must divide ``N`` and ``a_kv``.
+    Returns this rank's output ``(b, c, a, d)``, differentiable; ``doc_ids``: a document
+    mask over the ``s`` global positions.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("usp_attention runs inside a rank: use lesson10.spmd.launch or torchrun")
+    try:
+        layout = layout_name(layout)
+    except ValueError:
+        pass                                 # named below with the layouts USP supports
+    if layout not in ("zigzag", "contiguous"):
+        raise ValueError(f"usp_attention supports layout 'zigzag' or 'contiguous' (those of the "
+                         f"ring), got {layout!r}")
+    n, rank = comm.group_size(group), comm.group_rank(group)
+    u = _check_u(ulysses_size, n)
+    _check_float(q=q, k=k, v=v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be a local shard tensor (b, s/N, heads, d), got "
+                             f"{tuple(getattr(t, 'shape', ()))}")
+    a, a_kv = q.shape[2], k.shape[2]
+    if a_kv == 0 or a % a_kv:
+        raise ValueError(f"usp_attention: {a} query heads are not a multiple of {a_kv} K/V heads")
+    if a_kv % u:
+        raise ValueError(
+            f"usp_attention: ulysses_size = {u} ranks cannot split n_kv = {a_kv} K/V heads into "
+            f"whole heads: the Ulysses part is limited to ulysses_size <= n_kv, dividing n_kv. "
+            f"Use a ulysses_size that divides {a_kv} (and N = {n}) and let the ring take the "
+            f"rest of the degree (ring_size = N / ulysses_size)")
+    comm.check_same_shape(q, group, "usp_attention: q")
+    comm.check_same_shape(k, group, "usp_attention: k")
+    c = q.shape[1]
+    s, ring_size, ring_index = n * c, n // u, rank // u
+    pos = shard_positions(s, n, layout)                     # validates s for the layout
+    held = np.concatenate(pos[ring_index * u:(ring_index + 1) * u])   # after seq_to_heads
+    order = np.argsort(held, kind="stable")
+    assert np.array_equal(held[order], shard_positions(s, ring_size, layout)[ring_index])
+    fwd = torch.as_tensor(order, dtype=torch.long, device=q.device)
+    back = torch.argsort(fwd)
+    uly_pg, ring_pg = usp_groups(u, group)
+    qh, kh, vh = (seq_to_heads(t, uly_pg)[:, fwd] for t in (q, k, v))   # (b, u c, ., d), sorted
+    o = ring_attention(qh, kh, vh, causal=causal, layout=layout, group=ring_pg, scale=scale,
+                       impl=impl, doc_ids=doc_ids)
+    return heads_to_seq(o[:, back], uly_pg)
