@@ -1,7 +1,8 @@
-"""Benchmarks: timing only. ``python -m lesson10 bench {sim,ring,ulysses,moe,sp,all}``.
+"""Benchmarks: timing only. ``python -m lesson10 bench {sim,ring,ulysses,moe,sp,cstar,all}``.
 
 :mod:`.harness` (interleaved reps, slowest rank, tables) and one module per benchmark:
-:mod:`.attention` (ring, Ulysses), :mod:`.moe`, :mod:`.sp` on real ranks, and
+:mod:`.attention` (ring, Ulysses), :mod:`.moe`, :mod:`.sp`, :mod:`.cstar` (when the ring's
+transfer hides) on real ranks, and
 :mod:`.sim` (the NumPy simulation, no torch). Tables land in ``benchmarks/results/``.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lesson10 bench",
                                 description="benchmarks of the real multi-process methods "
                                             "('bench sim' times the NumPy simulation)")
-    p.add_argument("what", choices=["ring", "ulysses", "moe", "sp", "all"])
+    p.add_argument("what", choices=["ring", "ulysses", "moe", "sp", "cstar", "all"])
     p.add_argument("--nproc", type=int, nargs="+", default=[2, 4])
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out", default=str(RESULTS_DIR), help="folder for the tables")
@@ -37,7 +38,19 @@ def main(argv=None) -> int:
     g.add_argument("--tokens", type=int, default=2048, help="moe: tokens T per rank")
     g.add_argument("--experts", type=int, default=8, help="moe: experts E")
     g.add_argument("--topk", type=int, default=2, help="moe: experts per token k")
+    g = p.add_argument_group("cstar (2 ranks)")
+    g.add_argument("--bandwidth", type=float, default=None,
+                   help="cstar: pace the ring's link at this many bytes/s (default: chosen from "
+                        "the measured F so that c* = --target)")
+    g.add_argument("--target", type=int, default=256, help="cstar: c* to aim the default pace at")
+    g.add_argument("--causal", action="store_true", help="cstar: causal mask (c* doubles)")
+    g.add_argument("--cstar-heads", type=int, default=32,
+                   help="cstar: query heads (more heads = longer rounds, less timing noise)")
     args = p.parse_args(argv)
+    if args.bandwidth is not None and not args.bandwidth > 0:
+        p.error(f"--bandwidth must be > 0 bytes/s, got {args.bandwidth}")
+    if args.target < 2:
+        p.error(f"--target must be at least 2 tokens, got {args.target}")
     for name in ("seq", "hidden", "ffn", "tokens", "experts", "topk", "reps", "batch"):
         v = getattr(args, name)
         if v is not None and v < 1:
@@ -50,6 +63,9 @@ def main(argv=None) -> int:
         if what in ("ring", "ulysses"):
             from .attention import bench
             bench(argparse.Namespace(**{**vars(args), "seq": args.seq or 4096}), what, out_dir)
+        elif what == "cstar":
+            from .cstar import bench
+            bench(args, out_dir)
         elif what == "moe":
             from .moe import bench
             bench(args, out_dir)

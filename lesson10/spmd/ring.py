@@ -44,15 +44,21 @@ RING_LAYOUTS = ("contiguous", "zigzag")
 
 # ------------------------------------------------------------------ communicator
 class _Shift:
-    """An in-flight shift: ``wait()`` then read ``received`` (same shapes as sent)."""
+    """An in-flight shift: ``wait()`` then read ``received`` (same shapes as sent).
+    ``done_at``: with a paced link, the ``perf_counter`` time before which ``wait()`` does
+    not return (the transfer's start plus bytes / bandwidth)."""
 
-    def __init__(self, handles, sent, received):
+    def __init__(self, handles, sent, received, done_at: float = 0.0):
         self.handles, self.sent, self.received = handles, sent, received
+        self.done_at = done_at
 
     def wait(self):
         for h in self.handles:
             h.wait()
         self.handles = []
+        left = self.done_at - time.perf_counter()
+        if left > 0:                                   # the emulated link is still busy
+            time.sleep(left)
         return self.received
 
 
@@ -65,17 +71,22 @@ class RingComm:
     * ``overlap`` (default True): start each transfer before the round's compute; False
       waits for it first, so nothing hides (benchmark 2 of ``bench ring``);
     * ``timings``: a list that receives ``{"phase", "round", "compute_s", "wait_s"}``
-      per round; ``wait_s`` is the communication the compute did not hide.
+      per round; ``wait_s`` is the communication the compute did not hide;
+    * ``bandwidth`` (bytes/s, default None = as fast as the backend): emulate a slower
+      link. A shift of ``B`` bytes (all its tensors) is not complete before ``B /
+      bandwidth`` seconds after it started: ``wait()`` sleeps for what is left. Compute
+      in between hides that time, as on a real link (the c* experiment, ``bench cstar``).
     """
 
-    def __init__(self, group=None, overlap: bool = True, timings: list | None = None):
+    def __init__(self, group=None, overlap: bool = True, timings: list | None = None,
+                 bandwidth: float | None = None):
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         to_global = (lambda i: i) if group is None else (lambda i: dist.get_global_rank(group, i))
         self.next = to_global((self.rank + 1) % self.size)
         self.prev = to_global((self.rank - 1) % self.size)
-        self.overlap, self.timings = overlap, timings
+        self.overlap, self.timings, self.bandwidth = overlap, timings, bandwidth
 
     def shift(self, tensors, tag: int = 0) -> _Shift:
         """Start sending every tensor to ``r+1`` and receiving as many from ``r-1`` (async).
@@ -89,11 +100,15 @@ class RingComm:
             return _Shift([], sent, [t.clone() for t in sent])
         received = [torch.empty_like(t) for t in sent]
         ops = []
+        nbytes = 0
         for i, (t, buf) in enumerate(zip(sent, received)):
             ops.append(dist.P2POp(dist.isend, t, self.next, self.group, tag + i))
             ops.append(dist.P2POp(dist.irecv, buf, self.prev, self.group, tag + i))
             record("p2p", t.numel() * t.element_size())
-        shift = _Shift(dist.batch_isend_irecv(ops), sent, received)
+            nbytes += t.numel() * t.element_size()
+        start = time.perf_counter()
+        done_at = start + nbytes / self.bandwidth if self.bandwidth else 0.0
+        shift = _Shift(dist.batch_isend_irecv(ops), sent, received, done_at)
         if not self.overlap:
             shift.wait()
         return shift
@@ -104,15 +119,19 @@ class RingComm:
                                  "wait_s": wait_s})
 
 
-_OPTIONS = {"overlap": True, "timings": None}
+_OPTIONS = {"overlap": True, "timings": None, "bandwidth": None}
 
 
 @contextmanager
-def ring_options(overlap: bool = True, timings: list | None = None):
+def ring_options(overlap: bool = True, timings: list | None = None, bandwidth: float | None = None):
     """Run the ring attention calls inside the ``with`` block with these
     :class:`RingComm` settings (see there); restored afterwards."""
+    if bandwidth is not None and (isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float))
+                                  or not bandwidth > 0 or bandwidth == float("inf")):
+        raise ValueError(f"bandwidth must be a finite number of bytes/s > 0 (or None: the "
+                         f"backend's own speed), got {bandwidth!r}")
     old = dict(_OPTIONS)
-    _OPTIONS.update(overlap=bool(overlap), timings=timings)
+    _OPTIONS.update(overlap=bool(overlap), timings=timings, bandwidth=bandwidth)
     try:
         yield
     finally:
@@ -224,14 +243,15 @@ class RingAttention(torch.autograd.Function):
             ring.log("forward", step, t2 - t1, (t1 - t0) + (time.perf_counter() - t2))
         out_q = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out_q, lse)
-        ctx.cfg = (causal, layout, group, scale, impl, ring.overlap, ring.timings, doc)
+        ctx.cfg = (causal, layout, group, scale, impl, ring.overlap, ring.timings, doc,
+                   ring.bandwidth)
         return out_q
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        causal, layout, group, scale, impl, overlap, timings, doc = ctx.cfg
-        ring = RingComm(group, overlap, timings)
+        causal, layout, group, scale, impl, overlap, timings, doc, bandwidth = ctx.cfg
+        ring = RingComm(group, overlap, timings, bandwidth)
         r, n, c = ring.rank, ring.size, q.shape[1]
         plan = _layout_plan(layout, causal, c) if doc is None else \
             _doc_plan(layout, causal, doc, n, c, q.device)
