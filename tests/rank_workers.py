@@ -161,6 +161,30 @@ def ring_error_messages(n_heads_bad: int = 3) -> dict:
     return msgs
 
 
+def paced_ring(bandwidth: float, nbytes: int) -> dict:
+    """A ring shift of ``nbytes`` on a link paced at ``bandwidth`` bytes/s: the time of the
+    shift alone (no compute to hide it), and the wait left after ``2 nbytes / bandwidth``
+    seconds of (sleeping) compute; plus a tiny ``bench cstar`` sweep (structure only)."""
+    from lesson10.bench.cstar import cstar_sweep
+    from lesson10.spmd.ring import RingComm
+
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=_dev()) * (dist.get_rank() + 1)
+    ring = RingComm(None, bandwidth=bandwidth)
+    dist.barrier()
+    t0 = time.perf_counter()
+    got = ring.shift([x]).wait()[0]
+    alone = time.perf_counter() - t0
+    dist.barrier()
+    shift = ring.shift([x])
+    time.sleep(2 * nbytes / bandwidth)                  # compute that covers the transfer
+    t1 = time.perf_counter()
+    shift.wait()
+    hidden_wait = time.perf_counter() - t1
+    sweep = cstar_sweep(a=2, a_kv=1, d=8, target=16, factors=(0.5, 2), reps=1)
+    return {"alone": alone, "hidden_wait": hidden_wait,
+            "received": float(got[0]), "sweep": sweep}
+
+
 def run_jobs(jobs: dict) -> dict:
     """In each rank: ``{name: (worker, kwargs)}`` -> ``{name: worker(**kwargs)}``, where a
     worker is a name in :mod:`lesson10.spmd.workers` or in this module (the shared launch
