@@ -1,4 +1,5 @@
-"""Benchmarks: timing only. ``python -m lesson10 bench {sim,ring,ulysses,moe,sp,cstar,all}``.
+"""Benchmarks: timing only.
+``python -m lesson10 bench {sim,ring,ulysses,compare,moe,sp,cstar,all}``.
 
 :mod:`.harness` (interleaved reps, slowest rank, tables) and one module per benchmark:
 :mod:`.attention` (ring, Ulysses), :mod:`.moe`, :mod:`.sp`, :mod:`.cstar` (when the ring's
@@ -25,7 +26,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lesson10 bench",
                                 description="benchmarks of the real multi-process methods "
                                             "('bench sim' times the NumPy simulation)")
-    p.add_argument("what", choices=["ring", "ulysses", "moe", "sp", "cstar", "all"])
+    p.add_argument("what", choices=["ring", "ulysses", "compare", "moe", "sp", "cstar", "all"])
     p.add_argument("--nproc", type=int, nargs="+", default=[2, 4])
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out", default=str(RESULTS_DIR), help="folder for the tables")
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     for what in (["ring", "ulysses", "moe", "sp"] if args.what == "all" else [args.what]):
-        if what in ("ring", "ulysses"):
+        if what in ("ring", "ulysses", "compare"):
             from .attention import bench
             bench(argparse.Namespace(**{**vars(args), "seq": args.seq or 4096}), what, out_dir)
         elif what == "cstar":

@@ -9,6 +9,9 @@ Four questions, one launch per ``N_c``:
 3. ring / Ulysses vs one process over the whole sequence: parallel efficiency;
 4. the target: causal zig-zag ring fwd+bwd on 2 ranks x 1 thread vs one process with 2
    threads running SDPA on the whole sequence (``b=1, s=4096, a=8, d=64``, float32).
+
+``bench compare``: all-gather vs ring vs Ulysses vs USP at equal ``N`` (GQA by default):
+fwd+bwd time and the forward bytes per rank, measured next to :mod:`lesson10.cost`.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from ..spmd.launch import current_device, synchronize, torch_dtype
 from .harness import (interleaved, machine_note, md_table, median, ms, one_process, timed,
                       write_table)
 
-__all__ = ["time_attention", "ring_table", "bench"]
+__all__ = ["time_attention", "ring_table", "compare_table", "bench", "bench_compare"]
 
 
 def _sdpa_once(state, cfg):
@@ -44,9 +47,12 @@ def _sdpa_once(state, cfg):
 
 
 def _method(name):
+    from ..spmd.allgather import allgather_attention
     from ..spmd.ring import ring_attention
     from ..spmd.ulysses import ulysses_attention
-    return {"ring": ring_attention, "ulysses": ulysses_attention}[name]
+    from ..spmd.usp import usp_attention
+    return {"ring": ring_attention, "ulysses": ulysses_attention,
+            "allgather": allgather_attention, "usp": usp_attention}[name]
 
 
 def _step(cfg, st):
@@ -66,11 +72,20 @@ def _step(cfg, st):
     q.grad = k.grad = v.grad = None
     st["rounds"] = []
     fn = _method(cfg["method"])
+    kw = {"ulysses_size": cfg["ulysses_size"]} if cfg["method"] == "usp" else {}
+
+    def forward():
+        return fn(q, k, v, causal=cfg.get("causal", True), layout=cfg.get("layout", "zigzag"), **kw)
+
+    if "bytes" not in st:                        # the forward's bytes, once, outside the timing
+        from ..spmd.comm import count_bytes
+        with count_bytes() as c:
+            forward()
+        st["bytes"] = c.activation
 
     def run():
         with ring_options(overlap=cfg.get("overlap", True), timings=st["rounds"]):
-            fn(q, k, v, causal=cfg.get("causal", True),
-               layout=cfg.get("layout", "zigzag")).backward(st["dout"])
+            forward().backward(st["dout"])
 
     return timed(run)
 
@@ -96,7 +111,7 @@ def time_attention(configs: list[dict], reps: int = 5, warmup: int = 1) -> list[
             per_round = [{"phase": r["phase"], "round": r["round"], "compute_s": float(x[0]),
                           "wait_s": float(x[1])} for r, x in zip(st["rounds"], vals.cpu())]
         rows.append({**cfg, "n": dist.get_world_size(), "median_s": median(ts), "times": ts,
-                     "per_round": per_round})
+                     "per_round": per_round, "bytes_fwd": st.get("bytes")})
     return rows
 
 
@@ -164,6 +179,31 @@ def ring_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _formula(r) -> float:
+    from .. import cost
+    e = torch.empty((), dtype=torch_dtype(r.get("dtype", "float32"))).element_size()
+    g, h = r["a"] / r.get("a_kv", r["a"]), r["a"] * r["d"]
+    if r["method"] == "usp":
+        return cost.usp_bytes(r["s"], h, r["ulysses_size"], r["n"] // r["ulysses_size"], g=g, e=e) * r["b"]
+    return cost.comm_bytes(r["method"], r["s"], h, r["n"], g=g, e=e) * r["b"]
+
+
+def compare_table(rows: list[dict]) -> str:
+    """Markdown: every context-parallel method at each ``N``, time and bytes per rank."""
+    one = {r["n"]: r["median_s"] for r in rows if r["method"] == "sdpa" and r["threads"] == 1}
+    body = []
+    for r in rows:
+        if r["method"] == "sdpa":
+            continue
+        name = r["method"] + (f" u={r['ulysses_size']} x r={r['n'] // r['ulysses_size']}"
+                              if r["method"] == "usp" else "")
+        body.append([r["n"], name, r.get("layout"), ms(r["median_s"]),
+                     f"{one[r['n']] / r['median_s']:.2f}" if r["n"] in one else "",
+                     f"{r['bytes_fwd'] / 1e6:.2f}", f"{_formula(r) / 1e6:.2f}"])
+    return md_table(["N", "method", "layout", "fwd+bwd ms", "speed-up vs 1 process",
+                     "fwd MB/rank measured", "lesson formula MB"], body)
+
+
 def _plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -190,9 +230,40 @@ def _plot(rows, path):
     return path
 
 
+def bench_compare(args, out_dir):
+    """All-gather vs ring vs Ulysses vs USP at equal ``N`` (``compare.md``)."""
+    from ..spmd.launch import launch
+    a = args.heads
+    base = {"b": args.batch, "s": args.seq, "a": a, "a_kv": args.kv_heads or max(1, a // 4),
+            "d": args.dim, "dtype": args.dtype, "causal": True}
+    rows = []
+    for n in args.nproc:
+        configs = [{**base, "method": "sdpa", "threads": 1},
+                   {**base, "method": "ring", "layout": "zigzag"},
+                   {**base, "method": "allgather", "layout": "zigzag"}]
+        if base["a_kv"] % n == 0:
+            configs.append({**base, "method": "ulysses", "layout": "contiguous"})
+        configs += [{**base, "method": "usp", "layout": "zigzag", "ulysses_size": u}
+                    for u in range(2, n) if n % u == 0 and base["a_kv"] % u == 0]
+        rows += launch(time_attention, n, configs, args.reps, backend=args.backend,
+                       timeout=args.timeout, threads=1, quiet=True)[0]
+    text = ["# Context parallelism compared: all-gather, ring, Ulysses, USP", "",
+            f"Causal; b={args.batch}, s={args.seq}, heads={a}, kv heads={base['a_kv']} (GQA), "
+            f"d={args.dim}, {args.dtype}; every rank 1 thread; median of {args.reps} reps; "
+            f"{machine_note()}. Bytes: the forward's activation traffic per rank "
+            "(`count_bytes`, shape checks left out) next to `cost.comm_bytes` / `cost.usp_bytes`. "
+            "All-gather sends the ring's bytes in one step; Ulysses needs N <= kv heads; USP "
+            "runs Ulysses inside groups of u consecutive ranks and a ring of r = N/u across.",
+            "", compare_table(rows), ""]
+    write_table(out_dir / "compare.md", text)
+    return rows
+
+
 def bench(args, what: str, out_dir):
     """Launch :func:`time_attention` for every ``--nproc``; write ``{what}.md`` (+ ``ring.png``)."""
     from ..spmd.launch import launch
+    if what == "compare":
+        return bench_compare(args, out_dir)
     base = {"b": args.batch, "s": args.seq, "a": args.heads, "a_kv": args.kv_heads or args.heads,
             "d": args.dim, "dtype": args.dtype, "causal": True}
     rows = []

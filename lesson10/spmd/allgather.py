@@ -3,9 +3,13 @@
 Each of the ``N_c`` ranks holds ``c = s/N_c`` tokens of Q, K and V, shape ``(b, c, a, d)``
 (K/V: ``a_kv`` heads, GQA), in the layout's order (:func:`lesson10.spmd.shard_sequence`).
 Forward: one all-gather of K and one of V along the sequence (every rank then holds the
-compact K/V of all ``s`` tokens, in rank order), then attention of the local queries
-against all keys with the global positions, so a causal mask and a document mask
-(``doc_ids``: the document of every global position) are applied directly.
+compact K/V of all ``s`` tokens; they are put in token order), then attention of the
+local queries against all keys with the global positions, so a causal mask and a
+document mask (``doc_ids``: the document of every global position) are applied
+directly. With a causal mask and the zig-zag or contiguous layout the local queries are
+one or two runs of consecutive tokens, and each run is a full block against the keys
+before it plus a causal diagonal block: the fused kernel's shapes (the same trick as the
+ring's ``ring_blocks``); other masks take the einsum path.
 
 Backward: the local kernel gives ``dQ`` for the local queries and ``dK``/``dV`` for all
 ``s`` keys; a reduce-scatter sums them over the ranks and leaves each rank the rows of
@@ -23,7 +27,8 @@ import torch.distributed as dist
 
 from ..layouts import layout_name, shard_positions
 from . import comm
-from .attention import _check_float, check_doc_ids, local_attention, local_attention_backward
+from .attention import (_check_float, check_doc_ids, local_attention, local_attention_backward,
+                        merge)
 
 __all__ = ["allgather_attention", "AllGatherAttention"]
 
@@ -32,31 +37,78 @@ def _acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _blocks(q_pos, causal: bool, doc_ids):
+    """The local attention as blocks ``(q_slice, k_slice, kwargs)`` against K/V in natural
+    token order. A causal mask on runs of consecutive queries (at most 2: contiguous,
+    zig-zag) becomes, per run ``p0 .. p0+m-1``, a full block against keys ``0 .. p0-1`` and
+    a causal diagonal block against ``p0 .. p0+m-1``: both shapes the fused kernel takes.
+    Otherwise (document mask, striped) one block with the mask from global positions."""
+    c = q_pos.numel()
+    s_all = slice(None)
+    if not causal and doc_ids is None:
+        return [(s_all, s_all, {"causal": False})]
+    cuts = [0] + (torch.nonzero(q_pos[1:] != q_pos[:-1] + 1).flatten() + 1).tolist() + [c]
+    if doc_ids is None and len(cuts) <= 3:
+        out = []
+        for i0, i1 in zip(cuts, cuts[1:]):
+            p0 = int(q_pos[i0])
+            if p0:
+                out.append((slice(i0, i1), slice(0, p0), {"causal": False}))
+            out.append((slice(i0, i1), slice(p0, p0 + i1 - i0), {"causal": True}))
+        return out
+    return [(s_all, s_all, {"causal": causal, "q_pos": q_pos, "doc_ids": doc_ids})]
+
+
 class AllGatherAttention(torch.autograd.Function):
     """``out = allgather_attention(q, k, v)``: all-gather K/V, attend, reduce-scatter dK/dV."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, q_pos, k_pos, doc_ids, group, scale, impl):
-        k_all = comm.all_gather(k, dim=1, group=group)          # (b, s, a_kv, d), rank order
-        v_all = comm.all_gather(v, dim=1, group=group)
-        out, lse = local_attention(q, k_all, v_all, causal=causal, q_pos=q_pos, k_pos=k_pos,
-                                   scale=scale, impl=impl, doc_ids=doc_ids)
+        natural = torch.argsort(k_pos)                            # gathered row of token t
+        k_nat = comm.all_gather(k, dim=1, group=group)[:, natural]  # (b, s, a_kv, d), in order
+        v_nat = comm.all_gather(v, dim=1, group=group)[:, natural]
+        blocks = _blocks(q_pos, causal, doc_ids)
+        acc = _acc_dtype(q.dtype)
+        out = lse = None
+        for qs, ks, kw in blocks:
+            if "q_pos" in kw:
+                kw = dict(kw, k_pos=torch.arange(k_nat.shape[1], device=q.device))
+            o_b, l_b = local_attention(q[:, qs], k_nat[:, ks], v_nat[:, ks], scale=scale,
+                                       impl=impl, **kw)
+            if out is None:
+                out = torch.zeros(q.shape[:3] + (v.shape[3],), dtype=acc, device=q.device)
+                lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=acc,
+                                 device=q.device)
+            o_m, l_m = merge(out[:, qs], lse[:, :, qs].transpose(1, 2), o_b, l_b.transpose(1, 2))
+            out[:, qs] = o_m
+            lse[:, :, qs] = l_m.transpose(1, 2)
         out = out.to(q.dtype)
-        ctx.save_for_backward(q, k_all, v_all, out, lse)
-        ctx.cfg = (causal, q_pos, k_pos, doc_ids, group, scale, impl)
+        ctx.save_for_backward(q, k_nat, v_nat, out, lse)
+        ctx.cfg = (blocks, k_pos, group, scale, impl)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k_all, v_all, out, lse = ctx.saved_tensors
-        causal, q_pos, k_pos, doc_ids, group, scale, impl = ctx.cfg
-        dq, dk_all, dv_all = local_attention_backward(
-            dout.contiguous(), q, k_all, v_all, out, lse, causal=causal, q_pos=q_pos,
-            k_pos=k_pos, scale=scale, impl=impl, doc_ids=doc_ids)
+        q, k_nat, v_nat, out, lse = ctx.saved_tensors
+        blocks, k_pos, group, scale, impl = ctx.cfg
         acc = _acc_dtype(q.dtype)
-        dk = comm.reduce_scatter(dk_all.to(acc), dim=1, group=group)   # this rank's rows
-        dv = comm.reduce_scatter(dv_all.to(acc), dim=1, group=group)
-        return (dq.to(q.dtype), dk.to(k_all.dtype), dv.to(v_all.dtype),
+        dout = dout.contiguous()
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        dk = torch.zeros(k_nat.shape, dtype=acc, device=q.device)
+        dv = torch.zeros(v_nat.shape, dtype=acc, device=q.device)
+        for qs, ks, kw in blocks:
+            if "q_pos" in kw:
+                kw = dict(kw, k_pos=torch.arange(k_nat.shape[1], device=q.device))
+            g_q, g_k, g_v = local_attention_backward(
+                dout[:, qs], q[:, qs], k_nat[:, ks], v_nat[:, ks], out[:, qs], lse[:, :, qs],
+                scale=scale, impl=impl, **kw)
+            dq[:, qs] += g_q
+            dk[:, ks] += g_k
+            dv[:, ks] += g_v
+        # back to rank order (row j of the gather is token k_pos[j]), then each rank's rows
+        dk = comm.reduce_scatter(dk[:, k_pos], dim=1, group=group)
+        dv = comm.reduce_scatter(dv[:, k_pos], dim=1, group=group)
+        return (dq.to(q.dtype), dk.to(k_nat.dtype), dv.to(v_nat.dtype),
                 None, None, None, None, None, None, None)
 
 
