@@ -16,7 +16,7 @@ import sys
 
 __all__ = ["main", "add_size_args", "cases", "report"]
 
-METHODS = ("sp", "ring", "ulysses", "moe")
+METHODS = ("sp", "ring", "ulysses", "allgather", "usp", "moe")
 
 
 def add_size_args(p: argparse.ArgumentParser) -> None:
@@ -40,6 +40,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                                                    "Ulysses contiguous)")
     p.add_argument("--no-causal", action="store_true")
     p.add_argument("--no-overlap", action="store_true")
+    p.add_argument("--ulysses-size", type=int, default=None,
+                   help="usp: Ulysses degree u (ranks per group; default 2)")
     add_size_args(p)
     p.set_defaults(seq=1024, dtype="float32")
     return p
@@ -47,11 +49,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 def cases(args, n: int) -> list[tuple]:
     """``(worker name, kwargs)`` for each checked run of ``args.method`` on ``n`` ranks."""
-    if args.method in ("ring", "ulysses"):
+    if args.method in ("ring", "ulysses", "allgather", "usp"):
+        extra = {"ulysses_size": args.ulysses_size or 2} if args.method == "usp" else {}
         return [("check_attention", dict(
             method=args.method, b=args.batch, s=args.seq, a=args.heads,
             a_kv=args.kv_heads or args.heads, d=args.dim, causal=not args.no_causal,
-            layout=args.layout, dtype=args.dtype, overlap=not args.no_overlap))]
+            layout=args.layout, dtype=args.dtype, overlap=not args.no_overlap, **extra))]
     h = args.heads * args.dim
     if args.method == "sp":
         return [("check_sp", dict(b=args.batch, s=args.seq, h=h, ffn=4 * h, p=0.1,

@@ -1,0 +1,27 @@
+"""`bench compare` (all-gather, ring, Ulysses, USP at equal N) and `run allgather|usp`, tiny."""
+import re
+
+from lesson10 import bench, run
+
+
+def test_bench_compare_writes_times_and_bytes_next_to_the_formulas(tmp_path, capsys):
+    rc = bench.main(["compare", "--nproc", "4", "--seq", "64", "--heads", "4", "--kv-heads", "2",
+                     "--dim", "8", "--reps", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    md = (tmp_path / "compare.md").read_text()
+    rows = re.findall(r"^\| 4 \| ([a-z]+)[^|]*\|.*\| ([\d.]+) \| ([\d.]+) \|$", md, re.M)
+    assert sorted(m for m, _, _ in rows) == ["allgather", "ring", "usp"]   # Ulysses: 2 kv heads < 4
+    for _, measured, formula in rows:
+        assert measured == formula                      # forward bytes per rank = the lesson's
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_run_usp_and_allgather(capsys):
+    for method, extra in (("usp", ["--nproc", "4", "--ulysses-size", "2"]),
+                          ("allgather", ["--nproc", "2", "--layout", "contiguous"])):
+        rc = run.main([method, "--seq", "32", "--heads", "4", "--kv-heads", "2", "--dim", "8",
+                       "--dtype", "float64", *extra])
+        out = capsys.readouterr().out
+        assert rc == 0 and "-> OK" in out, out
+        fwd = re.search(r"forward: ([\d,]+) \(lesson's formula: ([\d,]+)\)", out)
+        assert fwd and fwd.group(1) == fwd.group(2)
