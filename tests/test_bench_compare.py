@@ -1,6 +1,8 @@
 """`bench compare` (all-gather, ring, Ulysses, USP at equal N) and `run allgather|usp`, tiny."""
 import re
 
+import pytest
+
 from lesson10 import bench, run
 
 
@@ -25,3 +27,14 @@ def test_run_usp_and_allgather(capsys):
         assert rc == 0 and "-> OK" in out, out
         fwd = re.search(r"forward: ([\d,]+) \(lesson's formula: ([\d,]+)\)", out)
         assert fwd and fwd.group(1) == fwd.group(2)
+
+
+def test_bench_memory_writes_one_row_per_rank_count(tmp_path):
+    rc = bench.main(["memory", "--nproc", "1", "2", "--block", "256", "--heads", "2", "--dim", "8",
+                     "--out", str(tmp_path)])
+    assert rc == 0
+    md = (tmp_path / "memory.md").read_text()
+    rows = re.findall(r"^\| (\d) \| 256 \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", md, re.M)
+    assert [(n, s) for n, s, *_ in rows] == [("1", "256"), ("2", "512")]
+    for n, _, inputs, rise, single in rows:
+        assert float(rise) >= 0 and float(single) == pytest.approx(int(n) * float(inputs), abs=0.2)

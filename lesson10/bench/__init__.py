@@ -1,9 +1,9 @@
 """Benchmarks: timing only.
-``python -m lesson10 bench {sim,ring,ulysses,compare,moe,sp,cstar,all}``.
+``python -m lesson10 bench {sim,ring,ulysses,compare,moe,sp,cstar,memory,all}``.
 
 :mod:`.harness` (interleaved reps, slowest rank, tables) and one module per benchmark:
 :mod:`.attention` (ring, Ulysses), :mod:`.moe`, :mod:`.sp`, :mod:`.cstar` (when the ring's
-transfer hides) on real ranks, and
+transfer hides), :mod:`.memory` (a rank's peak memory as N_c grows) on real ranks, and
 :mod:`.sim` (the NumPy simulation, no torch). Tables land in ``benchmarks/results/``.
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lesson10 bench",
                                 description="benchmarks of the real multi-process methods "
                                             "('bench sim' times the NumPy simulation)")
-    p.add_argument("what", choices=["ring", "ulysses", "compare", "moe", "sp", "cstar", "all"])
+    p.add_argument("what", choices=["ring", "ulysses", "compare", "moe", "sp", "cstar", "memory",
+                                    "all"])
     p.add_argument("--nproc", type=int, nargs="+", default=[2, 4])
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out", default=str(RESULTS_DIR), help="folder for the tables")
@@ -39,12 +40,14 @@ def main(argv=None) -> int:
     g.add_argument("--tokens", type=int, default=2048, help="moe: tokens T per rank")
     g.add_argument("--experts", type=int, default=8, help="moe: experts E")
     g.add_argument("--topk", type=int, default=2, help="moe: experts per token k")
-    g = p.add_argument_group("cstar (2 ranks)")
+    g = p.add_argument_group("cstar (2 ranks) and memory")
     g.add_argument("--bandwidth", type=float, default=None,
                    help="cstar: pace the ring's link at this many bytes/s (default: chosen from "
                         "the measured F so that c* = --target)")
     g.add_argument("--target", type=int, default=256, help="cstar: c* to aim the default pace at")
     g.add_argument("--causal", action="store_true", help="cstar: causal mask (c* doubles)")
+    g.add_argument("--block", type=int, default=4096,
+                   help="memory: tokens per rank c (fixed while N_c and s grow)")
     g.add_argument("--cstar-heads", type=int, default=32,
                    help="cstar: query heads (more heads = longer rounds, less timing noise)")
     args = p.parse_args(argv)
@@ -66,6 +69,9 @@ def main(argv=None) -> int:
             bench(argparse.Namespace(**{**vars(args), "seq": args.seq or 4096}), what, out_dir)
         elif what == "cstar":
             from .cstar import bench
+            bench(args, out_dir)
+        elif what == "memory":
+            from .memory import bench
             bench(args, out_dir)
         elif what == "moe":
             from .moe import bench

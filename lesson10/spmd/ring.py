@@ -56,6 +56,7 @@ class _Shift:
         for h in self.handles:
             h.wait()
         self.handles = []
+        self.sent = None                    # sent: the sender may drop its block now
         left = self.done_at - time.perf_counter()
         if left > 0:                                   # the emulated link is still busy
             time.sleep(left)
