@@ -1,0 +1,99 @@
+"""A private, read-only copy of the package for every process that runs student code.
+
+At the grader's start :class:`Package` reads the package's files once (with their
+compiled bytecode) into memory and imports, in the judge, every module the checks use,
+so nothing the judge runs is read from disk later. Each worker and each notebook kernel
+then gets its own fresh copy of that snapshot in a temporary folder (files 0444,
+folders 0555), first on its ``sys.path`` and started with ``python -I`` (no
+``PYTHONPATH``, no current folder on the path). A submission that rewrites the package
+on disk, wherever it finds it, changes neither the judge nor any later process.
+"""
+from __future__ import annotations
+
+import compileall
+import importlib
+import os
+import pkgutil
+import py_compile
+import shutil
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+import lesson10
+
+#: modules the judge imports up front (the checks' references); spmd (torch) is not needed
+_JUDGE_MODULES = ("lesson10.checks", "lesson10.sim", "lesson10.layouts", "lesson10.cost")
+
+
+def import_judge_modules() -> None:
+    for name in _JUDGE_MODULES:
+        mod = importlib.import_module(name)
+        for info in pkgutil.walk_packages(getattr(mod, "__path__", []), prefix=name + "."):
+            importlib.import_module(info.name)
+
+
+class Package:
+    """The package as it was when grading started."""
+
+    def __init__(self, source: Path | None = None):
+        import_judge_modules()
+        self.source = Path(source or Path(lesson10.__file__).parent).resolve()
+        self.files: dict[str, bytes] = {}
+        with tempfile.TemporaryDirectory(prefix="lesson10-snapshot-") as tmp:
+            dst = Path(tmp) / "lesson10"
+            shutil.copytree(self.source, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            compileall.compile_dir(str(dst), quiet=2, workers=1,
+                                   invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+            for path in sorted(dst.rglob("*")):
+                if path.is_file():
+                    self.files[path.relative_to(dst).as_posix()] = path.read_bytes()
+
+    def copy(self, parent: Path) -> Path:
+        """Write a read-only copy under ``parent``; returns the folder to put on sys.path."""
+        root = Path(tempfile.mkdtemp(prefix="pkg-", dir=parent))
+        for rel, data in self.files.items():
+            path = root / "lesson10" / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            path.chmod(0o444)
+        for folder in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
+            folder.chmod(0o555)
+        return root
+
+
+def remove(path: Path) -> None:
+    """Remove a copy, read-only folders (and whatever a submission changed) included."""
+    def make_writable(func, p, _exc):
+        try:
+            os.chmod(os.path.dirname(p), 0o755)
+            os.chmod(p, stat.S_IWUSR | stat.S_IRUSR | stat.S_IXUSR)
+            func(p)
+        except OSError:
+            pass
+    if path.exists():
+        for p in [path, *path.rglob("*")]:
+            try:
+                if p.is_dir() and not p.is_symlink():
+                    p.chmod(0o755)
+            except OSError:
+                pass
+        shutil.rmtree(path, onerror=make_writable)
+
+
+def bootstrap(pkg_root: Path, module: str) -> list[str]:
+    """``python -I -c ...`` that imports ``module`` from the copy and runs its ``main``."""
+    code = (f"import sys; sys.path.insert(0, {str(pkg_root)!r}); "
+            f"import {module} as m; m.main()")
+    return [sys.executable, "-I", "-c", code]
+
+
+def child_env(extra: dict | None = None) -> dict:
+    """The environment of a process that runs student code: no grade file, one BLAS thread."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LESSON10_GRADE_FILE", "PYTHONPATH", "PYTHONSTARTUP")}
+    env.update({"MPLBACKEND": "Agg", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"})
+    env.update(extra or {})
+    return env
