@@ -57,15 +57,14 @@ def _columns(reports: list[dict]) -> list[tuple[str, int]]:
     """``(exercise, points)`` in the course's order, for every exercise in the batch."""
     from ..checks import EXERCISES
     seen = {e["exercise"]: e["max_points"] for r in reports for e in r["exercises"]}
-    cols = [(ex, EXERCISES[ex].points) for ex in EXERCISES if ex in seen]
-    cols += [(ex, pts) for ex, pts in seen.items() if ex not in EXERCISES]
-    return cols
+    return [(ex, EXERCISES[ex].points) for ex in EXERCISES if ex in seen]
 
 
 def class_csv(reports: list[dict]) -> str:
     """One row per student (the notebook's parent folder): ``student``, one column per
     exercise in the batch, ``total``, ``max`` (the same max for every student: an
-    exercise a student did not hand in counts 0)."""
+    exercise a student did not hand in, or handed in a notebook the grader could not
+    identify, counts 0)."""
     cols = _columns(reports)
     students: dict[str, dict] = {}
     for rep in reports:
