@@ -101,6 +101,11 @@ TRICKS = {
                                           "def ulysses_attention(q_shards, k_shards, v_shards, positions, causal=True):\n"
                                           "    return ref_ulysses_attention(q_shards, k_shards, v_shards, positions, causal)"}),
                     3, 5, "ulysses_attention", "calls the course's reference implementation"),
+    "patch_the_guard": (nb03(replace={"ring_time":
+                                      "import lesson10.grade.guard as _g\n"
+                                      "_g.Guard.stop = lambda self: None\n"
+                                      "def ring_time(work):\n    return layouts.ring_time(work)"}),
+                        0, 4, "ring_time", "changes the grader's own code"),
     # the old grader trusted the kernel's own report
     "grade_file": (nb03(blank=True, after=[
         "import json, os\nfor ex, pts in (('zigzag_positions', 1), ('causal_work', 2), ('ring_time', 1)):\n"
@@ -121,7 +126,7 @@ TRICKS = {
                                "        for key in ('ref_time', 'target'):\n            if key in f.f_locals:\n"
                                "                v = f.f_locals[key]\n                return v(work) if callable(v) else v\n"
                                "        f = f.f_back\n    raise LookupError('no answer in sight')"}),
-                 3, 4, "ring_time", "LookupError"),
+                 3, 4, "ring_time", "sys._getframe"),
     "pinned_seed": (nb03(replace={"ring_time":
                                   "_real_rng = np.random.default_rng\n"
                                   "np.random.default_rng = lambda *a, **k: _real_rng(0)\n"

@@ -15,8 +15,10 @@ Some exercises may use a course function (Ulysses attention calls the reference
 everything they call is allowed until they return.
 
 Tampering is a violation too: calling ``sys.setprofile`` / ``settrace`` / ``getprofile``,
-starting a thread or a process while being judged (an audit hook blocks the ones that
-raise audit events), or leaving another profile function installed.
+starting a thread or a process, or reading frames or the garbage collector's objects
+(where the worker keeps its state) while being judged (an audit hook blocks those that
+raise audit events), or leaving another profile function installed. The worker also
+checks, before each call, that no cell patched the grader's code (:mod:`.worker`).
 """
 from __future__ import annotations
 
@@ -28,7 +30,11 @@ import _thread
 
 _MIN_FINGERPRINT = 60          # bytecode shorter than this is too generic to fingerprint
 _AUDIT_BLOCKED = ("sys.setprofile", "sys.settrace", "subprocess.Popen", "os.fork", "os.forkpty",
-                  "os.posix_spawn", "os.spawn", "os.exec", "os.system", "pty.spawn")
+                  "os.posix_spawn", "os.spawn", "os.exec", "os.system", "pty.spawn",
+                  # reading the worker's frames or objects (where the grader keeps its state)
+                  "sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
+                  "gc.get_referents", "ctypes.")
+_FRAME_ATTRS = ("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back")
 
 
 def fingerprint(code) -> str:
@@ -75,24 +81,25 @@ class Guard:
     """Watches one judged call at a time; :attr:`violation` says what went wrong."""
 
     def __init__(self, roots: list[str], fingerprints: list[str]):
-        self.roots = [os.path.realpath(r) + os.sep for r in roots if r]
-        self.prints = set(fingerprints)
+        self.roots = tuple(os.path.realpath(r) + os.sep for r in roots if r)
+        self.prints = frozenset(fingerprints)
         self._kind: dict = {}          # code object -> None (student) | reference name
         self._keep: list = []          # keeps the cached code objects alive (stable ids)
         self.allowed: set[str] = set()
         self.violation: str | None = None
         self.active = False
         self._inside = None            # frame of an allowed entry point being run
-        self._banned_c = {sys.setprofile, sys.settrace, sys.getprofile, sys.gettrace,
+        banned_c = {sys.setprofile, sys.settrace, sys.getprofile, sys.gettrace,
                           _thread.start_new_thread, threading.settrace, threading.setprofile}
         for name in ("start_joinable_thread", "start_new"):
             if hasattr(_thread, name):
-                self._banned_c.add(getattr(_thread, name))
+                banned_c.add(getattr(_thread, name))
         for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "execv", "execve"):
             if hasattr(os, name):
-                self._banned_c.add(getattr(os, name))
-        self._banned_code = {threading.settrace.__code__, threading.setprofile.__code__,
-                             threading.Thread.start.__code__}
+                banned_c.add(getattr(os, name))
+        self._banned_c = frozenset(banned_c)
+        self._banned_code = frozenset({threading.settrace.__code__, threading.setprofile.__code__,
+                                       threading.Thread.start.__code__})
         sys.addaudithook(self._audit)
 
     # ----------------------------------------------------------------- classification
@@ -156,15 +163,19 @@ class Guard:
                            f"switch off or escape the grader's reference guard)")
 
     def _audit(self, event, args):
-        if self.active and event.startswith(_AUDIT_BLOCKED):
+        if not self.active:
+            return
+        if event.startswith(_AUDIT_BLOCKED) or (event == "object.__getattr__" and len(args) > 1
+                                                  and args[1] in _FRAME_ATTRS):
             self._flag(f"{event} while being judged (it would switch off or escape the "
                        f"grader's reference guard)")
             raise RuntimeError(f"{event} is not allowed while the grader calls your function")
 
     # ----------------------------------------------------------------- one call
     def start(self, allowed) -> None:
-        self.allowed = set(allowed)
+        self.allowed = frozenset(allowed)
         self.violation = None
+        self._kind, self._keep = {}, []      # a fresh cache: nothing a cell put there counts
         self._inside = None
         threading.setprofile(self._profile)
         sys.setprofile(self._profile)

@@ -153,10 +153,11 @@ class Worker:
     # ----------------------------------------------------------------- one call
     def call(self, name: str, args, kwargs, allowed, deadline: float):
         callables: list = []
+        token = os.urandom(16).hex()        # a reply without it was not written by the worker
         try:
             tree, blobs = wire.encode([list(args), dict(kwargs)], callables)
-            self.conn.send({"op": "call", "name": name, "args": tree, "allowed": list(allowed)},
-                           blobs, deadline)
+            self.conn.send({"op": "call", "name": name, "args": tree, "allowed": list(allowed),
+                            "token": token}, blobs, deadline)
             while True:
                 msg, blobs = self.conn.recv(deadline)
                 op = msg.get("op")
@@ -172,6 +173,10 @@ class Worker:
             self.kill()
             raise Lost("crashed", f"the process running {name} died or broke the protocol "
                                   f"({exc}): os._exit, a signal, or out of memory") from None
+        if msg.get("token") != token:
+            self.kill()
+            raise Lost("crashed", f"the process running {name} answered out of turn (something "
+                                  f"wrote to the grader's pipe)")
         if msg.get("violation"):
             raise Violation(f"{name} {msg['violation']}")
         if op == "missing":

@@ -64,6 +64,33 @@ def _neutralise_checks() -> None:
             setattr(checks, name, noop)
 
 
+_GUARD_STATE = ("allowed", "violation", "active", "_inside", "_kind", "_keep")
+
+
+def _snapshot(guard) -> list:
+    """Identity of the grader's code in this process: every function, class attribute and
+    module attribute of ``lesson10.grade.*``, the guard's own attributes and the profile
+    functions of ``sys``. A cell that patches any of them shows up as a difference."""
+    out = [id(sys.setprofile), id(sys.getprofile), id(sys.addaudithook)]
+
+    def add(key, value):
+        out.append((key, id(value)))
+        code = getattr(value, "__code__", None)
+        if code is not None:
+            out.append((key, id(code), id(getattr(value, "__defaults__", None))))
+
+    for name in sorted(m for m in sys.modules if m.startswith("lesson10.grade")):
+        for key, value in list(vars(sys.modules[name]).items()):
+            add(f"{name}.{key}", value)
+            if isinstance(value, type) and value.__module__ == name:
+                for k2, v2 in list(vars(value).items()):
+                    add(f"{name}.{key}.{k2}", v2)
+    for key, value in sorted(vars(guard).items()):
+        if key not in _GUARD_STATE:
+            add(f"guard.{key}", value)
+    return out
+
+
 class Worker:
     def __init__(self, conn: wire.Conn):
         self.conn = conn
@@ -96,11 +123,17 @@ class Worker:
             except BaseException:  # noqa: BLE001 - a cell's error must not stop the worker
                 pass
 
-    def call(self, msg, blobs) -> None:
-        name = str(msg["name"])
+    def call(self, msg, blobs, tampered: bool = False) -> None:
+        name, token = str(msg["name"]), msg.get("token")
         fn = self.shell.user_ns.get(name) if self.shell is not None else None
+        if tampered:
+            self.conn.send({"op": "error", "type": "RuntimeError", "token": token,
+                            "violation": "runs in a notebook that changes the grader's own code "
+                                         "(lesson10.grade) or its profiler",
+                            "message": "the grader's code was changed"})
+            return
         if not callable(fn):
-            self.conn.send({"op": "missing"})
+            self.conn.send({"op": "missing", "token": token})
             return
         args, kwargs = wire.decode(msg["args"], blobs, make_fn=self._stub)
         reply, out_blobs = None, []
@@ -119,22 +152,26 @@ class Worker:
         finally:
             violation = self.guard.stop()
         reply["violation"] = violation
+        reply["token"] = token
         try:
             self.conn.send(reply, out_blobs)
         except wire.WireError as exc:
             self.conn.send({"op": "error", "type": "ValueError", "violation": violation,
-                            "message": f"what {name} returned is too large: {exc}"})
+                            "token": token, "message": f"what {name} returned is too large: {exc}"})
 
     def serve(self) -> None:
+        base, snap, snap_code, call = None, _snapshot, _snapshot.__code__, Worker.call
         while True:
             msg, blobs = self.conn.recv()
             op = msg.get("op")
             if op == "setup":
                 self.guard = Guard(msg.get("roots", []), msg.get("fingerprints", []))
+                base = snap(self.guard)
                 self.run_cells(msg.get("cells", []))
                 self.conn.send({"op": "ready"})
             elif op == "call":
-                self.call(msg, blobs)
+                tampered = snap.__code__ is not snap_code or snap(self.guard) != base
+                call(self, msg, blobs, tampered)
             elif op == "exit":
                 return
 
