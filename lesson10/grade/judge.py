@@ -220,13 +220,14 @@ def _copy_back(orig, new) -> None:
                 np.copyto(orig, new, casting="unsafe")
             except (TypeError, ValueError):
                 pass
-    elif isinstance(orig, list) and isinstance(new, list):
+    elif isinstance(orig, (list, tuple)) and isinstance(new, (list, tuple)):
         for i, (o, n) in enumerate(zip(list(orig), new)):
-            if isinstance(o, (np.ndarray, list, dict)):
+            if isinstance(o, (np.ndarray, list, tuple, dict)):
                 _copy_back(o, n)
-            elif type(o) in (int, float, str, bool, type(None)) and o != n:
+            elif isinstance(orig, list) and type(o) in (int, float, str, bool, type(None)) \
+                    and o != n:
                 orig[i] = n
-        if len(new) != len(orig) and not any(callable(o) for o in orig):
+        if isinstance(orig, list) and len(new) != len(orig) and not any(callable(o) for o in orig):
             orig[:] = new
     elif isinstance(orig, dict) and isinstance(new, dict):
         for k, n in new.items():

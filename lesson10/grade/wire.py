@@ -73,6 +73,12 @@ def _enc(x, blobs, callables, depth):
         return {"$": "float", "v": repr(float(x))}      # keeps nan / inf exactly
     if isinstance(x, str):
         return str(x)
+    if isinstance(x, complex):
+        return {"$": "scalar", **_array(np.asarray(x, dtype=complex), blobs)}
+    if isinstance(x, range):
+        if len(x) > 2**20:
+            raise WireError("a range of more than 2**20 numbers cannot be sent")
+        return {"$": "list", "items": [int(i) for i in x]}
     if isinstance(x, (list, tuple)):
         kind = "tuple" if isinstance(x, tuple) else "list"
         return {"$": kind, "items": [_enc(y, blobs, callables, depth + 1) for y in list(x)]}
