@@ -39,7 +39,10 @@ def exercises(notebook_id: str) -> list:
 
 
 def function_name(exercise_id: str) -> str:
-    return FUNCTION_NAMES.get(exercise_id, exercise_id)
+    """The name of the student's function: the exercise's own record of it when the checks
+    keep one (``Exercise.function``), else :data:`FUNCTION_NAMES`, else the id."""
+    recorded = getattr(EXERCISES.get(exercise_id), "function", "")
+    return recorded or FUNCTION_NAMES.get(exercise_id, exercise_id)
 
 
 def full_marks(notebook_id: str | None) -> int:
