@@ -116,6 +116,29 @@ TRICKS = {
                                       "_g.Guard.stop = lambda self: None\n"
                                       "def ring_time(work):\n    return layouts.ring_time(work)"}),
                         0, 4, "ring_time", "changes the grader's own code"),
+    "thread_from_a_cell": (nb03(replace={"ring_time":
+                                         "import queue, threading\n_q, _a = queue.Queue(), queue.Queue()\n"
+                                         "def _serve():\n    while True:\n        _a.put(layouts.ring_time(_q.get()))\n"
+                                         "threading.Thread(target=_serve, daemon=True).start()\n"
+                                         "def ring_time(work):\n    _q.put(work)\n    return _a.get()"}),
+                           0, 4, "ring_time", "thread(s) started by the notebook"),
+    "trace_function": (nb03(replace={"ring_time":
+                                     "import sys\n_box = {}\n"
+                                     "def _tracer(frame, event, arg):\n"
+                                     "    if event == 'call' and frame.f_code.co_name == 'ring_time':\n"
+                                     "        _box['v'] = layouts.ring_time(frame.f_locals['work'])\n"
+                                     "    return None\n"
+                                     "sys.settrace(_tracer)\n"
+                                     "def ring_time(work):\n    return _box.get('v', -1)"}),
+                       3, 4, "ring_time", "ring time"),
+    "forged_reply": (nb03(replace={"ring_time":
+                                   "import os, sys\nfrom lesson10.grade import wire\n"
+                                   "def ring_time(work):\n    value = layouts.ring_time(work)\n"
+                                   "    tree, blobs = wire.encode([value, [[work], {}]])\n"
+                                   "    conn = wire.Conn(int(sys.argv[1]), int(sys.argv[2]))\n"
+                                   "    conn.send({'op': 'result', 'value': tree, 'violation': None}, blobs)\n"
+                                   "    os._exit(0)"}),
+                     3, 4, "ring_time", "out of turn"),
     # the old grader trusted the kernel's own report
     "grade_file": (nb03(blank=True, after=[
         "import json, os\nfor ex, pts in (('zigzag_positions', 1), ('causal_work', 2), ('ring_time', 1)):\n"
@@ -222,7 +245,11 @@ def batch(tmp_path_factory):
     paths["edit_package"] = _write(subs / "edit_package", f"{NB03}.ipynb",
                                    nb03(blank=True, after=[_edit_package_cell(install / "lesson10")]))
     paths["victim"] = _write(subs / "victim", f"{NB03}.ipynb", nb03(blank=True))
-    order = ["edit_package"] + [k for k in paths if k not in ("edit_package", "victim")] + ["victim"]
+    paths["overwrite_others"] = _write(subs / "overwrite_others", f"{NB03}.ipynb", nb03(after=[
+        f"import pathlib\nfor p in pathlib.Path({str(subs)!r}).glob('*/*.ipynb'):\n"
+        f"    if 'overwrite_others' not in str(p):\n        p.write_text('{{}}')"]))
+    first = ["edit_package", "overwrite_others"]
+    order = first + [k for k in paths if k not in first + ["victim"]] + ["victim"]
     status, report = _grade(tmp, install, [paths[k] for k in order], "--no-execute",
                             "--timeout", "4", "--exercise-timeout", "4", "--memory", "1",
                             "--notebook-timeout", "90", "--csv", str(tmp / "class.csv"))
@@ -279,6 +306,14 @@ def test_editing_the_package_on_disk_changes_no_grade(batch):
         rep = batch["by"][key]
         assert (rep["points"], rep["max_points"]) == (0, 4), rep
         assert {e["status"] for e in rep["exercises"]} == {"not attempted"}
+
+
+def test_a_submission_cannot_change_the_others(batch):
+    # it overwrote every other notebook on disk, after the grader had read them all
+    assert (batch["tmp"] / "subs" / "honest" / f"{NB03}.ipynb").read_text() == "{}"
+    for key in ("overwrite_others", "honest"):
+        rep = batch["by"][key]
+        assert (rep["points"], rep["max_points"]) == (4, 4), rep
 
 
 def test_batch_exit_status_and_class_csv(batch):

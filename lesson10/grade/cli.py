@@ -74,11 +74,21 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
 
+    # every file is read before any student code runs: no submission can change another
+    contents = {}
+    for path in args.notebooks:
+        try:
+            contents[path] = path.read_bytes() if path.is_file() else None
+        except OSError:
+            contents[path] = None
+
     def one(path: Path) -> dict:
         if not args.json:
             print(f"grading {path} ...", file=sys.stderr, flush=True)
         try:
-            return grade_notebook(path, package, opts)
+            if contents[path] is None:
+                return grade_notebook(path, package, opts)      # reports "no such file"
+            return grade_notebook(path, package, opts, content=contents[path])
         except Exception as exc:  # noqa: BLE001 - a grader bug: report it, go on
             from .notebook import _report
             return _report(path, None, ok=False, error=f"grader error: {type(exc).__name__}: {exc}")

@@ -177,6 +177,9 @@ class Guard:
         self.violation = None
         self._kind, self._keep = {}, []      # a fresh cache: nothing a cell put there counts
         self._inside = None
+        # a trace function left by a cell would run unwatched (tracing pauses the profiler)
+        sys.settrace(None)
+        threading.settrace(None)
         threading.setprofile(self._profile)
         sys.setprofile(self._profile)
         self.active = True

@@ -49,11 +49,12 @@ def _zero(notebook_id, status: str, message: str) -> list[dict]:
              "max_points": ex.points, "message": message} for ex in course.exercises(notebook_id)]
 
 
-def _read(path: Path):
+def _read(path: Path, content: bytes | None):
     """``(notebook dict, None)`` or ``(None, why not)``."""
     try:
         import nbformat
-        nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
+        text = (path.read_bytes() if content is None else content).decode("utf-8")
+        nb = nbformat.reads(text, as_version=4)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the submission's fault
         return None, f"cannot read the notebook: {type(exc).__name__}: {str(exc)[:200]}"
     if not isinstance(nb.get("cells"), list):
@@ -61,12 +62,15 @@ def _read(path: Path):
     return nb, None
 
 
-def grade_notebook(path, package: sandbox.Package, opts: Options | None = None) -> dict:
+def grade_notebook(path, package: sandbox.Package, opts: Options | None = None,
+                   content: bytes | None = None) -> dict:
+    """Grade the notebook at ``path``; ``content``: its bytes, read before any student code
+    ran (the command line reads every file first, so no submission can change another)."""
     opts = opts or Options()
     path = Path(path)
-    if not path.is_file():
+    if content is None and not path.is_file():
         return _report(path, None, ok=False, error="no such file")
-    nb, why = _read(path)
+    nb, why = _read(path, content)
     guess = course.identify({}, path)[0]
     if nb is None:
         return _report(path, guess, _zero(guess, "unreadable", why), feedback=[why])
@@ -85,7 +89,8 @@ def grade_notebook(path, package: sandbox.Package, opts: Options | None = None) 
     feedback: list[str] = []
     with tempfile.TemporaryDirectory(prefix="lesson10-grade-") as tmp:
         tmp = Path(tmp)
-        workdir = path.resolve().parent
+        workdir = tmp / "work"           # an empty folder, not the submissions' folder
+        workdir.mkdir()
         run = {}
         thread = None
         if opts.execute:

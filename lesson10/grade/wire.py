@@ -24,6 +24,7 @@ import numpy as np
 
 MAX_DEPTH = 32
 MAX_BYTES = 64 * 2**20
+MAX_HEADER = 8 * 2**20        # the JSON part (the arrays travel as raw blobs)
 _DTYPE_KINDS = "biufcUS"     # bool, int, uint, float, complex, text, bytes
 
 
@@ -151,6 +152,9 @@ class Conn:
 
     def send(self, msg: dict, blobs=(), deadline: float | None = None) -> None:
         header = json.dumps({"msg": msg, "blobs": [len(b) for b in blobs]}).encode()
+        if len(header) > MAX_HEADER:
+            raise WireError(f"message of {len(header) / 2**20:.0f} MiB of nested values is over "
+                            f"the {MAX_HEADER / 2**20:.0f} MiB limit (send arrays)")
         total = 8 + len(header) + sum(len(b) for b in blobs)
         if total > MAX_BYTES:
             raise WireError(f"message of {total / 2**20:.0f} MiB is over the "
@@ -199,7 +203,7 @@ class Conn:
     def recv(self, deadline: float | None = None):
         """``(msg, blobs)`` of the next message."""
         (n,) = struct.unpack(">Q", self._read(8, deadline))
-        if n > MAX_BYTES:
+        if n > MAX_HEADER:
             raise WireError(f"message header of {n} bytes is over the limit")
         try:
             head = json.loads(self._read(n, deadline))

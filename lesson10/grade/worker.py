@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
+import threading
 import traceback
 
 from . import wire
@@ -114,7 +115,10 @@ class Worker:
 
     def run_cells(self, cells) -> None:
         from IPython.core.interactiveshell import InteractiveShell
-        self.shell = InteractiveShell.instance()
+        from traitlets.config import Config
+        config = Config()
+        config.HistoryManager.enabled = False        # no history thread, no sqlite file
+        self.shell = InteractiveShell.instance(config=config)
         _neutralise_checks()
         for index, source in cells:
             self.conn.send({"op": "cell", "index": index})
@@ -134,6 +138,13 @@ class Worker:
             return
         if not callable(fn):
             self.conn.send({"op": "missing", "token": token})
+            return
+        others = [t for t in sys._current_frames() if t != threading.get_ident()]
+        if others:
+            self.conn.send({"op": "error", "type": "RuntimeError", "token": token,
+                            "violation": f"runs while {len(others)} thread(s) started by the "
+                                         f"notebook are alive (code there would run unwatched): "
+                                         f"stop them", "message": "threads alive"})
             return
         args, kwargs = wire.decode(msg["args"], blobs, make_fn=self._stub)
         reply, out_blobs = None, []
