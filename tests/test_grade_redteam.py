@@ -248,13 +248,19 @@ def batch(tmp_path_factory):
     paths["overwrite_others"] = _write(subs / "overwrite_others", f"{NB03}.ipynb", nb03(after=[
         f"import pathlib\nfor p in pathlib.Path({str(subs)!r}).glob('*/*.ipynb'):\n"
         f"    if 'overwrite_others' not in str(p):\n        p.write_text('{{}}')"]))
+    pid_file = tmp / "daemon.pid"
+    paths["daemon"] = _write(subs / "daemon", f"{NB03}.ipynb", nb03(after=[
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        f"        open({str(pid_file)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        "        time.sleep(600)\n    os._exit(0)"]))
     first = ["edit_package", "overwrite_others"]
     order = first + [k for k in paths if k not in first + ["victim"]] + ["victim"]
     status, report = _grade(tmp, install, [paths[k] for k in order], "--no-execute",
                             "--timeout", "4", "--exercise-timeout", "4", "--memory", "1",
                             "--notebook-timeout", "90", "--csv", str(tmp / "class.csv"))
     by_name = {key: rep for key, rep in zip(order, report["notebooks"])}
-    return {"status": status, "report": report, "by": by_name, "install": install, "tmp": tmp}
+    return {"status": status, "report": report, "by": by_name, "install": install, "tmp": tmp,
+            "daemons": [int(p) for p in pid_file.read_text().split()]}
 
 
 def _check(rep, points, max_points, exercise, text):
@@ -306,6 +312,21 @@ def test_editing_the_package_on_disk_changes_no_grade(batch):
         rep = batch["by"][key]
         assert (rep["points"], rep["max_points"]) == (0, 4), rep
         assert {e["status"] for e in rep["exercises"]} == {"not attempted"}
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()          # a zombie is dead
+    except OSError:
+        return False
+
+
+def test_a_daemon_that_left_its_process_group_is_killed(batch):
+    rep = batch["by"]["daemon"]
+    assert (rep["points"], rep["max_points"]) == (4, 4), rep
+    assert batch["daemons"] and not any(_running(pid) for pid in batch["daemons"])
+    assert any("left running were killed" in line for line in rep["feedback"])
 
 
 def test_a_submission_cannot_change_the_others(batch):

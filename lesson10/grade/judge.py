@@ -54,8 +54,9 @@ class Worker:
     """One worker process and its pipes; ``start()`` runs the notebook's cells in it."""
 
     def __init__(self, cells, *, package: sandbox.Package, tmp: Path, workdir: Path,
-                 memory: int, cell_timeout: float, fingerprints: list[str]):
+                 memory: int, cell_timeout: float, fingerprints: list[str], tag: str = ""):
         self.cells, self.package, self.tmp, self.workdir = cells, package, tmp, workdir
+        self.tag = tag
         self.memory, self.cell_timeout, self.fingerprints = memory, cell_timeout, fingerprints
         self.skip: set[int] = set()
         self.proc = None
@@ -83,7 +84,8 @@ class Worker:
             [str(w_read), str(w_write), str(self.memory)]
         try:
             self.proc = subprocess.Popen(argv, pass_fds=(w_read, w_write), cwd=self.workdir,
-                                         env=sandbox.child_env(), start_new_session=True,
+                                         env=sandbox.child_env({sandbox.TAG_ENV: self.tag}),
+                                         start_new_session=True,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL)
         finally:
@@ -237,10 +239,10 @@ def _copy_back(orig, new) -> None:
 
 def judge(nb: dict, notebook_id: str, *, package: sandbox.Package, tmp: Path, workdir: Path,
           memory: int, cell_timeout: float, exercise_timeout: float, deadline: float,
-          fingerprints: list[str]) -> tuple[list[dict], list[str]]:
+          fingerprints: list[str], tag: str = "") -> tuple[list[dict], list[str]]:
     """``(one entry per exercise, notes)`` for a notebook known to be ``notebook_id``."""
     worker = Worker(course.worker_cells(nb), package=package, tmp=tmp, workdir=workdir,
-                    memory=memory, cell_timeout=cell_timeout, fingerprints=fingerprints)
+                    memory=memory, cell_timeout=cell_timeout, fingerprints=fingerprints, tag=tag)
     entries = []
     try:
         for ex in course.exercises(notebook_id):

@@ -86,6 +86,7 @@ def grade_notebook(path, package: sandbox.Package, opts: Options | None = None,
         return _report(path, notebook_id, feedback=[f"{notebook_id} has no exercises to grade"])
 
     deadline = time.monotonic() + opts.notebook_timeout
+    tag = sandbox.new_tag()             # marks every process this notebook starts
     feedback: list[str] = []
     with tempfile.TemporaryDirectory(prefix="lesson10-grade-") as tmp:
         tmp = Path(tmp)
@@ -101,22 +102,26 @@ def grade_notebook(path, package: sandbox.Package, opts: Options | None = None,
             def execute():
                 run.update(runner.execute(run_nb, workdir=workdir, tmp=tmp, package=package,
                                           cell_timeout=opts.cell_timeout, deadline=deadline,
-                                          memory=opts.memory))
+                                          memory=opts.memory, tag=tag))
             thread = threading.Thread(target=execute, daemon=True)
             thread.start()
         try:
             entries, notes = judge.judge(
                 nb, notebook_id, package=package, tmp=tmp, workdir=workdir, memory=opts.memory,
                 cell_timeout=opts.cell_timeout, exercise_timeout=opts.exercise_timeout,
-                deadline=deadline, fingerprints=judge.fingerprints_of(package))
+                deadline=deadline, fingerprints=judge.fingerprints_of(package), tag=tag)
         except judge.WorkerFailure as exc:
             if thread is not None:
                 thread.join()
+            sandbox.reap(tag)
             return _report(path, notebook_id, _zero(notebook_id, "grader error", str(exc)),
                            ok=False, error=str(exc))
         if thread is not None:
             thread.join()
+        left = sandbox.reap(tag)
         feedback += run.get("errors", []) + notes
+        if left:
+            feedback.append(f"{left} process(es) the notebook left running were killed")
         if run.get("environment"):
             return _report(path, notebook_id, entries, feedback=feedback, ok=False,
                            error=run["environment"])

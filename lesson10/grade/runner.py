@@ -67,7 +67,7 @@ def _kernel_spec(folder: Path, pkg_root: Path) -> Path:
 
 
 def execute(nb, *, workdir: Path, tmp: Path, package: sandbox.Package, cell_timeout: float,
-            deadline: float, memory: int, cap: int = OUTPUT_CAP) -> dict:
+            deadline: float, memory: int, cap: int = OUTPUT_CAP, tag: str = "") -> dict:
     """Execute ``nb`` (an nbformat node, changed in place). Returns ``{"errors": [...],
     "environment": message or None}``; ``environment`` is set when no kernel could start
     (the grader's fault, not the student's)."""
@@ -75,7 +75,7 @@ def execute(nb, *, workdir: Path, tmp: Path, package: sandbox.Package, cell_time
 
     pkg_root = package.copy(tmp)
     kernels = _kernel_spec(Path(tmp) / "jupyter", pkg_root)
-    env = sandbox.child_env({"LESSON10_GRADE_MEMORY": str(memory)})
+    env = sandbox.child_env({"LESSON10_GRADE_MEMORY": str(memory), sandbox.TAG_ENV: tag})
     client = _client_class()(nb, kernel_dir=str(kernels), deadline=deadline, cap=cap,
                              timeout=int(max(1, cell_timeout)), allow_errors=True,
                              startup_timeout=60, shutdown_kernel="immediate",

@@ -16,6 +16,7 @@ import os
 import pkgutil
 import py_compile
 import shutil
+import signal
 import stat
 import sys
 import tempfile
@@ -87,6 +88,41 @@ def bootstrap(pkg_root: Path, module: str) -> list[str]:
     code = (f"import sys; sys.path.insert(0, {str(pkg_root)!r}); "
             f"import {module} as m; m.main()")
     return [sys.executable, "-I", "-c", code]
+
+
+TAG_ENV = "LESSON10_GRADE_TAG"
+
+
+def new_tag() -> str:
+    """A random tag for the environment of one notebook's processes (see :func:`reap`)."""
+    return os.urandom(12).hex()
+
+
+def reap(tag: str) -> int:
+    """SIGKILL every process still carrying ``tag`` in its environment: what a submission
+    left running, including a daemon that left its process group (``setsid``). Linux only
+    (``/proc``); returns how many were killed."""
+    marker = f"{TAG_ENV}={tag}".encode()
+    killed = 0
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if marker in env:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+    return killed
 
 
 def child_env(extra: dict | None = None) -> dict:
