@@ -178,6 +178,9 @@ FAULTS = {
     "hang_cell": (nb03(after=["while True:\n    pass"]), 4, 4, None, None),
     "exit_cell": (nb03(after=["import os\nos._exit(3)"]), 4, 4, None, None),
     "sigkill_function": (nb03(replace={"causal_work": _KILL}), 2, 4, "causal_work", "died"),
+    "forged_fatal": (nb03(after=["import os, sys\nfrom lesson10.grade import wire\n"
+                                 "wire.Conn(int(sys.argv[1]), int(sys.argv[2])).send({'op': 'fatal', 'message': 'x'})\n"
+                                 "os._exit(0)"]), 4, 4, None, None),
     "alloc_2gb": (nb03(after=["import numpy as np\nbig = np.ones(2**28)\nbig[::4096] = 2"]), 4, 4, None, None),
     "renamed_with_id": (nb03(), 4, 4, None, None),
     "renamed_no_id": (nb03(meta=None), 0, 24, "(unknown notebook)", "cannot tell which course notebook"),

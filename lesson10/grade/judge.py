@@ -59,6 +59,7 @@ class Worker:
         self.tag = tag
         self.memory, self.cell_timeout, self.fingerprints = memory, cell_timeout, fingerprints
         self.skip: set[int] = set()
+        self.gave_up = False
         self.proc = None
         self.conn = None
         self.pkg_root = None
@@ -67,14 +68,16 @@ class Worker:
     def start(self, deadline: float) -> bool:
         """A fresh worker with the cells run (skipping those that broke earlier ones).
         False when the notebook's time ran out first."""
-        while True:
+        while not self.gave_up:
             self.kill()
             bad = self._start_once(deadline)
             if bad is None:
                 return True
-            if bad == "deadline":
-                return False
+            if bad == "deadline" or bad in self.skip:      # no progress: give up
+                self.kill()
+                self.gave_up = True
             self.skip.add(bad)
+        return False
 
     def _start_once(self, deadline: float):
         self.pkg_root = self.package.copy(self.tmp)
@@ -125,7 +128,10 @@ class Worker:
             elif msg.get("op") == "ready":
                 return None
             elif msg.get("op") == "fatal":
-                raise WorkerFailure(f"the grading worker failed: {msg.get('message')}")
+                if current is None:            # before any student code: the grader's fault
+                    raise WorkerFailure(f"the grading worker failed: {msg.get('message')}")
+                self.notes.append(f"cell {current} broke the grading worker: skipped")
+                return current
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -261,8 +267,9 @@ def _entry(ex, status: str, message: str) -> dict:
 def _judge_one(worker: Worker, ex, exercise_timeout: float, deadline: float) -> dict:
     name = course.function_name(ex.id)
     if time.monotonic() >= deadline or (not worker.alive() and not worker.start(deadline)):
-        return _entry(ex, "timed out", "the notebook's total time limit ran out before this "
-                                       "exercise was judged")
+        return _entry(ex, "timed out", "the notebook's total time limit ran out (or its cells "
+                                       "kept breaking the worker) before this exercise was "
+                                       "judged")
     limit = min(deadline, time.monotonic() + exercise_timeout)
     allowed = course.ALLOWED_CALLS.get(ex.id, ())
 
