@@ -216,14 +216,14 @@ def _install(tmp: Path) -> Path:
     return dst
 
 
-def _grade(tmp: Path, install: Path, paths, *extra) -> tuple[int, dict]:
+def _grade(tmp: Path, install: Path, paths, *extra) -> tuple[int, dict, str]:
     env = dict(os.environ, PYTHONPATH=str(install), MPLBACKEND="Agg")
     env.pop("LESSON10_GRADE_FILE", None)
     proc = subprocess.run([sys.executable, "-m", "lesson10", "grade", *map(str, paths), "--json",
                            "-j", "2", *extra], cwd=tmp, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.stdout.strip(), proc.stderr[-3000:]
-    return proc.returncode, json.loads(proc.stdout)
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
 
 
 def _write(folder: Path, name: str, nb) -> Path:
@@ -258,7 +258,7 @@ def batch(tmp_path_factory):
         "        time.sleep(600)\n    os._exit(0)"]))
     first = ["edit_package", "overwrite_others"]
     order = first + [k for k in paths if k not in first + ["victim"]] + ["victim"]
-    status, report = _grade(tmp, install, [paths[k] for k in order], "--no-execute",
+    status, report, _ = _grade(tmp, install, [paths[k] for k in order], "--no-execute",
                             "--timeout", "4", "--exercise-timeout", "4", "--memory", "1",
                             "--notebook-timeout", "90", "--csv", str(tmp / "class.csv"))
     by_name = {key: rep for key, rep in zip(order, report["notebooks"])}
@@ -367,13 +367,14 @@ def executed(tmp_path_factory):
         "kernel_exit": nb03(after=["import os\nos._exit(1)"]),
     }
     paths = {k: _write(subs / k, f"{NB03}.ipynb", nb) for k, nb in cases.items()}
-    status, report = _grade(tmp, install, list(paths.values()), "--timeout", "30",
-                            "--exercise-timeout", "10", "--memory", "2")
-    return status, dict(zip(paths, report["notebooks"]))
+    status, report, err = _grade(tmp, install, list(paths.values()), "--timeout", "30",
+                                 "--exercise-timeout", "10", "--memory", "2")
+    return status, dict(zip(paths, report["notebooks"])), err
 
 
 def test_faults_while_executing_cost_no_points(executed):
-    status, by = executed
+    status, by, err = executed
+    assert "raw stderr" not in err and "e" * 1000 not in err and len(err) < 10_000
     for key, rep in by.items():
         assert rep["ok"] and (rep["points"], rep["max_points"]) == (4, 4), (key, rep)
     assert status == 0

@@ -9,6 +9,7 @@ failed check) are returned as feedback lines.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -82,7 +83,8 @@ def execute(nb, *, workdir: Path, tmp: Path, package: sandbox.Package, cell_time
                              resources={"metadata": {"path": str(workdir)}})
     result = {"errors": [], "environment": None}
     try:
-        client.execute(env=env)
+        # the kernel's own stdout/stderr (not the cells' outputs) would land in the grader's
+        client.execute(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except CellTimeoutError as exc:
         result["errors"].append(f"a cell ran out of time: {str(exc).splitlines()[0][:300]}")
     except DeadKernelError as exc:
