@@ -167,7 +167,7 @@ class Guard:
             return
         if event.startswith(_AUDIT_BLOCKED) or (event == "object.__getattr__" and len(args) > 1
                                                   and args[1] in _FRAME_ATTRS):
-            self._flag(f"{event} while being judged (it would switch off or escape the "
+            self._flag(f"calls {event} while being judged (it would switch off or escape the "
                        f"grader's reference guard)")
             raise RuntimeError(f"{event} is not allowed while the grader calls your function")
 

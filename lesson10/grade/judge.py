@@ -291,7 +291,8 @@ def _judge_one(worker: Worker, ex, exercise_timeout: float, deadline: float) -> 
     except Missing as exc:
         return _entry(ex, "missing", str(exc))
     except Lost as exc:
-        return _entry(ex, exc.status, exc.message)
+        limit_note = f" ({exercise_timeout:g} s)" if exc.status == "timed out" else ""
+        return _entry(ex, exc.status, exc.message + limit_note)
     except RemoteError as exc:
         return _entry(ex, "failed", f"{name} raised {type(exc).__name__}: {exc}")
     except (wire.WireError, WorkerFailure):
