@@ -57,6 +57,15 @@ def walk_code(code):
             yield from walk_code(c)
 
 
+def _exempt(rel: str, code) -> bool:
+    """Package code that is not a reference: the grader itself, a module body (an import),
+    a lazy import, and the ``checks.fallback`` wrapper (it runs the student's function)."""
+    qual = getattr(code, "co_qualname", code.co_name)
+    return (rel.startswith("grade/") or code.co_name == "<module>"
+            or (rel.endswith("__init__.py") and code.co_name in ("__getattr__", "__dir__"))
+            or (rel == "checks/core.py" and qual.startswith("fallback")))
+
+
 def reference_fingerprints(package_dir: str) -> list[str]:
     """Fingerprints of every function in the package (but the grader's own files)."""
     out = set()
@@ -71,8 +80,9 @@ def reference_fingerprints(package_dir: str) -> list[str]:
                     top = compile(f.read(), path, "exec")
             except (OSError, SyntaxError, ValueError):
                 continue
+            rel = os.path.relpath(path, package_dir).replace(os.sep, "/")
             for code in walk_code(top):
-                if _fingerprinted(code):
+                if _fingerprinted(code) and not _exempt(rel, code):
                     out.add(fingerprint(code))
     return sorted(out)
 
@@ -112,18 +122,14 @@ class Guard:
         for root in self.roots:
             if path.startswith(root):
                 rel = path[len(root):].replace(os.sep, "/")
-                qual = getattr(code, "co_qualname", code.co_name)
-                if rel.startswith("grade/") or code.co_name in ("<module>", "__getattr__", "__dir__"):
-                    name = None
-                elif rel == "checks/core.py" and qual.startswith("fallback"):
-                    name = None          # the wrapper follows to the student's function
-                else:
+                if not _exempt(rel, code):
+                    qual = getattr(code, "co_qualname", code.co_name)
                     name = "lesson10." + rel[:-3].replace("/", ".").replace(".__init__", "") + \
                         "." + qual
                 break
-        else:
-            if _fingerprinted(code) and fingerprint(code) in self.prints:
-                name = f"a copy of the course's {code.co_name}"
+        # wherever it claims to come from (a copy, compiled under another file name)
+        if name is None and _fingerprinted(code) and fingerprint(code) in self.prints:
+            name = f"a copy of the course's {code.co_name}"
         self._kind[code] = name
         self._keep.append(code)
         return name
