@@ -97,10 +97,12 @@ TRICKS = {
                                     "import types\n_c = layouts.ring_time.__code__.replace(co_filename='mine.py')\n"
                                     "ring_time = types.FunctionType(_c, vars(layouts))"}),
                       3, 4, "ring_time", "a copy of the course's ring_time"),
+    # the source read from an installed copy, compiled as if it were the grader's own file
     "ref_source_exec": (nb03(replace={"ring_time":
                                       "import lesson10, pathlib\n_dir = pathlib.Path(lesson10.__file__).parent\n"
-                                      "_ns = {}\nexec(compile((_dir / 'layouts.py').read_text(), str(_dir / 'grade' / 'mine.py'),"
-                                      " 'exec'), _ns)\nring_time = _ns['ring_time']"}),
+                                      f"_src = pathlib.Path({str(ROOT / 'lesson10' / 'layouts.py')!r}).read_text()\n"
+                                      "_ns = {}\nexec(compile(_src, str(_dir / 'grade' / 'mine.py'), 'exec'), _ns)\n"
+                                      "ring_time = _ns['ring_time']"}),
                         3, 4, "ring_time", "a copy of the course's ring_time"),
     "ref_profiler_off": (nb03(replace={"ring_time":
                                        "import sys\ndef ring_time(work):\n    sys.setprofile(None)\n"

@@ -5,8 +5,8 @@ hidden cases from a secret seed, sends only plain data (:mod:`.wire`) to a sandb
 worker process that runs the student's cells (:mod:`.worker`), compares the results
 itself, and fails an exercise whose function runs the course's reference code
 (:mod:`.guard`). Each notebook is also executed for its outputs and feedback
-(:mod:`.runner`). Which exercises count comes from the course (:mod:`.course`). Every
-process that runs student code imports a private read-only copy of the package
+(:mod:`.runner`). Which exercises count comes from the course (:mod:`.course`). No
+process that runs student code imports the package from a file another one could edit
 (:mod:`.sandbox`). Outputs: :mod:`.reports`; command line and exit status: :mod:`.cli`
 (0 all passed, 1 points lost, 2 the grader or the environment failed).
 """

@@ -62,7 +62,6 @@ class Worker:
         self.gave_up = False
         self.proc = None
         self.conn = None
-        self.pkg_root = None
         self.notes: list[str] = []
 
     def start(self, deadline: float) -> bool:
@@ -80,11 +79,9 @@ class Worker:
         return False
 
     def _start_once(self, deadline: float):
-        self.pkg_root = self.package.copy(self.tmp)
         j_read, w_write = os.pipe()
         w_read, j_write = os.pipe()
-        argv = sandbox.bootstrap(self.pkg_root, "lesson10.grade.worker") + \
-            [str(w_read), str(w_write), str(self.memory)]
+        argv = sandbox.memory_bootstrap() + [str(w_read), str(w_write), str(self.memory)]
         try:
             self.proc = subprocess.Popen(argv, pass_fds=(w_read, w_write), cwd=self.workdir,
                                          env=sandbox.child_env({sandbox.TAG_ENV: self.tag}),
@@ -95,16 +92,17 @@ class Worker:
             os.close(w_read)
             os.close(w_write)
         self.conn = wire.Conn(j_read, j_write, nonblocking_write=True)
+        blob = self.package.modules()
         try:
+            self.conn._write(len(blob).to_bytes(8, "big") + blob, time.monotonic() + 60)
             hello, _ = self.conn.recv(time.monotonic() + 60)
         except (wire.Timeout, wire.Closed, wire.WireError) as exc:
             raise WorkerFailure(f"the grading worker did not start ({exc})") from None
-        if hello.get("op") != "hello" or not str(hello.get("package", "")).startswith(
-                str(self.pkg_root)):
+        if hello.get("op") != "hello" or hello.get("package") != sandbox.MEMORY_ROOT:
             raise WorkerFailure(f"the grading worker imported lesson10 from the wrong place: "
                                 f"{hello.get('package')!r}")
         cells = [(i, src) for i, src in self.cells if i not in self.skip]
-        roots = [str(self.pkg_root / "lesson10"), str(self.package.source)]
+        roots = [sandbox.MEMORY_ROOT, str(self.package.source)]
         self.conn.send({"op": "setup", "cells": cells, "roots": roots,
                         "fingerprints": self.fingerprints}, deadline=time.monotonic() + 30)
         current = None
@@ -154,9 +152,6 @@ class Worker:
                 except OSError:
                     pass
             self.conn = None
-        if self.pkg_root is not None:
-            sandbox.remove(self.pkg_root)
-            self.pkg_root = None
 
     # ----------------------------------------------------------------- one call
     def call(self, name: str, args, kwargs, allowed, deadline: float):

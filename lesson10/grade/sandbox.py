@@ -2,16 +2,19 @@
 
 At the grader's start :class:`Package` reads the package's files once (with their
 compiled bytecode) into memory and imports, in the judge, every module the checks use,
-so nothing the judge runs is read from disk later. Each worker and each notebook kernel
-then gets its own fresh copy of that snapshot in a temporary folder (files 0444,
-folders 0555), first on its ``sys.path`` and started with ``python -I`` (no
-``PYTHONPATH``, no current folder on the path). A submission that rewrites the package
+so nothing the judge runs is read from disk later. Each worker receives the compiled
+package over its pipe and imports it from memory (:func:`memory_bootstrap`): no file
+that another process could edit. Each notebook kernel (feedback only) gets its own
+fresh copy of the snapshot in a temporary folder (files 0444, folders 0555), first on
+its ``sys.path``. Both start with ``python -I`` (no ``PYTHONPATH``, no current folder on
+the path). A submission that rewrites the package
 on disk, wherever it finds it, changes neither the judge nor any later process.
 """
 from __future__ import annotations
 
 import compileall
 import importlib
+import marshal
 import os
 import pkgutil
 import py_compile
@@ -42,6 +45,7 @@ class Package:
         import_judge_modules()
         self.source = Path(source or Path(lesson10.__file__).parent).resolve()
         self.files: dict[str, bytes] = {}
+        self._modules = None
         with tempfile.TemporaryDirectory(prefix="lesson10-snapshot-") as tmp:
             dst = Path(tmp) / "lesson10"
             shutil.copytree(self.source, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -50,6 +54,24 @@ class Package:
             for path in sorted(dst.rglob("*")):
                 if path.is_file():
                     self.files[path.relative_to(dst).as_posix()] = path.read_bytes()
+
+    def modules(self) -> bytes:
+        """Every module of the package, compiled, as one ``marshal`` blob for
+        :func:`memory_bootstrap`: ``{name: (is_package, file name, marshalled code)}``.
+        The file names lie under :data:`MEMORY_ROOT`, which exists on no disk."""
+        if self._modules is None:
+            mods = {}
+            for rel, data in self.files.items():
+                if not rel.endswith(".py"):
+                    continue
+                parts = rel[:-3].split("/")
+                is_pkg = parts[-1] == "__init__"
+                name = ".".join(["lesson10"] + (parts[:-1] if is_pkg else parts))
+                origin = f"{MEMORY_ROOT}/{rel}"
+                code = compile(data.decode("utf-8"), origin, "exec", dont_inherit=True)
+                mods[name] = (is_pkg, origin, marshal.dumps(code))
+            self._modules = marshal.dumps(mods)
+        return self._modules
 
     def copy(self, parent: Path) -> Path:
         """Write a read-only copy under ``parent``; returns the folder to put on sys.path."""
@@ -123,6 +145,50 @@ def reap(tag: str) -> int:
             except OSError:
                 pass
     return killed
+
+
+#: where the worker's in-memory package claims to live (no such folder exists)
+MEMORY_ROOT = "/__lesson10_grader__/lesson10"
+
+_MEMORY_BOOT = r"""
+import importlib.abc, importlib.util, marshal, os, sys
+def _read(fd, n):
+    out = b""
+    while len(out) < n:
+        chunk = os.read(fd, n - len(out))
+        if not chunk:
+            raise SystemExit(3)
+        out += chunk
+    return out
+_fd = int(sys.argv[1])
+_mods = marshal.loads(_read(_fd, int.from_bytes(_read(_fd, 8), "big")))
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name not in _mods:
+            return None
+        spec = importlib.util.spec_from_loader(name, self, origin=_mods[name][1],
+                                               is_package=_mods[name][0])
+        spec.has_location = True
+        return spec
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        is_pkg, origin, code = _mods[module.__name__]
+        if is_pkg:
+            module.__path__ = [os.path.dirname(origin)]
+        exec(marshal.loads(code), module.__dict__)
+sys.meta_path.insert(0, _Finder())
+import lesson10.grade.worker as _w
+_w.main()
+"""
+
+
+def memory_bootstrap() -> list[str]:
+    """``python -I -c ...`` that first reads the package (:meth:`Package.modules`, an
+    8-byte length then the blob) from the pipe named by its first argument, imports
+    ``lesson10`` from that (nothing from disk that a submission could have edited) and
+    runs the worker."""
+    return [sys.executable, "-I", "-c", _MEMORY_BOOT]
 
 
 def child_env(extra: dict | None = None) -> dict:

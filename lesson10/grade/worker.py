@@ -1,7 +1,7 @@
 """The worker: the one process where a submission's code runs while it is judged.
 
-Started by :class:`lesson10.grade.judge.Worker` as ``python -I -c`` with the private,
-read-only copy of the package first on ``sys.path``; it talks to the judge over two
+Started by :class:`lesson10.grade.judge.Worker` as ``python -I -c``, importing the
+package from memory (:func:`lesson10.grade.sandbox.memory_bootstrap`); it talks to the judge over two
 pipes (:mod:`.wire`) and its stdin/stdout/stderr go to ``/dev/null`` (output is capped
 at nothing). Steps:
 
