@@ -10,8 +10,17 @@ process that runs student code imports the package from a file another one could
 (:mod:`.sandbox`). Outputs: :mod:`.reports`; command line and exit status: :mod:`.cli`
 (0 all passed, 1 points lost, 2 the grader or the environment failed).
 """
-from .cli import exit_status, main
-from .notebook import Options, grade_notebook
-from .sandbox import Package
+import importlib
 
-__all__ = ["main", "exit_status", "grade_notebook", "Options", "Package"]
+#: public name -> submodule; imported on first use, so that a worker (which imports
+#: ``lesson10.grade.worker``) does not load the command line, nbclient and the reports
+_LAZY = {"main": "cli", "exit_status": "cli", "grade_notebook": "notebook", "Options": "notebook",
+         "Package": "sandbox"}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
