@@ -196,7 +196,7 @@ def test_grade_solution_and_blank_notebook_end_to_end(tmp_path, capsys):
     out, gs, ju = tmp_path / "r.json", tmp_path / "gs.json", tmp_path / "j.xml"
     status = main([str(ROOT / "solutions" / NB), str(ROOT / "notebooks" / NB), "--json", "-j", "2",
                    "--output", str(out), "--gradescope", str(gs), "--junit", str(ju),
-                   "--timeout", "60"])
+                   "--timeout", "60", "--save-executed", str(tmp_path / "runs")])
     report = json.loads(capsys.readouterr().out)
     assert json.loads(out.read_text()) == report
     assert (report["points"], report["max_points"]) == (4, 8)
@@ -207,6 +207,9 @@ def test_grade_solution_and_blank_notebook_end_to_end(tmp_path, capsys):
     assert status == 1
     assert json.loads(gs.read_text())["score"] == 4
     assert len(ET.parse(ju).getroot().findall(".//failure")) == 3
+    ran = json.loads((tmp_path / "runs" / "solutions" / NB).read_text())   # the student's outputs
+    outs = [o.get("text", "") for c in ran["cells"] for o in c.get("outputs", [])]
+    assert any("check_ring_time passed" in "".join(t) for t in outs)
 
 
 def test_missing_file_and_bad_options_are_status_2(tmp_path, capsys):

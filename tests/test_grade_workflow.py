@@ -73,5 +73,6 @@ def test_grading_step_on_a_student_repository(tmp_path):
     rows = (grades / "grades.csv").read_text().splitlines()
     assert rows == ["student,zigzag_positions,causal_work,ring_time,total,max", "notebooks,1,2,1,4,4"]
     assert "<testcase" in (grades / "junit.xml").read_text()
+    assert (grades / "executed" / "notebooks" / "03_load_balance.ipynb").is_file()
     report = json.loads((grades / "report.json").read_text())
     assert [r["course_notebook"] for r in report["notebooks"]] == ["03_load_balance", "06_multiprocess"]

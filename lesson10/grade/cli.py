@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(default 4)")
     p.add_argument("--no-execute", action="store_true",
                    help="judge only: skip running the notebook for its outputs (feedback)")
+    p.add_argument("--save-executed", type=Path, default=None, metavar="DIR",
+                   help="write each executed notebook, with its outputs, to DIR/<student>/")
     return p
 
 
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     opts = Options(cell_timeout=args.timeout, exercise_timeout=args.exercise_timeout,
                    notebook_timeout=args.notebook_timeout, memory=int(args.memory * 2**30),
-                   execute=not args.no_execute)
+                   execute=not args.no_execute, save_executed=args.save_executed)
     try:
         package = Package()
     except Exception as exc:  # noqa: BLE001 - the grader cannot work without its snapshot

@@ -28,6 +28,8 @@ class Options:
     notebook_timeout: float = 600.0
     memory: int = 4 * 2**30
     execute: bool = True
+    #: folder to write each executed notebook to (``<student>/<file name>``), or None
+    save_executed: Path | None = None
 
 
 def _report(path: Path, notebook_id, entries=(), *, feedback=(), ok=True, error=None) -> dict:
@@ -60,6 +62,12 @@ def _read(path: Path, content: bytes | None):
     if not isinstance(nb.get("cells"), list):
         return None, "cannot read the notebook: it has no list of cells"
     return nb, None
+
+
+def _save(nb, target: Path) -> None:
+    import nbformat
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(target))
 
 
 def grade_notebook(path, package: sandbox.Package, opts: Options | None = None,
@@ -119,6 +127,8 @@ def grade_notebook(path, package: sandbox.Package, opts: Options | None = None,
         if thread is not None:
             thread.join()
         left = sandbox.reap(tag)
+        if opts.execute and opts.save_executed is not None and run:
+            _save(run_nb, Path(opts.save_executed) / path.resolve().parent.name / path.name)
         feedback += run.get("errors", []) + notes
         if left:
             feedback.append(f"{left} process(es) the notebook left running were killed")
