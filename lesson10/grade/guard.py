@@ -5,10 +5,11 @@ While the judge calls an exercise, a profile function (``sys.setprofile`` and
 the course package (``lesson10.sim``, ``layouts``, ``cost``, ``checks``, ... anything in
 the package but the grader itself and the ``checks.fallback`` wrapper) is a violation,
 whatever name, alias, wrapper, lambda or ``try/except`` led to it. Code objects are
-recognised by the file they were compiled from (the worker's private copy of the
-package, or the installed package), and by a fingerprint of their bytecode, names and
+recognised by the file they were compiled from (the package the worker imported from
+memory, or the installed package), and by a fingerprint of their bytecode, names and
 constants, so a copy of a reference function's code object made with
-``types.FunctionType`` or ``code.replace(co_filename=...)`` is caught too.
+``types.FunctionType`` or ``code.replace(co_filename=...)``, or the reference's source
+compiled under another file name, is caught too.
 
 Some exercises may use a course function (Ulysses attention calls the reference
 ``attention`` per head group): those entry points are allowed for that exercise, and
