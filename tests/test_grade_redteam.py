@@ -1,7 +1,7 @@
 """Red team: one submission per trick and per fault, each with its exact score.
 
 Every submission is built here from the solution or exercise notebooks. They are graded in
-two batches (module-scoped: one grader run each, ``-j 2``, short time limits), by a
+two batches (module-scoped: one grader run each, short time limits), by a
 subprocess whose ``lesson10`` is a temporary copy of the package: a submission that edits
 "the installed package" edits that copy, never this repository.
 """
@@ -223,11 +223,11 @@ def _install(tmp: Path) -> Path:
     return dst
 
 
-def _grade(tmp: Path, install: Path, paths, *extra) -> tuple[int, dict, str]:
+def _grade(tmp: Path, install: Path, paths, *extra, jobs=2) -> tuple[int, dict, str]:
     env = dict(os.environ, PYTHONPATH=str(install), MPLBACKEND="Agg")
     env.pop("LESSON10_GRADE_FILE", None)
     proc = subprocess.run([sys.executable, "-m", "lesson10", "grade", *map(str, paths), "--json",
-                           "-j", "2", *extra], cwd=tmp, env=env, capture_output=True, text=True,
+                           "-j", str(jobs), *extra], cwd=tmp, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     return proc.returncode, json.loads(proc.stdout), proc.stderr
@@ -266,8 +266,9 @@ def batch(tmp_path_factory):
     first = ["edit_package", "overwrite_others"]
     order = first + [k for k in paths if k not in first + ["victim"]] + ["victim"]
     status, report, _ = _grade(tmp, install, [paths[k] for k in order], "--no-execute",
-                            "--timeout", "4", "--exercise-timeout", "4", "--memory", "1",
-                            "--notebook-timeout", "90", "--csv", str(tmp / "class.csv"))
+                            "--timeout", "5", "--exercise-timeout", "6", "--memory", "1",
+                            "--notebook-timeout", "90", "--csv", str(tmp / "class.csv"),
+                               jobs=4)         # 4: the hang cases mostly wait
     by_name = {key: rep for key, rep in zip(order, report["notebooks"])}
     return {"status": status, "report": report, "by": by_name, "install": install, "tmp": tmp,
             "daemons": [int(p) for p in pid_file.read_text().split()]}
