@@ -7,7 +7,6 @@ subprocess whose ``lesson10`` is a temporary copy of the package: a submission t
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -192,7 +191,7 @@ FAULTS = {
     "renamed_with_id": (nb03(), 4, 4, None, None),
     "renamed_no_id": (nb03(meta=None), 0, 24, "(unknown notebook)", "cannot tell which course notebook"),
     "no_checks_blank": (nb03(blank=True, checks=False), 0, 4, "ring_time", "not attempted"),
-    "no_checks_solved": (nb03(checks=False), 4, 4, None, None),
+    "no_checks_solved": (nb03(checks=False), 0, 4, "ring_time", "check removed"),
     "other_content": (dict(solved("01_sequence_parallel", reduced=True),
                            metadata=dict(PY3, lesson10={"notebook": NB03})), 0, 4, "ring_time", "no function named"),
     "julia": (dict(nb03(), metadata={"kernelspec": {"name": "julia-1.10", "language": "julia",

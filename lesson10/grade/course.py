@@ -100,6 +100,26 @@ def is_check_cell(source: str) -> bool:
     return bool(tree.body) and all(_is_check_call(node) for node in tree.body)
 
 
+def called_checks(nb: dict) -> set[str]:
+    """Exercise ids whose ``check_<id>(...)`` is called in some code cell of ``nb``."""
+    found = set()
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        src = cell.get("source", "")
+        try:
+            tree = ast.parse("".join(src) if isinstance(src, list) else str(src))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+                if name.startswith("check_"):
+                    found.add(name[len("check_"):])
+    return found
+
+
 def worker_cells(nb: dict) -> list[tuple[int, str]]:
     """``(cell index, source)`` of the code cells the worker runs: all but the check cells."""
     out = []

@@ -105,7 +105,7 @@ class Worker:
         roots = [sandbox.MEMORY_ROOT, str(self.package.source)]
         self.conn.send({"op": "setup", "cells": cells, "roots": roots,
                         "fingerprints": self.fingerprints}, deadline=time.monotonic() + 30)
-        current = None
+        current, started = None, 0.0
         while True:
             limit = deadline if current is None else min(deadline, started + self.cell_timeout)
             try:

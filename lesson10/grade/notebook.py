@@ -51,6 +51,17 @@ def _zero(notebook_id, status: str, message: str) -> list[dict]:
              "max_points": ex.points, "message": message} for ex in course.exercises(notebook_id)]
 
 
+def _zero_removed_checks(nb, entries: list[dict]) -> None:
+    """An exercise whose check cell was deleted scores 0 (of its full marks): the check
+    cell is part of the assignment, and the course, not the submission, says what counts."""
+    called = course.called_checks(nb)
+    for e in entries:
+        if e["exercise"] not in called and e["points"] > 0:
+            e.update(points=0, passed=False, status="check removed",
+                     message=f"the check cell check_{e['exercise']}(...) is missing from the "
+                             f"notebook; restore it (it is part of the assignment)")
+
+
 def _read(path: Path, content: bytes | None):
     """``(notebook dict, None)`` or ``(None, why not)``."""
     try:
@@ -130,6 +141,7 @@ def grade_notebook(path, package: sandbox.Package, opts: Options | None = None,
         if opts.execute and opts.save_executed is not None and run:
             _save(run_nb, Path(opts.save_executed) / path.resolve().parent.name / path.name)
         feedback += run.get("errors", []) + notes
+        _zero_removed_checks(nb, entries)
         if left:
             feedback.append(f"{left} process(es) the notebook left running were killed")
         if run.get("environment"):
