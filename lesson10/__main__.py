@@ -3,7 +3,7 @@
     demo                      every simulated method on a small case: error and bytes vs. the lesson
     run METHOD --nproc N      one real multi-process run (sp, ring, ulysses, moe) on gloo/NCCL
     bench WHAT                benchmarks (sim, ring, ulysses, moe, sp) -> benchmarks/results/
-    grade NOTEBOOK...         run submitted notebooks and collect their check results
+    grade NOTEBOOK...         instructors: score submitted notebooks with a judge (see README)
     build [--check]           write notebooks/ from solutions/ (or check it is up to date)
 """
 from __future__ import annotations

@@ -107,6 +107,13 @@ def exercise_notebook(solution: dict, name: str = "notebook") -> dict:
     return nb
 
 
+def tag_notebook(nb: dict, notebook_id: str) -> dict:
+    """Write the course notebook id into ``metadata["lesson10"]["notebook"]``: the grader
+    reads it to know which exercises a submission is graded on, whatever its file name."""
+    nb.setdefault("metadata", {}).setdefault("lesson10", {})["notebook"] = notebook_id
+    return nb
+
+
 def dumps(nb: dict) -> str:
     """Canonical text of a notebook: nbformat's layout (sources split into lines, sorted
     keys, indent 1), one newline at the end."""
@@ -136,7 +143,8 @@ def plan(root: Path) -> dict[Path, str]:
     for path in sorted(solutions.glob("*.ipynb")):
         nb = _read(path)
         files[path] = dumps(clean(nb))
-        files[notebooks / path.name] = dumps(exercise_notebook(nb, name=path.name))
+        files[notebooks / path.name] = dumps(tag_notebook(exercise_notebook(nb, name=path.name),
+                                                          path.stem))
     return files
 
 

@@ -20,17 +20,15 @@ and that the function left its inputs unchanged. The outcome:
   returns normally, so an untouched exercise notebook runs top to bottom.
 
 Each call records its outcome ``{"exercise", "passed", "points", "max_points",
-"status", "message"}`` in :data:`OUTCOMES` and, when the environment variable
-``LESSON10_GRADE_FILE`` names a file, appends it there as one JSON line: that is
-how ``python -m lesson10 grade`` collects the results from the notebook's kernel.
+"status", "message"}`` in :data:`OUTCOMES`, for :func:`summary`. These are the student's
+feedback, not the score: ``python -m lesson10 grade`` scores with its own judge, which
+drives :attr:`Exercise.body` on hidden cases outside the student's kernel.
 """
 from __future__ import annotations
 
 import functools
-import json
 import math
 import numbers
-import os
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,12 +39,9 @@ __all__ = [
     "CheckFailed",
     "OUTCOMES",
     "EXERCISES",
-    "GRADE_FILE_ENV",
     "summary",
     "fallback",
 ]
-
-GRADE_FILE_ENV = "LESSON10_GRADE_FILE"
 
 #: every outcome recorded in this process, in call order
 OUTCOMES: list[dict] = []
@@ -87,13 +82,6 @@ def _record(exercise: str, passed: bool, status: str, message: str = "") -> dict
         "message": message,
     }
     OUTCOMES.append(outcome)
-    path = os.environ.get(GRADE_FILE_ENV)
-    if path:
-        try:
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(outcome) + "\n")
-        except OSError as exc:        # grading problem, not the student's: say so, go on
-            print(f"(could not record this outcome in {GRADE_FILE_ENV}={path!r}: {exc})")
     return outcome
 
 

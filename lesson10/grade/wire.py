@@ -1,0 +1,216 @@
+"""The judge <-> worker wire: plain data only, never pickled code.
+
+A value is encoded as a JSON tree plus a list of raw byte blobs. Allowed values:
+``None``, ``bool``, ``int``, ``float``, ``str``, NumPy arrays and scalars of a plain
+numeric, boolean or text dtype (object and structured arrays are refused), and
+``list`` / ``tuple`` / ``dict`` of those (nested at most :data:`MAX_DEPTH` deep).
+Subclasses (of ``list``, ``float``, ``np.ndarray`` ...) arrive as the plain base type,
+so nothing the sender defines runs in the receiver. On the judge's side a Python
+callable may be sent too: it travels as a number, and the worker gets a stub that asks
+the judge to call it (see :mod:`.worker`).
+
+Framing over a pipe: an 8-byte big-endian length, the JSON header (``{"msg": ...,
+"blobs": [len, ...]}``), then the blobs. A message over :data:`MAX_BYTES` is refused.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import struct
+import time
+
+import numpy as np
+
+MAX_DEPTH = 32
+MAX_BYTES = 64 * 2**20
+MAX_HEADER = 8 * 2**20        # the JSON part (the arrays travel as raw blobs)
+_DTYPE_KINDS = "biufcUS"     # bool, int, uint, float, complex, text, bytes
+
+
+class WireError(ValueError):
+    """A value that cannot travel (wrong type, too large, malformed)."""
+
+
+class Timeout(Exception):
+    """The other side did not answer before the deadline."""
+
+
+class Closed(Exception):
+    """The other side closed the pipe (it exited or was killed)."""
+
+
+# --------------------------------------------------------------------------- values
+def encode(value, callables: list | None = None):
+    """``(tree, blobs)`` for ``value``; ``callables`` (a list) accepts functions, which
+    are appended to it and sent as their index."""
+    blobs: list[bytes] = []
+    tree = _enc(value, blobs, callables, 0)
+    return tree, blobs
+
+
+def _array(a: np.ndarray, blobs) -> dict:
+    if a.dtype.kind not in _DTYPE_KINDS or a.dtype.fields is not None:
+        raise WireError(f"an array of dtype {a.dtype} cannot be sent (only numbers, booleans "
+                        f"and text; object arrays are refused)")
+    blobs.append(np.ascontiguousarray(a).tobytes())
+    return {"dtype": a.dtype.str, "shape": list(a.shape), "blob": len(blobs) - 1}
+
+
+def _enc(x, blobs, callables, depth):
+    if depth > MAX_DEPTH:
+        raise WireError(f"nested more than {MAX_DEPTH} levels deep")
+    if x is None or type(x) in (bool, str):
+        return x
+    if isinstance(x, np.generic):
+        return {"$": "scalar", **_array(np.asarray(x), blobs)}
+    if isinstance(x, np.ndarray):
+        return {"$": "array", **_array(np.asarray(x), blobs)}
+    if isinstance(x, bool):
+        return bool(x)
+    if isinstance(x, int):
+        return int(x)
+    if isinstance(x, float):
+        return {"$": "float", "v": repr(float(x))}      # keeps nan / inf exactly
+    if isinstance(x, str):
+        return str(x)
+    if isinstance(x, complex):
+        return {"$": "scalar", **_array(np.asarray(x, dtype=complex), blobs)}
+    if isinstance(x, range):
+        if len(x) > 2**20:
+            raise WireError("a range of more than 2**20 numbers cannot be sent")
+        return {"$": "list", "items": [int(i) for i in x]}
+    if isinstance(x, (list, tuple)):
+        kind = "tuple" if isinstance(x, tuple) else "list"
+        return {"$": kind, "items": [_enc(y, blobs, callables, depth + 1) for y in list(x)]}
+    if isinstance(x, dict):
+        return {"$": "dict", "items": [[_enc(k, blobs, callables, depth + 1),
+                                        _enc(v, blobs, callables, depth + 1)]
+                                       for k, v in list(dict.items(x))]}
+    if callables is not None and callable(x):
+        callables.append(x)
+        return {"$": "fn", "id": len(callables) - 1, "name": str(getattr(x, "__name__", "fn"))}
+    raise WireError(f"a value of type {type(x).__name__} cannot be sent (only NumPy arrays, "
+                    f"numbers, strings, None, and lists, tuples or dicts of them)")
+
+
+def decode(tree, blobs, make_fn=None):
+    """The value of ``(tree, blobs)``; ``make_fn(id, name)`` builds a stand-in for a sent
+    callable (without it, a callable is refused)."""
+    return _dec(tree, blobs, make_fn, 0)
+
+
+def _dec(t, blobs, make_fn, depth):
+    if depth > MAX_DEPTH:
+        raise WireError(f"nested more than {MAX_DEPTH} levels deep")
+    if t is None or type(t) in (bool, int, str):
+        return t
+    if not isinstance(t, dict) or "$" not in t:
+        raise WireError(f"malformed value {str(t)[:80]!r}")
+    kind = t["$"]
+    if kind in ("array", "scalar"):
+        try:
+            dtype = np.dtype(str(t["dtype"]))
+            shape = tuple(int(n) for n in t["shape"])
+            blob = blobs[int(t["blob"])]
+        except (TypeError, ValueError, KeyError, IndexError) as exc:
+            raise WireError(f"malformed array: {exc}") from None
+        if dtype.kind not in _DTYPE_KINDS or dtype.fields is not None or min(shape, default=1) < 0:
+            raise WireError(f"refused array of dtype {dtype}")
+        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(blob):
+            raise WireError("array size does not match its data")
+        a = np.frombuffer(blob, dtype=dtype).reshape(shape).copy()
+        return a[()] if kind == "scalar" else a
+    if kind == "float":
+        return float(t["v"])
+    if kind in ("list", "tuple"):
+        items = [_dec(y, blobs, make_fn, depth + 1) for y in t["items"]]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "dict":
+        out = {}
+        for k, v in t["items"]:
+            key = _dec(k, blobs, make_fn, depth + 1)
+            try:
+                out[key] = _dec(v, blobs, make_fn, depth + 1)
+            except TypeError:
+                raise WireError(f"unhashable dict key of type {type(key).__name__}") from None
+        return out
+    if kind == "fn" and make_fn is not None:
+        return make_fn(int(t["id"]), str(t.get("name", "fn")))
+    raise WireError(f"refused value of kind {kind!r}")
+
+
+# --------------------------------------------------------------------------- framing
+class Conn:
+    """One direction pair of pipe file descriptors carrying framed messages."""
+
+    def __init__(self, rfd: int, wfd: int, nonblocking_write: bool = False):
+        self.rfd, self.wfd = rfd, wfd
+        self._buf = b""
+        if nonblocking_write:
+            os.set_blocking(wfd, False)
+
+    def send(self, msg: dict, blobs=(), deadline: float | None = None) -> None:
+        header = json.dumps({"msg": msg, "blobs": [len(b) for b in blobs]}).encode()
+        if len(header) > MAX_HEADER:
+            raise WireError(f"message of {len(header) / 2**20:.0f} MiB of nested values is over "
+                            f"the {MAX_HEADER / 2**20:.0f} MiB limit (send arrays)")
+        total = 8 + len(header) + sum(len(b) for b in blobs)
+        if total > MAX_BYTES:
+            raise WireError(f"message of {total / 2**20:.0f} MiB is over the "
+                            f"{MAX_BYTES / 2**20:.0f} MiB limit")
+        self._write(struct.pack(">Q", len(header)) + header, deadline)
+        for b in blobs:
+            self._write(b, deadline)
+
+    def _write(self, data: bytes, deadline) -> None:
+        view = memoryview(data)
+        while view:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Timeout("timed out sending")
+                _, ready, _ = select.select([], [self.wfd], [], left)
+                if not ready:
+                    continue
+            try:
+                n = os.write(self.wfd, view)
+            except BlockingIOError:
+                continue
+            except (BrokenPipeError, OSError) as exc:
+                raise Closed(str(exc)) from None
+            view = view[n:]
+
+    def _read(self, n: int, deadline) -> bytes:
+        while len(self._buf) < n:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Timeout("timed out waiting for an answer")
+                ready, _, _ = select.select([self.rfd], [], [], left)
+                if not ready:
+                    continue
+            try:
+                chunk = os.read(self.rfd, max(65536, n - len(self._buf)))
+            except OSError as exc:
+                raise Closed(str(exc)) from None
+            if not chunk:
+                raise Closed("the other side closed the pipe")
+            self._buf += chunk
+        data, self._buf = self._buf[:n], self._buf[n:]
+        return data
+
+    def recv(self, deadline: float | None = None):
+        """``(msg, blobs)`` of the next message."""
+        (n,) = struct.unpack(">Q", self._read(8, deadline))
+        if n > MAX_HEADER:
+            raise WireError(f"message header of {n} bytes is over the limit")
+        try:
+            head = json.loads(self._read(n, deadline))
+            sizes = [int(s) for s in head["blobs"]]
+            msg = head["msg"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise WireError(f"malformed message: {exc}") from None
+        if sum(sizes) + n > MAX_BYTES or min(sizes, default=0) < 0:
+            raise WireError("message over the size limit")
+        return msg, [self._read(s, deadline) for s in sizes]
