@@ -3,7 +3,9 @@
 A *sharded* argument is a Python list with one array per rank; sequences are
 ``(s, a, d)`` float64 arrays (tokens, heads, head dim). A :class:`SimGroup` runs the
 collectives and counts the bytes each rank sends, with ``e`` bytes per element.
-Nothing here imports torch.
+Besides the lesson's methods, their combinations: all-gather context parallelism
+(:mod:`.allgather`), document masks (``doc_ids=``), USP (:mod:`.usp`) and node-limited
+MoE routing (:mod:`.nodes`). Nothing here imports torch.
 """
 from .allgather import allgather_attention
 from .attention import attention, merge

@@ -44,7 +44,8 @@ def usp_groups(ulysses_size: int, group=None):
     n, r = comm.group_size(group), comm.group_rank(group)
     u = _check_u(ulysses_size, n)
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
-    key = (tuple(ranks), u)
+    world = dist.distributed_c10d._get_default_group()    # a new world: new sub-groups
+    key = (id(world), tuple(ranks), u)
     if key not in _GROUPS:
         mine = {}
         for i in range(n // u):               # every rank creates every sub-group, same order
