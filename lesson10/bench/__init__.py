@@ -45,6 +45,9 @@ def main(argv=None) -> int:
                    help="cstar: pace the ring's link at this many bytes/s (default: chosen from "
                         "the measured F so that c* = --target)")
     g.add_argument("--target", type=int, default=256, help="cstar: c* to aim the default pace at")
+    g.add_argument("--no-pace", action="store_true",
+                   help="cstar: no pacing, measure the real link (NCCL between GPUs); --target "
+                        "then only sets the size of the W measurement and of F's block")
     g.add_argument("--causal", action="store_true", help="cstar: causal mask (c* doubles)")
     g.add_argument("--block", type=int, default=4096,
                    help="memory: tokens per rank c (fixed while N_c and s grow)")

@@ -79,11 +79,12 @@ def _measure_bandwidth(nbytes, bandwidth, reps):
 
 def cstar_sweep(a: int = 32, a_kv: int = 32, d: int = 64, dtype: str = "float32",
                 causal: bool = False, bandwidth: float | None = None, target: int = 256,
-                factors=(0.125, 0.25, 0.5, 1, 2, 4), reps: int = 3) -> dict:
+                factors=(0.125, 0.25, 0.5, 1, 2, 4), reps: int = 3, pace: bool = True) -> dict:
     """Worker (2+ ranks): measure F and W, predict c*, sweep c; see the module docstring.
 
     ``bandwidth``: the paced link in bytes/s; None = chosen so that the prediction is
-    ``target`` tokens. Returns ``{"F", "W_set", "W", "c_star", "rows": [...]}`` with one
+    ``target`` tokens. ``pace=False``: no pacing, the backend's real link (NCCL between
+    GPUs); W is measured on a transfer of ``2 x target`` tokens. Returns ``{"F", "W_set", "W", "c_star", "rows": [...]}`` with one
     row per block size ``c``: ``compute_s`` / ``compute_no_overlap_s`` (round 0),
     ``transfer_s`` (``B / W``), ``exposed_s`` (overlapped), ``exposed_no_overlap_s`` (the
     whole transfer); each the fastest of ``reps`` runs of the slowest rank.
@@ -94,11 +95,15 @@ def cstar_sweep(a: int = 32, a_kv: int = 32, d: int = 64, dtype: str = "float32"
     g = a / a_kv
     h = a * d
     F = _measure_flops(2 * target, a, a_kv, d, dt, reps)
-    if bandwidth is None:          # the pace that puts c* at `target`: c* = F/W * corr
-        bandwidth = F / target * cost.min_block_size(1.0, 1.0, causal, g, e)
-    W_set = float(bandwidth)
-    guess = cost.min_block_size(F, W_set, causal, g, e)
-    W = _measure_bandwidth(int(2 * 2 * guess * h * e / g), W_set, reps)
+    if not pace:
+        W_set = None
+        W = _measure_bandwidth(int(2 * 2 * target * h * e / g), None, reps)
+    else:
+        if bandwidth is None:      # the pace that puts c* at `target`: c* = F/W * corr
+            bandwidth = F / target * cost.min_block_size(1.0, 1.0, causal, g, e)
+        W_set = float(bandwidth)
+        guess = cost.min_block_size(F, W_set, causal, g, e)
+        W = _measure_bandwidth(int(2 * 2 * guess * h * e / g), W_set, reps)
     c_star = cost.min_block_size(F, W, causal, g, e)
     n, r = dist.get_world_size(), dist.get_rank()
     rows = []
@@ -141,9 +146,10 @@ def crossing(rows: list[dict]):
 def cstar_table(res: dict) -> list[str]:
     c_meas = crossing(res["rows"])
     ok = c_meas is not None and 0.5 <= c_meas / res["c_star"] <= 2
-    head = [f"F (attention, per rank, 1 thread, all ranks at once) = {res['F'] / 1e9:.1f} "
-            f"GFLOP/s; link paced at "
-            f"{res['W_set'] / 1e6:.1f} MB/s, measured W = {res['W'] / 1e6:.1f} MB/s; "
+    link = ("the backend's own link" if res["W_set"] is None
+            else f"link paced at {res['W_set'] / 1e6:.1f} MB/s")
+    head = [f"F (attention, per rank, all ranks at once) = {res['F'] / 1e9:.1f} "
+            f"GFLOP/s; {link}, measured W = {res['W'] / 1e6:.1f} MB/s; "
             f"{res['dtype']} (e = {res['e']}), g = {res['g']:g}, "
             f"{'causal' if res['causal'] else 'no mask'}, a = {res['a']}, d = {res['d']}.", "",
             f"**Predicted** c* = cost.min_block_size(F, W, ...) = **{res['c_star']:.0f}** tokens; "
@@ -193,6 +199,7 @@ def bench(args, out_dir):
     a = args.cstar_heads
     res = launch(cstar_sweep, 2, a=a, a_kv=args.kv_heads or a, d=args.dim,
                  dtype=args.dtype, causal=args.causal, bandwidth=args.bandwidth,
+                 pace=not args.no_pace,
                  target=args.target, reps=args.reps, backend=args.backend, timeout=args.timeout,
                  threads=1, quiet=True)[0]
     text = ["# The c* experiment: the ring's transfer hides once c >= F/W", "",
