@@ -71,6 +71,10 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+#: controls show their whole description (ipywidgets 7 and 8 cut it at ~80 px otherwise)
+_STYLE = {"description_width": "initial"}
+
+
 def _widgets():
     try:
         import ipywidgets
@@ -178,8 +182,8 @@ def ring_rounds(n: int = 4, s: int = 16, layout: str = "contiguous"):
     view = _View(draw_ring_rounds, dict(n=n, s=s, layout=layout, round=0), (9, 4.8))
     lay = w.ToggleButtons(options=list(layouts.LAYOUTS), value=layouts._check_layout(layout),
                           description="layout")
-    ranks = w.IntSlider(value=n, min=2, max=8, description="ranks N_c")
-    tokens = w.IntSlider(value=s, min=4, max=64, step=4, description="tokens s")
+    ranks = w.IntSlider(value=n, min=2, max=8, description="ranks N_c", style=_STYLE)
+    tokens = w.IntSlider(value=s, min=4, max=64, step=4, description="tokens s", style=_STYLE)
     nxt = w.Button(description="Next round", button_style="primary")
 
     def on_change(_=None):
@@ -279,7 +283,7 @@ def sp_strip(t: int = 4):
     w = _widgets()
     view = _View(draw_sp_strip, dict(t=t, sp=False), (11, 3.8))
     mode = w.ToggleButtons(options=["TP", "TP + SP"], value="TP", description="mode")
-    degree = w.IntSlider(value=t, min=1, max=16, description="TP degree t")
+    degree = w.IntSlider(value=t, min=1, max=16, description="TP degree t", style=_STYLE)
 
     def on_change(_=None):
         view.update(t=degree.value, sp=mode.value == "TP + SP")
@@ -333,14 +337,14 @@ def block_size(h: int = 4096, link: str = "InfiniBand", g: int = 1, causal: bool
     """Interactive minimum block size: move c, switch the link, GQA group and causal mask."""
     w = _widgets()
     view = _View(draw_block_size, dict(h=h, link=link, g=g, causal=causal, c=16_384), (7, 4.2))
-    c_slider = w.IntSlider(value=16_384, min=512, max=131_072, step=512, description="block c")
-    h_slider = w.Dropdown(options=[1024, 2048, 4096, 8192, 16384], value=h, description="hidden h")
+    c_slider = w.IntSlider(value=16_384, min=512, max=131_072, step=512, description="block c", style=_STYLE)
+    h_slider = w.Dropdown(options=[1024, 2048, 4096, 8192, 16384], value=h, description="hidden h", style=_STYLE)
     link_toggle = w.ToggleButtons(options=[k for k, v in cost.HARDWARE.items() if v["kind"] == "link"],
                                   value=link, description="link")
-    g_slider = w.Dropdown(options=[1, 2, 4, 8], value=g, description="GQA g")
+    g_slider = w.Dropdown(options=[1, 2, 4, 8], value=g, description="GQA g", style=_STYLE)
     causal_box = w.Checkbox(value=causal, description="causal mask")
     peak = round(cost.peak_flops("H100") / 1e12)
-    f_slider = w.IntSlider(value=peak, min=50, max=peak, step=1, description="F (TFLOP/s)")
+    f_slider = w.IntSlider(value=peak, min=50, max=peak, step=1, description="F (TFLOP/s)", style=_STYLE)
 
     def on_change(_=None):
         view.update(c=c_slider.value, h=h_slider.value, link=link_toggle.value, g=g_slider.value,
@@ -446,7 +450,7 @@ def ulysses_grid(n: int = 4, s: int = 8, heads: int = 8, kv_heads: int = 8):
     a2a = w.Button(description="All-to-all", button_style="primary")
     rank = w.IntSlider(value=0, min=0, max=n - 1, description="rank")
     kv = w.Dropdown(options=[d for d in range(1, heads + 1) if heads % d == 0], value=kv_heads,
-                    description="K/V heads")
+                    description="K/V heads", style=_STYLE)
 
     def on_a2a(_=None):
         view.update(state="heads" if view.state["state"] == "sequence" else "sequence", arrived=True)
@@ -557,14 +561,14 @@ def moe_capacity(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float =
     w = _widgets()
     view = _View(draw_moe_capacity, dict(E=E, Ne=Ne, k=k, T=T, skew=skew, capacity_factor=capacity_factor),
                  (8, 5.5))
-    skew_slider = w.FloatSlider(value=skew, min=0.0, max=6.0, step=0.25, description="router skew")
+    skew_slider = w.FloatSlider(value=skew, min=0.0, max=6.0, step=0.25, description="router skew", style=_STYLE)
     # labels as values: a Dropdown whose value is None shows an empty selection
     options = ["none", "1.0", "1.1", "1.25", "1.5", "2.0"]
     label = "none" if capacity_factor is None else f"{float(capacity_factor):g}"
     label = {"1": "1.0", "2": "2.0"}.get(label, label)
     if label not in options:
         options.append(label)
-    cf = w.Dropdown(options=options, value=label, description="capacity factor")
+    cf = w.Dropdown(options=options, value=label, description="capacity factor", style=_STYLE)
 
     def on_change(_=None):
         view.update(skew=skew_slider.value, capacity_factor=None if cf.value == "none" else float(cf.value))

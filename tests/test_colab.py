@@ -100,10 +100,15 @@ def _freeze() -> dict[str, str]:
 def colab_env(tmp_path_factory):
     if not VENV_PY.exists():
         pytest.skip("no .venv-colab: run `make test-colab` (it builds the Colab-like venv)")
+    # back to Colab's state, whatever an earlier (failing) run left: the pins, and no lesson10
     subprocess.run([str(VENV_PY), "-m", "pip", "uninstall", "-q", "-y", "lesson10"], capture_output=True,
                    timeout=300)
+    subprocess.run([str(VENV_PY), "-m", "pip", "install", "-q", "-r", str(COLAB / "colab-pins.txt")],
+                   check=True, capture_output=True, timeout=900)
     before = _freeze()
     assert "lesson10" not in before
+    for name, version in _pins().items():
+        assert before[name].split("==")[-1].split("+")[0] == version, f"{before[name]}: .venv-colab is not Colab-like"
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True, capture_output=True,
                           text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "lesson10", "pyproject.toml"],

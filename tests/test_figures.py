@@ -374,4 +374,5 @@ def test_figures_use_only_widgets_and_arguments_of_ipywidgets_7():
                            "FloatSlider", "Dropdown", "Checkbox"}
     assert used and used <= ipywidgets_7_7_core, used - ipywidgets_7_7_core
     kwargs = set(_re.findall(r"\bw\.[A-Z][A-Za-z]+\((?:[^()]|\([^()]*\))*?\b([a-z_]+)=", source))
-    assert kwargs <= {"value", "min", "max", "step", "description", "options", "format", "button_style"}, kwargs
+    assert kwargs <= {"value", "min", "max", "step", "description", "options", "format", "button_style",
+                      "style"}, kwargs
