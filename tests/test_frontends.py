@@ -215,6 +215,9 @@ def test_figures_render_and_respond(browser, server, path):
         assert "Error displaying widget" not in body
         assert "Traceback" not in body, body[body.index("Traceback") - 200:][:2000]
         views = page.locator(f"{output_sel}:has(img.widget-image)")
+        deadline = time.monotonic() + 60                      # widget views render after their cell ends
+        while views.count() < len(expected) and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert views.count() == len(expected), (
             f"{path.name} in {server['name']}: {views.count()} figure views, want {len(expected)} "
             f"({expected}); server log: {server['log'].read_text()[-1500:]}")
