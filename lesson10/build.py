@@ -104,7 +104,8 @@ def repository_setting(root: Path) -> tuple[str, str]:
                          f"and ref from it (the GitHub repository of the course)")
     table = _toml_section(path.read_text(encoding="utf-8"), "tool.lesson10")
     repository, ref = table.get("repository"), table.get("ref", "main")
-    if not isinstance(repository, str) or not REPOSITORY_RE.match(repository):
+    if not isinstance(repository, str) or not REPOSITORY_RE.match(repository) \
+            or any(part.strip(".") == "" for part in repository.split("/")):
         raise BuildError(f"{path}: [tool.lesson10] repository must be 'owner/name' of a GitHub "
                          f"repository, got {repository!r}")
     if not isinstance(ref, str) or not REF_RE.match(ref) or ".." in ref:

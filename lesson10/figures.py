@@ -222,7 +222,7 @@ def draw_sp_strip(fig=None, *, t: int = 4, sp: bool = False, s: int = 8192, h: i
     """
     if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
         raise ValueError(f"t (TP degree) must be an integer >= 1, got {t!r}")
-    fig = _figure(fig, (11, 3.8))
+    fig = _figure(fig, (11, 3.0))
     ax = fig.subplots()
     x = 0.0
     for label, kind in _STRIP:
@@ -281,7 +281,7 @@ def draw_sp_strip(fig=None, *, t: int = 4, sp: bool = False, s: int = 8192, h: i
 def sp_strip(t: int = 4):
     """Interactive SP strip: switch TP / TP + SP and move the TP degree."""
     w = _widgets()
-    view = _View(draw_sp_strip, dict(t=t, sp=False), (11, 3.8))
+    view = _View(draw_sp_strip, dict(t=t, sp=False), (11, 3.0))
     mode = w.ToggleButtons(options=["TP", "TP + SP"], value="TP", description="mode")
     degree = w.IntSlider(value=t, min=1, max=16, description="TP degree t", style=_STYLE)
 

@@ -235,6 +235,7 @@ def test_hand_edited_install_cell_makes_check_fail(tmp_path, capsys):
     ("lesson10", "main", "owner/name"),
     ("a/b c", "main", "owner/name"),
     ("https://github.com/a/b", "main", "owner/name"),
+    ("../b", "main", "owner/name"),
     ("a/b", "", "branch, tag or commit"),
     ("a/b", "x y", "branch, tag or commit"),
     ("a/b", "../etc", "branch, tag or commit"),
