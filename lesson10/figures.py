@@ -124,8 +124,9 @@ def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contig
     """Score matrix and per-rank work of ring attention in round ``round``.
 
     Left: the ``s x s`` score matrix (rows = queries, grouped by the rank that owns them).
-    Blue: pairs computed in this round; faint blue: in earlier rounds; grey: masked
-    (``key > query``). Right: visible pairs per rank in this round (blue, equal to
+    Blue: pairs computed in this round; faint blue: in earlier rounds; white: in a later
+    round (that K/V block has not reached the rank yet); grey: masked (``key > query``); a
+    legend under the matrix says so. Past 16 tokens the rows are labelled by rank band. Right: visible pairs per rank in this round (blue, equal to
     ``layouts.causal_work(n, layout, s)[round]``) and the idle time (violet) up to the
     busiest rank.
     """
@@ -218,7 +219,8 @@ def draw_sp_strip(fig=None, *, t: int = 4, sp: bool = False, s: int = 8192, h: i
     shards (magenta, the top ``s/t`` rows). Aqua markers are the collectives: TP has an
     all-reduce (AR) after each row-parallel matmul, SP a reduce-scatter (RS) there and an
     all-gather (AG) before each column-parallel matmul. The readout shows that the
-    bytes sent are the same, and the memory is not.
+    bytes sent are the same, and the memory is not. At ``t = 1`` one GPU holds every tensor
+    whole (blue): nothing is copied, split or sent. A legend names each colour drawn.
     """
     if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
         raise ValueError(f"t (TP degree) must be an integer >= 1, got {t!r}")
@@ -379,8 +381,9 @@ def draw_ulysses_grid(fig=None, *, n: int = 4, s: int = 8, heads: int = 8, kv_he
     all-to-all it holds head group r for all tokens (a column band). Cells of ``rank`` are
     magenta; cells that arrived over the network in the last all-to-all have an aqua border
     (``arrived``: default True in the ``"heads"`` state, i.e. after the first all-to-all).
-    The K/V strip shows which ranks need each K/V head: with ``kv_heads < n`` whole K/V heads
-    must be copied (violet) and a warning names the limit.
+    The K/V strip shows which ranks need each K/V head (faint blue: one rank; violet: several,
+    so the head is copied to each): with ``kv_heads < n`` whole K/V heads must be copied and a
+    warning names the limit. Legends beside both panels say what the colours mean.
     """
     if n < 1 or heads % kv_heads:
         raise ValueError(f"heads = {heads} must be a multiple of kv_heads = {kv_heads}")
