@@ -169,8 +169,12 @@ def _wait_for_cells(page, states_js, name, timeout=600, stalled=20):
 
 def _run_all_notebook6(page, base, token, name):
     page.goto(f"{base}/notebooks/{name}?token={token}")
+    # connected, and the widget extension has registered its comm target (else the first
+    # widgets arrive before their manager and show as text)
     page.wait_for_function("() => window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel "
-                           "&& Jupyter.notebook.kernel.is_connected()", timeout=90_000, polling=500)
+                           "&& Jupyter.notebook.kernel.is_connected() "
+                           "&& 'jupyter.widget' in Jupyter.notebook.kernel.comm_manager.targets",
+                           timeout=90_000, polling=500)
     page.evaluate("() => Jupyter.notebook.execute_all_cells()")
     _wait_for_cells(page, """() => Jupyter.notebook.get_cells().filter(c => c.cell_type === 'code')
                                    .map(c => typeof c.input_prompt_number === 'number' ? 'done'
@@ -218,9 +222,12 @@ def test_figures_render_and_respond(browser, server, path):
         deadline = time.monotonic() + 60                      # widget views render after their cell ends
         while views.count() < len(expected) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert views.count() == len(expected), (
-            f"{path.name} in {server['name']}: {views.count()} figure views, want {len(expected)} "
-            f"({expected}); server log: {server['log'].read_text()[-1500:]}")
+        if views.count() != len(expected):
+            shown = [text[:300] for text in page.locator(output_sel).all_inner_texts()
+                     if re.search(r"Box|widget|Error", text)]
+            pytest.fail(f"{path.name} in {server['name']}: {views.count()} figure views, want {len(expected)} "
+                        f"({expected}); outputs that mention widgets: {shown}; "
+                        f"server log: {server['log'].read_text()[-1500:]}")
         SHOTS.mkdir(parents=True, exist_ok=True)
         for i, figure in enumerate(expected):
             view = views.nth(i)
