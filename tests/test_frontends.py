@@ -40,8 +40,10 @@ FIGURE_CALL = re.compile(r"\bfigures\.(ring_rounds|sp_strip|block_size|ulysses_g
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic", "--disable-dev-shm-usage"]
 FRONTENDS = {
-    "lab": {"python": ROOT / ".venv" / "bin" / "python", "app": "lab", "ipywidgets": "8"},
-    "notebook6": {"python": ROOT / ".venv-colab" / "bin" / "python", "app": "notebook", "ipywidgets": "7.7.1"},
+    "lab": {"python": ROOT / ".venv" / "bin" / "python", "app": "lab", "module": "jupyterlab", "version": "4.",
+            "ipywidgets": "8."},
+    "notebook6": {"python": ROOT / ".venv-colab" / "bin" / "python", "app": "notebook", "module": "notebook",
+                  "version": "6.5", "ipywidgets": "7.7.1"},
 }
 
 
@@ -82,9 +84,12 @@ def server(request, tmp_path_factory):
     python = spec["python"]
     if not python.exists():
         pytest.skip(f"{python} missing: `make test-frontends` builds .venv and .venv-colab")
-    version = subprocess.run([str(python), "-c", "import ipywidgets; print(ipywidgets.__version__)"],
-                             capture_output=True, text=True, timeout=120).stdout.strip()
-    assert version.startswith(spec["ipywidgets"]), f"{name}: ipywidgets {version}, want {spec['ipywidgets']}"
+    versions = subprocess.run([str(python), "-c", f"import ipywidgets, {spec['module']} as app; "
+                               "print(app.__version__, ipywidgets.__version__)"],
+                              capture_output=True, text=True, timeout=120).stdout.split()
+    assert len(versions) == 2, f"{python}: cannot import {spec['module']} and ipywidgets"
+    assert versions[0].startswith(spec["version"]), f"{name}: {spec['module']} {versions[0]}, want {spec['version']}x"
+    assert versions[1].startswith(spec["ipywidgets"]), f"{name}: ipywidgets {versions[1]}, want {spec['ipywidgets']}"
     home = tmp_path_factory.mktemp(name)
     work = home / "work"
     work.mkdir()
@@ -175,6 +180,10 @@ def _run_all_notebook6(page, base, token, name):
                            "&& Jupyter.notebook.kernel.is_connected() "
                            "&& 'jupyter.widget' in Jupyter.notebook.kernel.comm_manager.targets",
                            timeout=90_000, polling=500)
+    # widgetsnbextension 3.6 first loads the kernel's widgets: it asks the "jupyter.widget.control"
+    # comm (ipywidgets 7.7 has none), then re-opens every model the kernel lists; a widget created
+    # during that load is re-opened and closed, and its view hidden. Let the load finish first.
+    time.sleep(6)
     page.evaluate("() => Jupyter.notebook.execute_all_cells()")
     _wait_for_cells(page, """() => Jupyter.notebook.get_cells().filter(c => c.cell_type === 'code')
                                    .map(c => typeof c.input_prompt_number === 'number' ? 'done'
