@@ -14,9 +14,18 @@ removed from both trees, and the JSON is written in one canonical form (sorted k
 so building twice gives the same bytes. Only the standard library is used (the JSON is
 written exactly as ``nbformat.write`` writes it), so ``build --check`` runs anywhere.
 
+The build also writes each notebook's Colab badge (first line of the first cell) and its
+install cell (the first code cell) from the one setting of the repository, in
+``pyproject.toml``::
+
+    [tool.lesson10]
+    repository = "owner/name"     # the GitHub repository that Colab opens and pip installs
+    ref = "main"                  # branch, tag or commit
+
 ``--check`` writes nothing: it exits with status 1 and lists every file that the
 build would change (a stale or missing exercise notebook, a solution with outputs,
-an exercise notebook with no solution).
+a badge or install cell that disagrees with the setting, an exercise notebook with no
+solution).
 """
 from __future__ import annotations
 
@@ -43,6 +52,124 @@ class BuildError(ValueError):
 def repo_root() -> Path:
     """The folder holding ``solutions/`` and ``notebooks/`` (the repository root)."""
     return Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------- the repository setting
+REPOSITORY_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+REF_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
+BADGE_PREFIX = "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+INSTALL_MARK = "# Colab only:"
+INSTALL_CELL = """\
+# Colab only: install the course package from GitHub (a few seconds). Elsewhere this cell does nothing.
+# It adds lesson10 and changes nothing else: Colab's preinstalled packages meet its requirements.
+import sys
+if "google.colab" in sys.modules:
+    import subprocess
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "{url}"], check=True)"""
+
+
+def _toml_section(text: str, section: str) -> dict:
+    """``key = "value"`` pairs of one ``[section]`` of a TOML file: the standard library's
+    ``tomllib`` where there is one (Python >= 3.11), else a small parser of that subset."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:                       # Python 3.10
+        return _toml_section_fallback(text, section)
+    node = tomllib.loads(text)
+    for part in section.split("."):
+        node = node.get(part, {}) if isinstance(node, dict) else {}
+    return node if isinstance(node, dict) else {}
+
+
+def _toml_section_fallback(text: str, section: str) -> dict:
+    """Only string values written ``key = "value"`` (an optional ``# comment`` after them)."""
+    values, inside = {}, False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("["):
+            inside = stripped == f"[{section}]"
+            continue
+        m = re.match(r'^([A-Za-z0-9_-]+)\s*=\s*"([^"\\]*)"\s*(#.*)?$', stripped)
+        if inside and m:
+            values[m.group(1)] = m.group(2)
+    return values
+
+
+def repository_setting(root: Path) -> tuple[str, str]:
+    """``(repository, ref)`` from ``[tool.lesson10]`` of ``root/pyproject.toml``."""
+    path = root / "pyproject.toml"
+    if not path.is_file():
+        raise BuildError(f"no pyproject.toml in {root}: the build reads [tool.lesson10] repository "
+                         f"and ref from it (the GitHub repository of the course)")
+    table = _toml_section(path.read_text(encoding="utf-8"), "tool.lesson10")
+    repository, ref = table.get("repository"), table.get("ref", "main")
+    if not isinstance(repository, str) or not REPOSITORY_RE.match(repository) \
+            or any(part.strip(".") == "" for part in repository.split("/")):
+        raise BuildError(f"{path}: [tool.lesson10] repository must be 'owner/name' of a GitHub "
+                         f"repository, got {repository!r}")
+    if not isinstance(ref, str) or not REF_RE.match(ref) or ".." in ref:
+        raise BuildError(f"{path}: [tool.lesson10] ref must be a branch, tag or commit, got {ref!r}")
+    return repository, ref
+
+
+def install_url(repository: str, ref: str) -> str:
+    """What the install cell gives to pip: ``git+https://github.com/OWNER/NAME@REF``."""
+    return f"git+https://github.com/{repository}@{ref}"
+
+
+def badge_line(repository: str, ref: str, name: str) -> str:
+    """The Colab badge of ``notebooks/<name>`` (Colab opens the exercise notebook)."""
+    return (f"{BADGE_PREFIX}(https://colab.research.google.com/github/{repository}/blob/{ref}/"
+            f"notebooks/{name})")
+
+
+def install_cell_source(repository: str, ref: str) -> str:
+    """The first code cell of every notebook: pip installs the course only inside Colab."""
+    return INSTALL_CELL.format(url=install_url(repository, ref))
+
+
+def apply_repository(nb: dict, name: str, repository: str, ref: str) -> dict:
+    """A copy of ``nb`` whose first cell starts with the badge and whose first code cell is the
+    install cell (added when missing, replaced when it starts with ``# Colab only:``)."""
+    nb = copy.deepcopy(nb)
+    cells = nb["cells"]
+    if not cells or cells[0]["cell_type"] != "markdown":
+        raise BuildError(f"{name}: the first cell must be a markdown cell (it carries the Colab badge)")
+    first = _source(cells[0])
+    head, sep, rest = first.partition("\n")
+    if head.startswith(BADGE_PREFIX):
+        first = rest.lstrip("\n")
+    cells[0]["source"] = badge_line(repository, ref, name) + "\n\n" + first
+    install = install_cell_source(repository, ref)
+    index = next((i for i, c in enumerate(cells) if c["cell_type"] == "code"), len(cells))
+    if index < len(cells) and _source(cells[index]).startswith(INSTALL_MARK):
+        cells[index]["source"] = install
+    else:
+        cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                "source": install}
+        if nb.get("nbformat_minor", 0) >= 5:            # nbformat 4.5+ cells carry a unique id
+            taken = {c.get("id") for c in cells}
+            cell["id"] = next(f"colab-install-{i}" if i else "colab-install" for i in range(len(cells) + 1)
+                              if (f"colab-install-{i}" if i else "colab-install") not in taken)
+        cells.insert(index, cell)
+    return nb
+
+
+def _repository_problem(path: Path, repository: str, ref: str) -> str | None:
+    """Why a notebook file's badge or install cell disagrees with the setting (None: it agrees)."""
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        cells = nb["cells"]
+        first = _source(cells[0]).split("\n", 1)[0]
+        code = next((_source(c) for c in cells if c["cell_type"] == "code"), "")
+    except Exception:  # noqa: BLE001 - an unreadable file is reported by the plain comparison
+        return None
+    if first != badge_line(repository, ref, path.name):
+        return "Colab badge"
+    if code != install_cell_source(repository, ref):
+        return "install cell"
+    return None
 
 
 def strip_solutions(source: str, where: str = "cell") -> str:
@@ -139,9 +266,10 @@ def plan(root: Path) -> dict[Path, str]:
     solutions, notebooks = root / "solutions", root / "notebooks"
     if not solutions.is_dir():
         raise BuildError(f"no solutions/ folder in {root}")
+    repository, ref = repository_setting(root)
     files: dict[Path, str] = {}
     for path in sorted(solutions.glob("*.ipynb")):
-        nb = _read(path)
+        nb = apply_repository(_read(path), path.name, repository, ref)
         files[path] = dumps(clean(nb))
         files[notebooks / path.name] = dumps(tag_notebook(exercise_notebook(nb, name=path.name),
                                                           path.stem))
@@ -152,13 +280,19 @@ def stale(root: Path) -> list[str]:
     """Files that differ from what the build would write (relative paths, with a reason)."""
     problems = []
     wanted = plan(root)
+    repository, ref = repository_setting(root)
     for path, text in wanted.items():
         rel = path.relative_to(root)
         if not path.exists():
             problems.append(f"{rel} (missing)")
         elif path.read_text(encoding="utf-8") != text:
-            what = "has outputs or is not in canonical form" if path.parent.name == "solutions" \
-                else "differs from the build of solutions/" + path.name
+            wrong = _repository_problem(path, repository, ref)
+            if wrong:
+                what = f"its {wrong} disagrees with [tool.lesson10] {repository}@{ref} in pyproject.toml"
+            elif path.parent.name == "solutions":
+                what = "has outputs or is not in canonical form"
+            else:
+                what = "differs from the build of solutions/" + path.name
             problems.append(f"{rel} ({what})")
     notebooks = root / "notebooks"
     if notebooks.is_dir():

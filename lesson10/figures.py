@@ -58,10 +58,21 @@ def _figure(fig, size):
     return fig
 
 
+def _legend(ax, entries, **kw):
+    """A legend of coloured boxes: ``entries`` = [(COLORS key or colour, label), ...]."""
+    from matplotlib.patches import Patch
+    handles = [Patch(fc=COLORS.get(c, c), ec=COLORS["edge"], lw=0.5, label=label) for c, label in entries]
+    return ax.legend(handles=handles, **{"fontsize": 8, **kw})
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     return buf.getvalue()
+
+
+#: controls show their whole description (ipywidgets 7 and 8 cut it at ~80 px otherwise)
+_STYLE = {"description_width": "initial"}
 
 
 def _widgets():
@@ -113,15 +124,16 @@ def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contig
     """Score matrix and per-rank work of ring attention in round ``round``.
 
     Left: the ``s x s`` score matrix (rows = queries, grouped by the rank that owns them).
-    Blue: pairs computed in this round; faint blue: in earlier rounds; grey: masked
-    (``key > query``). Right: visible pairs per rank in this round (blue, equal to
+    Blue: pairs computed in this round; faint blue: in earlier rounds; white: in a later
+    round (that K/V block has not reached the rank yet); grey: masked (``key > query``); a
+    legend under the matrix says so. Past 16 tokens the rows are labelled by rank band. Right: visible pairs per rank in this round (blue, equal to
     ``layouts.causal_work(n, layout, s)[round]``) and the idle time (violet) up to the
     busiest rank.
     """
     if not 0 <= round < n:
         raise ValueError(f"round must be in 0..{n - 1} for n = {n} ranks, got {round}")
     owner = _owners(s, n, layout)
-    fig = _figure(fig, (9, 4.2))
+    fig = _figure(fig, (9, 4.8))
     ax, bx = fig.subplots(1, 2, width_ratios=[1.15, 1])
 
     q, kk = np.meshgrid(np.arange(s), np.arange(s), indexing="ij")
@@ -133,22 +145,29 @@ def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contig
     # rows ordered by rank, so each rank owns a horizontal band
     order = np.argsort(owner, kind="stable")
     ax.imshow(state[order], cmap=ListedColormap(palette), vmin=0, vmax=3, interpolation="nearest")
-    if s <= 16:
-        ax.set_xticks(range(s))
-    ax.set_yticks(range(s), [f"r{owner[i]}: q{i}" for i in order], fontsize=7 if s <= 16 else 5)
     for r in range(1, n):
         ax.axhline(r * s / n - 0.5, color=COLORS["edge"], lw=1)
+    if s <= 16:                  # few tokens: name every query row and key column
+        ax.set_xticks(range(s))
+        ax.set_yticks(range(s), [f"r{owner[i]}: q{i}" for i in order], fontsize=7)
+    else:                        # many: one label per rank band, key ticks at band edges
+        step = s // n
+        ax.set_xticks(range(0, s, step), [str(x) for x in range(0, s, step)], fontsize=7)
+        ax.set_yticks([r * step + (step - 1) / 2 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=7)
     ax.set_xlabel("key token")
+    ax.set_ylabel("query token (by owning rank)", fontsize=8)
     ax.set_title(f"{layout}, round {round}: rank r holds K/V of rank (r-{round}) mod {n}", fontsize=9)
-    if s > 16:
-        ax.tick_params(axis="x", labelsize=6)
+    _legend(ax, [("computed", "computed this round"), ("earlier", "computed in an earlier round"),
+                 ("empty", "later round (K/V not here yet)"), ("masked", "masked (key > query)")],
+            loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=7)
 
     work = layouts.causal_work(n, layout, s=s) if causal else np.full((n, n), (s // n) ** 2)
     this = work[round]
     busiest = this.max()
     bx.bar(range(n), this, color=COLORS["computed"], label="work this round")
     bx.bar(range(n), busiest - this, bottom=this, color=COLORS["idle"], label="idle (waits)")
-    bx.set_xticks(range(n), [f"rank {r}" for r in range(n)])
+    bx.set_xticks(range(n), [str(r) if n > 4 else f"rank {r}" for r in range(n)])
+    bx.set_xlabel("rank" if n > 4 else "")
     bx.set_ylabel("visible (query, key) pairs")
     bx.set_ylim(0, max(work.max(), 1) * 1.15)
     so_far = layouts.ring_time(work[: round + 1])
@@ -161,11 +180,11 @@ def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contig
 def ring_rounds(n: int = 4, s: int = 16, layout: str = "contiguous"):
     """Interactive ring attention: Next round rotates the K/V blocks; switch the layout."""
     w = _widgets()
-    view = _View(draw_ring_rounds, dict(n=n, s=s, layout=layout, round=0), (9, 4.2))
+    view = _View(draw_ring_rounds, dict(n=n, s=s, layout=layout, round=0), (9, 4.8))
     lay = w.ToggleButtons(options=list(layouts.LAYOUTS), value=layouts._check_layout(layout),
                           description="layout")
-    ranks = w.IntSlider(value=n, min=2, max=8, description="ranks N_c")
-    tokens = w.IntSlider(value=s, min=4, max=64, step=4, description="tokens s")
+    ranks = w.IntSlider(value=n, min=2, max=8, description="ranks N_c", style=_STYLE)
+    tokens = w.IntSlider(value=s, min=4, max=64, step=4, description="tokens s", style=_STYLE)
     nxt = w.Button(description="Next round", button_style="primary")
 
     def on_change(_=None):
@@ -200,17 +219,18 @@ def draw_sp_strip(fig=None, *, t: int = 4, sp: bool = False, s: int = 8192, h: i
     shards (magenta, the top ``s/t`` rows). Aqua markers are the collectives: TP has an
     all-reduce (AR) after each row-parallel matmul, SP a reduce-scatter (RS) there and an
     all-gather (AG) before each column-parallel matmul. The readout shows that the
-    bytes sent are the same, and the memory is not.
+    bytes sent are the same, and the memory is not. At ``t = 1`` one GPU holds every tensor
+    whole (blue): nothing is copied, split or sent. A legend names each colour drawn.
     """
     if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
         raise ValueError(f"t (TP degree) must be an integer >= 1, got {t!r}")
-    fig = _figure(fig, (11, 3.4))
+    fig = _figure(fig, (11, 3.0))
     ax = fig.subplots()
     x = 0.0
     for label, kind in _STRIP:
         if kind in ("col", "row"):
             text = ("AG" if kind == "col" else "RS") if sp else ("" if kind == "col" else "AR")
-            if text:
+            if text and t > 1:    # one GPU: no partner, no collective
                 ax.add_patch(Rectangle((x + 0.05, 0.35), 0.5, 0.3, color=COLORS["comm"]))
                 ax.text(x + 0.3, 0.5, text, ha="center", va="center", fontsize=9, weight="bold")
             else:
@@ -220,7 +240,9 @@ def draw_sp_strip(fig=None, *, t: int = 4, sp: bool = False, s: int = 8192, h: i
         ax.add_patch(Rectangle((x, 0), 1, 1, fill=False, ec=COLORS["edge"], lw=1))
         if kind == "tp":          # split by heads / columns: the left 1/t of the h axis
             ax.add_patch(Rectangle((x, 0), 1 / t, 1, color=COLORS["computed"]))
-        elif sp and t > 1:        # split by tokens: the top s/t rows
+        elif t == 1:              # one GPU holds the whole tensor: nothing is copied
+            ax.add_patch(Rectangle((x, 0), 1, 1, color=COLORS["computed"]))
+        elif sp:                  # split by tokens: the top s/t rows
             ax.add_patch(Rectangle((x, 1 - 1 / t), 1, 1 / t, color=COLORS["split"]))
         else:                     # a full copy on every GPU
             ax.add_patch(Rectangle((x, 0), 1, 1, color=COLORS["replicated"]))
@@ -231,6 +253,15 @@ def draw_sp_strip(fig=None, *, t: int = 4, sp: bool = False, s: int = 8192, h: i
     ax.set_aspect("equal")
     ax.axis("off")
     ax.text(-0.05, 1.05, "tokens s ↓, hidden h →", fontsize=8, va="bottom")
+    if t == 1:
+        entries = [("computed", "the whole tensor (t = 1: one GPU, nothing split, copied or sent)")]
+    else:
+        entries = [("computed", "GPU 0's share, split by heads / columns (TP)"),
+                   ("split" if sp else "replicated",
+                    f"GPU 0's share, split by tokens: s/{t} rows (SP)" if sp
+                    else f"a full copy, replicated on all {t} GPUs"),
+                   ("comm", "collective: " + ("AG all-gather, RS reduce-scatter" if sp else "AR all-reduce"))]
+    _legend(ax, entries, loc="lower center", bbox_to_anchor=(0.5, -0.42), ncol=len(entries), frameon=False)
 
     nbytes = s * h * e
     if sp:
@@ -239,6 +270,8 @@ def draw_sp_strip(fig=None, *, t: int = 4, sp: bool = False, s: int = 8192, h: i
     else:
         sent = 2 * cost.all_reduce_bytes(nbytes, t)
         recipe = "2 AR"
+    if t == 1:
+        recipe = "nothing (one GPU)"
     memory = cost.activation_bytes(s, 1, h, a, t=t, sp=sp)
     ax.set_title(f"{'TP + SP' if sp else 'TP'}, t = {t}: sent per GPU per layer (forward) = {recipe} = "
                  f"{sent / 1e6:.1f} MB;  activations stored = {memory / 1e6:.0f} MB "
@@ -250,9 +283,9 @@ def draw_sp_strip(fig=None, *, t: int = 4, sp: bool = False, s: int = 8192, h: i
 def sp_strip(t: int = 4):
     """Interactive SP strip: switch TP / TP + SP and move the TP degree."""
     w = _widgets()
-    view = _View(draw_sp_strip, dict(t=t, sp=False), (11, 3.4))
+    view = _View(draw_sp_strip, dict(t=t, sp=False), (11, 3.0))
     mode = w.ToggleButtons(options=["TP", "TP + SP"], value="TP", description="mode")
-    degree = w.IntSlider(value=t, min=1, max=16, description="TP degree t")
+    degree = w.IntSlider(value=t, min=1, max=16, description="TP degree t", style=_STYLE)
 
     def on_change(_=None):
         view.update(t=degree.value, sp=mode.value == "TP + SP")
@@ -267,14 +300,16 @@ def sp_strip(t: int = 4):
 
 # =========================================================================== 3. block size
 def draw_block_size(fig=None, *, h: int = 4096, link="InfiniBand", g: int = 1, causal: bool = False,
-                    gpu="H100", c: float | None = None, e: int = 2) -> Figure:
+                    gpu="H100", c: float | None = None, e: int = 2, F: float | None = None) -> Figure:
     """Compute time per ring round (blue, ``4c^2h/F``, half with a causal mask) against the K/V
     transfer time (aqua, ``4ch/(gW)``) over the block size ``c``, on log axes. The dashed line
     is ``c* = cost.min_block_size``: left of it the transfer is exposed (shaded), right of it
-    hidden. ``c*`` does not depend on ``h``."""
-    F, W = cost.peak_flops(gpu), cost.link_bandwidth(link)
+    hidden. ``c*`` does not depend on ``h``. ``F``: the FLOP/s attention achieves (default: the
+    ``gpu``'s peak); the lesson's quick check uses 500 TFLOP/s, which halves ``c*``."""
+    F = cost.peak_flops(gpu if F is None else F)              # validates: a finite number > 0
+    W = cost.link_bandwidth(link)
     c_star = cost.min_block_size(F, W, causal=causal, g=g, e=e)
-    fig = _figure(fig, (7, 4))
+    fig = _figure(fig, (7, 4.2))
     ax = fig.subplots()
     cs = np.geomspace(128, 262_144, 200)
     compute = np.array([cost.ring_round_times(x, h, F, W, causal=causal, g=g, e=e)[0] for x in cs])
@@ -287,11 +322,12 @@ def draw_block_size(fig=None, *, h: int = 4096, link="InfiniBand", g: int = 1, c
     if c is not None:
         tc, tt = cost.ring_round_times(c, h, F, W, causal=causal, g=g, e=e)
         ax.plot([c, c], [tc * 1e3, tt * 1e3], "o", color=COLORS["edge"])
+    setting = (f"F = {F / 1e12:,.0f} TFLOP/s ({gpu} peak {cost.peak_flops(gpu) / 1e12:,.0f}) over {link} "
+               f"({W / 1e9:g} GB/s), h = {h}, g = {g}, {'causal' if causal else 'no mask'}")
+    if c is not None:
         verdict = "hidden" if tc >= tt else "exposed"
-        ax.set_title(f"c = {c:,.0f}: compute {tc * 1e3:.3g} ms, transfer {tt * 1e3:.3g} ms ({verdict})",
-                     fontsize=9)
-    else:
-        ax.set_title(f"{gpu} over {link}, h = {h}, g = {g}{', causal' if causal else ''}", fontsize=9)
+        setting += f"\nc = {c:,.0f}: compute {tc * 1e3:.3g} ms, transfer {tt * 1e3:.3g} ms ({verdict})"
+    ax.set_title(setting, fontsize=9)
     ax.set_xlabel("block size c (tokens per rank)")
     ax.set_ylabel("time per round (ms)")
     ax.legend(loc="lower right", fontsize=8)
@@ -302,22 +338,26 @@ def draw_block_size(fig=None, *, h: int = 4096, link="InfiniBand", g: int = 1, c
 def block_size(h: int = 4096, link: str = "InfiniBand", g: int = 1, causal: bool = False):
     """Interactive minimum block size: move c, switch the link, GQA group and causal mask."""
     w = _widgets()
-    view = _View(draw_block_size, dict(h=h, link=link, g=g, causal=causal, c=16_384), (7, 4))
-    c_slider = w.IntSlider(value=16_384, min=512, max=131_072, step=512, description="block c")
-    h_slider = w.Dropdown(options=[1024, 2048, 4096, 8192, 16384], value=h, description="hidden h")
+    view = _View(draw_block_size, dict(h=h, link=link, g=g, causal=causal, c=16_384), (7, 4.2))
+    c_slider = w.IntSlider(value=16_384, min=512, max=131_072, step=512, description="block c", style=_STYLE)
+    h_slider = w.Dropdown(options=[1024, 2048, 4096, 8192, 16384], value=h, description="hidden h", style=_STYLE)
     link_toggle = w.ToggleButtons(options=[k for k, v in cost.HARDWARE.items() if v["kind"] == "link"],
                                   value=link, description="link")
-    g_slider = w.Dropdown(options=[1, 2, 4, 8], value=g, description="GQA g")
+    g_slider = w.Dropdown(options=[1, 2, 4, 8], value=g, description="GQA g", style=_STYLE)
     causal_box = w.Checkbox(value=causal, description="causal mask")
+    peak = round(cost.peak_flops("H100") / 1e12)
+    f_slider = w.IntSlider(value=peak, min=50, max=peak, step=1, description="F (TFLOP/s)", style=_STYLE)
 
     def on_change(_=None):
         view.update(c=c_slider.value, h=h_slider.value, link=link_toggle.value, g=g_slider.value,
-                    causal=causal_box.value)
+                    causal=causal_box.value, F=f_slider.value * 1e12)
 
-    for control in (c_slider, h_slider, link_toggle, g_slider, causal_box):
+    for control in (c_slider, h_slider, link_toggle, g_slider, causal_box, f_slider):
         control.observe(on_change, names="value")
     view.update()
-    return view.box(w.VBox([w.HBox([c_slider, h_slider]), link_toggle, w.HBox([g_slider, causal_box])]))
+    box = view.box(w.VBox([w.HBox([c_slider, h_slider]), link_toggle, w.HBox([g_slider, causal_box]), f_slider]))
+    box.f_slider, box.causal_box, box.g_dropdown, box.link_toggle = f_slider, causal_box, g_slider, link_toggle
+    return box
 
 
 # =========================================================================== 4. Ulysses grid
@@ -341,8 +381,9 @@ def draw_ulysses_grid(fig=None, *, n: int = 4, s: int = 8, heads: int = 8, kv_he
     all-to-all it holds head group r for all tokens (a column band). Cells of ``rank`` are
     magenta; cells that arrived over the network in the last all-to-all have an aqua border
     (``arrived``: default True in the ``"heads"`` state, i.e. after the first all-to-all).
-    The K/V strip shows which ranks need each K/V head: with ``kv_heads < n`` whole K/V heads
-    must be copied (violet) and a warning names the limit.
+    The K/V strip shows which ranks need each K/V head (faint blue: one rank; violet: several,
+    so the head is copied to each): with ``kv_heads < n`` whole K/V heads must be copied and a
+    warning names the limit. Legends beside both panels say what the colours mean.
     """
     if n < 1 or heads % kv_heads:
         raise ValueError(f"heads = {heads} must be a multiple of kv_heads = {kv_heads}")
@@ -352,7 +393,7 @@ def draw_ulysses_grid(fig=None, *, n: int = 4, s: int = 8, heads: int = 8, kv_he
         arrived = state == "heads"
     owner = ulysses_owner(n, s, heads, state)
     before = ulysses_owner(n, s, heads, "heads" if state == "sequence" else "sequence")
-    fig = _figure(fig, (7.5, 5))
+    fig = _figure(fig, (8.5, 5))
     ax, kx = fig.subplots(2, 1, height_ratios=[s, 1.6])
     for i in range(s):
         for j in range(heads):
@@ -388,6 +429,12 @@ def draw_ulysses_grid(fig=None, *, n: int = 4, s: int = 8, heads: int = 8, kv_he
     kx.set_yticks([])
     kx.set_xticks(np.arange(kv_heads) + 0.5, range(kv_heads))
     kx.set_xlabel("K/V head (label: ranks that need it)")
+    _legend(ax, [("split", f"held by rank {rank}"), ("empty", "held by another rank")]
+            + ([("comm", "arrived in the last all-to-all (aqua border)")] if arrived else []),
+            loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=7)
+    _legend(kx, [("earlier", "K/V head needed by one rank"),
+                 ("replicated", "needed by several ranks: copied to each")],
+            loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=7)
     warning = ""
     if kv_heads < n:
         warning = (f"warning: {n} ranks but only {kv_heads} K/V heads. Each rank needs whole K/V heads, "
@@ -402,11 +449,11 @@ def ulysses_grid(n: int = 4, s: int = 8, heads: int = 8, kv_heads: int = 8):
     """Interactive Ulysses: All-to-all toggles sequence <-> head sharding; pick a rank, K/V heads."""
     w = _widgets()
     view = _View(draw_ulysses_grid, dict(n=n, s=s, heads=heads, kv_heads=kv_heads, state="sequence",
-                                         rank=0), (7.5, 5))
+                                         rank=0), (8.5, 5))
     a2a = w.Button(description="All-to-all", button_style="primary")
     rank = w.IntSlider(value=0, min=0, max=n - 1, description="rank")
     kv = w.Dropdown(options=[d for d in range(1, heads + 1) if heads % d == 0], value=kv_heads,
-                    description="K/V heads")
+                    description="K/V heads", style=_STYLE)
 
     def on_a2a(_=None):
         view.update(state="heads" if view.state["state"] == "sequence" else "sequence", arrived=True)
@@ -471,23 +518,26 @@ def moe_routing(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float = 
 
 def draw_moe_capacity(fig=None, *, E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float = 0.0,
                       capacity_factor: float | None = 1.25, seed: int = 0) -> Figure:
-    """Top: every (token, expert) copy as a dot stacked on its expert in arrival order; the
-    copies above the dashed capacity line (magenta) are dropped, those below (blue) are computed. Bottom:
-    the computed load of each GPU (blue) and the time the others wait for the busiest (violet)."""
+    """Top: every (token, expert) copy as a dot on its expert at its place in the expert's queue
+    (arrival order, 0-based); the copies above the dashed capacity line ``y = C - 0.5`` (magenta)
+    are dropped, those below (blue) are computed. Bottom: the computed load of each GPU (blue)
+    and the time the others wait for the busiest (violet)."""
+    from matplotlib.ticker import MaxNLocator
+
     r = moe_routing(E=E, Ne=Ne, k=k, T=T, skew=skew, capacity_factor=capacity_factor, seed=seed)
     fig = _figure(fig, (8, 5.5))
     ax, bx = fig.subplots(2, 1, height_ratios=[2.2, 1])
     flat, arrival, kept = r["experts"].ravel(), r["arrival"].ravel(), r["kept"].ravel()
-    cols = 4                                               # dots side by side per expert
-    x = flat + (arrival % cols - (cols - 1) / 2) * 0.18
-    y = arrival // cols
-    ax.scatter(x[kept], y[kept], s=6, color=COLORS["computed"], label="computed")
-    ax.scatter(x[~kept], y[~kept], s=6, color=COLORS["dropped"], label="dropped")
-    if r["capacity"] is not None:
-        ax.axhline(r["capacity"] / cols - 0.5, color=COLORS["edge"], ls="--", lw=1,
+    x, y = flat.astype(float), arrival                     # copy number y of its expert
+    ax.scatter(x[kept], y[kept], s=5, marker="s", color=COLORS["computed"], label="computed")
+    ax.scatter(x[~kept], y[~kept], s=5, marker="s", color=COLORS["dropped"], label="dropped")
+    if r["capacity"] is not None:                          # copies 0..C-1 are kept: the line sits between
+        ax.axhline(r["capacity"] - 0.5, color=COLORS["edge"], ls="--", lw=1,
                    label=f"capacity C = {r['capacity']}")
     ax.set_xticks(range(E), [f"e{i}" for i in range(E)])
-    ax.set_ylabel(f"place in the expert's queue (/{cols})")
+    ax.set_xlim(-0.6, E - 0.4)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("place in the expert's queue")
     for gpu in range(1, Ne):
         ax.axvline(gpu * E // Ne - 0.5, color=COLORS["masked"], lw=1)
     ax.legend(loc="upper right", fontsize=8)
@@ -498,6 +548,8 @@ def draw_moe_capacity(fig=None, *, E: int = 8, Ne: int = 4, k: int = 2, T: int =
     bx.bar(range(Ne), load, color=COLORS["computed"], label="copies computed")
     bx.bar(range(Ne), busiest - load, bottom=load, color=COLORS["idle"], label="waiting")
     bx.set_xticks(range(Ne), [f"GPU {i}" for i in range(Ne)])
+    bx.set_ylabel("copies per GPU")
+    bx.yaxis.set_major_locator(MaxNLocator(integer=True))
     bx.set_ylim(0, max(busiest, 1) * 1.4)
     mean = load.mean()
     bx.set_title(f"max/mean load = {busiest / mean:.2f}" if mean > 0 else "no load", fontsize=9)
@@ -512,14 +564,17 @@ def moe_capacity(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float =
     w = _widgets()
     view = _View(draw_moe_capacity, dict(E=E, Ne=Ne, k=k, T=T, skew=skew, capacity_factor=capacity_factor),
                  (8, 5.5))
-    skew_slider = w.FloatSlider(value=skew, min=0.0, max=6.0, step=0.25, description="router skew")
-    options = [("none", None), ("1.0", 1.0), ("1.25", 1.25), ("1.5", 1.5), ("2.0", 2.0)]
-    if capacity_factor not in [v for _, v in options]:
-        options.append((f"{capacity_factor:g}", capacity_factor))
-    cf = w.Dropdown(options=options, value=capacity_factor, description="capacity factor")
+    skew_slider = w.FloatSlider(value=skew, min=0.0, max=6.0, step=0.25, description="router skew", style=_STYLE)
+    # labels as values: a Dropdown whose value is None shows an empty selection
+    options = ["none", "1.0", "1.1", "1.25", "1.5", "2.0"]
+    label = "none" if capacity_factor is None else f"{float(capacity_factor):g}"
+    label = {"1": "1.0", "2": "2.0"}.get(label, label)
+    if label not in options:
+        options.append(label)
+    cf = w.Dropdown(options=options, value=label, description="capacity factor", style=_STYLE)
 
     def on_change(_=None):
-        view.update(skew=skew_slider.value, capacity_factor=cf.value)
+        view.update(skew=skew_slider.value, capacity_factor=None if cf.value == "none" else float(cf.value))
 
     skew_slider.observe(on_change, names="value")
     cf.observe(on_change, names="value")

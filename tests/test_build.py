@@ -1,5 +1,8 @@
 """`python -m lesson10 build`: notebooks/ is generated from solutions/, and --check notices."""
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -17,7 +20,16 @@ EXERCISE_NOTEBOOKS = ("01_sequence_parallel", "02_ring_attention", "03_load_bala
 def _copy_tree(tmp_path):
     for sub in ("solutions", "notebooks"):
         shutil.copytree(ROOT / sub, tmp_path / sub)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
+
+
+def _set_repository(root, repository, ref):
+    path = root / "pyproject.toml"
+    text = path.read_text()
+    text = re.sub(r'(?m)^repository = ".*"', f'repository = "{repository}"', text)
+    text = re.sub(r'(?m)^ref = ".*"', f'ref = "{ref}"', text)
+    path.write_text(text)
 
 
 def test_the_five_exercise_notebooks_exist():
@@ -143,12 +155,13 @@ def test_outputs_are_stripped_and_output_is_deterministic(tmp_path, capsys):
         cell.id = f"c{i}"
     nb.cells[1].metadata["execution"] = {"iopub.execute_input": "2026-01-01"}
     nbformat.write(nb, root / "solutions" / "x.ipynb")
+    (root / "pyproject.toml").write_text('[tool.lesson10]\nrepository = "me/course"\nref = "v1"\n')
 
     assert build.main(["--check", "--root", str(root)]) == 1     # no notebook, solution has outputs
     assert build.main(["--root", str(root)]) == 0
     first = {p: p.read_bytes() for p in root.rglob("*.ipynb")}
     for path in first:
-        cell = nbformat.read(path, as_version=4).cells[1]
+        cell = nbformat.read(path, as_version=4).cells[2]       # [1] is the install cell the build added
         assert cell.outputs == [] and cell.execution_count is None and "execution" not in cell.metadata
     assert build.main(["--root", str(root)]) == 0
     assert "nothing to do" in capsys.readouterr().out
@@ -169,3 +182,123 @@ def test_canonical_text_is_what_nbformat_writes():
         for mine in (build.clean(nb), build.exercise_notebook(nb, path.name)):
             theirs = nbformat.writes(nbformat.from_dict(mine), version=4)
             assert build.dumps(mine) == theirs + "\n", path.name
+
+
+# ------------------------------------------------------------------ the repository setting
+def _badges_and_installs(root):
+    """Every GitHub address written in the notebooks (badge targets and pip URLs)."""
+    found = []
+    for sub in ("solutions", "notebooks"):
+        for path in sorted((root / sub).glob("*.ipynb")):
+            found += re.findall(r"(?:colab\.research\.google\.com/github/|git\+https://github\.com/)"
+                                r"[^\s\")\\]+", path.read_text())
+    return found
+
+
+def test_every_badge_and_install_cell_comes_from_pyproject():
+    repository, ref = build.repository_setting(ROOT)
+    found = _badges_and_installs(ROOT)
+    assert len(found) == 2 * 2 * len(SOLUTIONS)          # a badge and an install URL per notebook, both trees
+    for address in found:
+        assert f"/{repository}/blob/{ref}/notebooks/" in address or address == f"git+https://github.com/{repository}@{ref}"
+
+
+def test_pointing_at_a_fork_rewrites_all_24_addresses_and_check_notices(tmp_path, capsys):
+    root = _copy_tree(tmp_path)
+    _set_repository(root, "someone/my-fork", "v2.1")
+    assert build.main(["--check", "--root", str(root)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("disagrees with [tool.lesson10] someone/my-fork@v2.1") == 2 * len(SOLUTIONS)
+    assert build.main(["--root", str(root)]) == 0
+    assert build.main(["--check", "--root", str(root)]) == 0
+    found = _badges_and_installs(root)
+    assert len(found) == 4 * len(SOLUTIONS)
+    assert all("someone/my-fork" in a and ("@v2.1" in a or "/blob/v2.1/" in a) for a in found), found
+    assert not any("lesson10-course" in p.read_text() for p in root.rglob("*.ipynb"))
+    nb = nbformat.read(root / "notebooks" / "02_ring_attention.ipynb", as_version=4)
+    assert nb.cells[0].source.startswith(
+        "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+        "(https://colab.research.google.com/github/someone/my-fork/blob/v2.1/notebooks/02_ring_attention.ipynb)\n\n# 02")
+
+
+def test_hand_edited_install_cell_makes_check_fail(tmp_path, capsys):
+    root = _copy_tree(tmp_path)
+    path = root / "notebooks" / "05_moe_dispatch.ipynb"
+    path.write_text(path.read_text().replace("@main", "@dev"))
+    assert build.main(["--check", "--root", str(root)]) == 1
+    err = capsys.readouterr().err
+    assert "notebooks/05_moe_dispatch.ipynb (its install cell disagrees" in err
+    assert "solutions/05_moe_dispatch" not in err
+
+
+@pytest.mark.parametrize("repository,ref,match", [
+    ("lesson10", "main", "owner/name"),
+    ("a/b c", "main", "owner/name"),
+    ("https://github.com/a/b", "main", "owner/name"),
+    ("../b", "main", "owner/name"),
+    ("a/b", "", "branch, tag or commit"),
+    ("a/b", "x y", "branch, tag or commit"),
+    ("a/b", "../etc", "branch, tag or commit"),
+])
+def test_bad_repository_setting_is_a_clear_error(tmp_path, capsys, repository, ref, match):
+    root = _copy_tree(tmp_path)
+    _set_repository(root, repository, ref)
+    assert build.main(["--check", "--root", str(root)]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_missing_pyproject_is_a_clear_error(tmp_path, capsys):
+    root = _copy_tree(tmp_path)
+    (root / "pyproject.toml").unlink()
+    assert build.main(["--root", str(root)]) == 2
+    assert "no pyproject.toml" in capsys.readouterr().err
+
+
+def test_missing_badge_and_install_cell_are_added():
+    nb = new_notebook(cells=[new_markdown_cell("# Title"), new_code_cell("x = 1")])
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"c{i}"
+    out = build.apply_repository(nb, "07_x.ipynb", "o/n", "main")
+    assert [c["cell_type"] for c in out["cells"]] == ["markdown", "code", "code"]
+    assert out["cells"][0]["source"] == build.badge_line("o/n", "main", "07_x.ipynb") + "\n\n# Title"
+    assert out["cells"][1]["source"] == build.install_cell_source("o/n", "main")
+    assert out["cells"][1]["id"] not in {"c0", "c1"} and out["cells"][2]["source"] == "x = 1"
+    again = build.apply_repository(out, "07_x.ipynb", "o/n", "main")
+    assert again == out                                    # idempotent: no second badge or cell
+
+
+def test_install_cell_installs_only_inside_colab():
+    src = build.install_cell_source("o/n", "v1")
+    calls = []
+    fake_subprocess = type(sys)("subprocess")
+    fake_subprocess.run = lambda *a, **k: calls.append((a, k))
+    saved = sys.modules.get("subprocess")
+    try:
+        sys.modules["subprocess"] = fake_subprocess
+        exec(src, {})
+        assert calls == []                                 # not in Colab: nothing
+        sys.modules["google.colab"] = type(sys)("google.colab")
+        exec(src, {})
+    finally:
+        sys.modules.pop("google.colab", None)
+        sys.modules["subprocess"] = saved
+    (cmd,), kwargs = calls[0]
+    assert cmd[1:] == ["-m", "pip", "install", "-q", "git+https://github.com/o/n@v1"]
+    assert kwargs == {"check": True} and "--upgrade" not in cmd and "-U" not in cmd
+
+
+def test_fallback_toml_parser_agrees_with_tomllib():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert build._toml_section_fallback(text, "tool.lesson10") == build._toml_section(text, "tool.lesson10")
+    assert set(build._toml_section(text, "tool.lesson10")) == {"repository", "ref"}
+    sample = '[a]\nrepository = "x/y"\n[tool.lesson10]\nrepository = "o/n"  # mine\nref = "v1"\n[b]\nref = "z"\n'
+    assert build._toml_section_fallback(sample, "tool.lesson10") == {"repository": "o/n", "ref": "v1"}
+
+
+def test_build_check_runs_with_the_standard_library_only():
+    """`python lesson10/build.py --check` with no site-packages at all (-S -I): instructors and CI
+    can check the notebooks with any python3, outside the venv."""
+    proc = subprocess.run([sys.executable, "-S", "-I", str(ROOT / "lesson10" / "build.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "up to date" in proc.stdout

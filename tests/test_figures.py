@@ -223,5 +223,156 @@ def test_other_widgets_construct_and_respond():
     assert ul.view.fig.ulysses_warning
 
     moe = figures.moe_capacity(T=16)
-    moe.cf_dropdown.value = None
+    moe.cf_dropdown.value = "none"
     assert moe.view.fig.moe_routing["drop_rate"] == 0
+
+
+# ---------------------------------------------------------------- review fixes (issue 9)
+def _legend_labels(ax):
+    legend = ax.get_legend()
+    assert legend is not None, f"no legend on {ax.get_title()!r}"
+    return [t.get_text() for t in legend.get_texts()]
+
+
+def _overlapping(labels, renderer):
+    boxes = [lab.get_window_extent(renderer) for lab in labels if lab.get_visible() and lab.get_text()]
+    return [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+
+
+@pytest.mark.parametrize("n,s", [(4, 16), (8, 64), (8, 32), (2, 64)])
+def test_ring_rounds_tick_labels_never_overlap(n, s):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    fig = figures.draw_ring_rounds(n=n, s=s, layout="zigzag", round=1)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for ax in fig.axes:
+        for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+            assert _overlapping(labels, renderer) == [], (n, s, [lab.get_text() for lab in labels])
+            assert all(lab.get_fontsize() >= 6.5 for lab in labels)          # readable
+
+
+def test_ring_rounds_score_matrix_has_a_colour_legend():
+    fig = figures.draw_ring_rounds(n=4, s=16, round=1)
+    labels = _legend_labels(fig.axes[0])
+    assert len(labels) == 4
+    assert any("later round" in lab for lab in labels) and any("masked" in lab for lab in labels)
+    colours = [to_rgba(h.get_facecolor()) for h in fig.axes[0].get_legend().legend_handles]
+    assert colours == [to_rgba(COLORS[c]) for c in ("computed", "earlier", "empty", "masked")]
+
+
+def test_sp_strip_at_one_gpu_has_no_copies_and_no_collectives():
+    fig = figures.draw_sp_strip(t=1)
+    ax = fig.axes[0]
+    assert _patches_of(ax, "replicated") == [] and _patches_of(ax, "comm") == []
+    assert len(_patches_of(ax, "computed")) == 8                   # every region, whole
+    assert not {"AR", "RS", "AG"} & {x.get_text() for x in ax.texts}
+    assert fig.sp_strip_bytes == 0 and "one GPU" in ax.get_title()
+    assert "one GPU" in _legend_labels(ax)[0]
+
+
+@pytest.mark.parametrize("sp,colour,word", [(False, "replicated", "replicated"), (True, "split", "tokens")])
+def test_sp_strip_legend_names_each_colour_drawn(sp, colour, word):
+    ax = figures.draw_sp_strip(t=4, sp=sp).axes[0]
+    legend = ax.get_legend()
+    labels = _legend_labels(ax)
+    colours = [to_rgba(h.get_facecolor()) for h in legend.legend_handles]
+    assert to_rgba(COLORS[colour]) in colours and word in labels[colours.index(to_rgba(COLORS[colour]))]
+    assert {to_rgba(COLORS[c]) for c in ("computed", "comm")} <= set(colours)
+
+
+def test_block_size_title_keeps_the_setting_when_c_is_set():
+    title = figures.draw_block_size(c=16_384, link="NVLink", g=4, causal=True, F=500e12).axes[0].get_title()
+    for part in ("NVLink", "g = 4", "causal", "F = 500 TFLOP/s", "c = 16,384"):
+        assert part in title, (part, title)
+    assert "no mask" in figures.draw_block_size(c=4096).axes[0].get_title()
+
+
+def test_block_size_achieved_F_control_gives_the_quick_check_answer():
+    # the lesson's quick check: causal, zig-zag, g = 4, InfiniBand 50 GB/s, F = 500 TFLOP/s
+    # -> c >= F/W * 2 / g = 1e4 * 2 / 4 = 5,000 tokens
+    fig = figures.draw_block_size(link="InfiniBand", g=4, causal=True, F=500e12)
+    assert fig.c_star == pytest.approx(5000)
+    assert "c* = 5,000" in [t.get_text().strip() for t in fig.axes[0].texts]
+    box = figures.block_size()
+    box.g_dropdown.value = 4
+    box.causal_box.value = True
+    before = box.view.image.value
+    box.f_slider.value = 500
+    assert box.view.fig.c_star == pytest.approx(5000) and box.view.image.value != before
+    for bad in (-1.0, 0, float("nan")):
+        with pytest.raises(ValueError, match="flops"):
+            figures.draw_block_size(F=bad)
+
+
+def test_ulysses_grid_explains_its_colours():
+    fig = figures.draw_ulysses_grid(n=4, s=8, heads=8, kv_heads=2, state="heads", rank=1)
+    grid, kv = fig.axes
+    assert any("rank 1" in lab for lab in _legend_labels(grid))
+    assert any("arrived" in lab for lab in _legend_labels(grid))
+    kv_legend = kv.get_legend()
+    pairs = dict(zip([to_rgba(h.get_facecolor()) for h in kv_legend.legend_handles], _legend_labels(kv)))
+    assert "several ranks" in pairs[to_rgba(COLORS["replicated"])]
+    assert "one rank" in pairs[to_rgba(COLORS["earlier"])]
+    seq = figures.draw_ulysses_grid(n=4, s=8, heads=8, kv_heads=8)           # nothing arrived yet
+    assert not any("arrived" in lab for lab in _legend_labels(seq.axes[0]))
+
+
+@pytest.mark.parametrize("cf,skew", [(1.1, 1.0), (1.25, 2.0), (1.0, 3.0), (1.5, 0.0)])
+def test_moe_capacity_line_separates_kept_from_dropped(cf, skew):
+    fig = figures.draw_moe_capacity(T=64, capacity_factor=cf, skew=skew)
+    C = fig.moe_routing["capacity"]
+    assert C == int(np.ceil(cf * 2 * 256 / 8))                     # CF = 1.1: C = 71, not a multiple of 4
+    ax = fig.axes[0]
+    line = [ln for ln in ax.lines if ln.get_linestyle() == "--"][0]
+    y_line = line.get_ydata()[0]
+    assert y_line == C - 0.5
+    kept_y = ax.collections[0].get_offsets()[:, 1]
+    dropped_y = ax.collections[1].get_offsets()[:, 1]
+    assert kept_y.max() < y_line
+    if len(dropped_y):
+        assert dropped_y.min() > y_line
+    assert len(kept_y) + len(dropped_y) == 2 * 256
+
+
+def test_moe_capacity_axes_are_labelled_with_integer_ticks():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    fig = figures.draw_moe_capacity(T=64, capacity_factor=1.1, skew=1.0)
+    FigureCanvasAgg(fig).draw()
+    top, bottom = fig.axes
+    assert "(/" not in top.get_ylabel() and top.get_ylabel()
+    assert bottom.get_ylabel()
+    for ax in (top, bottom):
+        ticks = ax.get_yticks()
+        assert np.all(ticks == np.round(ticks)), ticks
+        for label in ax.get_yticklabels():
+            if label.get_text():
+                int(label.get_text().replace("\u2212", "-"))        # "71", never "17.5"
+
+
+def test_moe_capacity_dropdown_none_shows_its_label():
+    box = figures.moe_capacity(T=16)
+    cf = box.cf_dropdown
+    cf.value = "none"
+    assert cf.label == "none" and cf.index == 0
+    assert box.view.state["capacity_factor"] is None and box.view.fig.moe_routing["capacity"] is None
+    cf.value = "1.1"
+    assert box.view.fig.moe_routing["capacity"] == int(np.ceil(1.1 * 2 * 64 / 8))
+    none_box = figures.moe_capacity(T=16, capacity_factor=None)
+    assert none_box.cf_dropdown.label == "none" and none_box.view.fig.moe_routing["capacity"] is None
+    odd = figures.moe_capacity(T=16, capacity_factor=1.75)
+    assert odd.cf_dropdown.value == "1.75" and odd.view.fig.moe_routing["capacity"] == int(np.ceil(1.75 * 16))
+
+
+def test_figures_use_only_widgets_and_arguments_of_ipywidgets_7():
+    """Colab renders ipywidgets 7.7.1 only: every widget class and keyword the figures use exists there."""
+    import inspect
+    import re as _re
+    source = inspect.getsource(figures)
+    used = set(_re.findall(r"\bw\.([A-Z][A-Za-z]+)\(", source))
+    ipywidgets_7_7_core = {"VBox", "HBox", "Image", "HTML", "Button", "ToggleButtons", "IntSlider",
+                           "FloatSlider", "Dropdown", "Checkbox"}
+    assert used and used <= ipywidgets_7_7_core, used - ipywidgets_7_7_core
+    kwargs = set(_re.findall(r"\bw\.[A-Z][A-Za-z]+\((?:[^()]|\([^()]*\))*?\b([a-z_]+)=", source))
+    assert kwargs <= {"value", "min", "max", "step", "description", "options", "format", "button_style",
+                      "style"}, kwargs

@@ -131,3 +131,26 @@ def test_makefile_has_lab_and_test_targets():
     text = (ROOT / "Makefile").read_text()
     for target in ("lab", "test"):
         assert re.search(rf"^{target}\s*:", text, flags=re.M), f"Makefile has no `{target}` target"
+
+
+def test_readme_shows_each_figure_and_says_how_to_use_colab():
+    from lesson10 import figures
+
+    text = (ROOT / "README.md").read_text()
+    names = [n[len("draw_"):] for n in figures.__all__ if n.startswith("draw_")]
+    assert len(names) == 5
+    for name in names:
+        picture = f"docs/figures/{name}.png"
+        assert f"]({picture})" in text, f"README does not show {picture}"
+        assert (ROOT / picture).is_file() and (ROOT / picture).stat().st_size > 1000, \
+            f"{picture} missing: `make test-frontends` writes it"
+    assert "## Use in Colab" in text and "[tool.lesson10]" in text
+
+
+def test_makefile_and_ci_run_the_slow_targets():
+    makefile = (ROOT / "Makefile").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    for target in ("test-colab", "test-frontends"):
+        assert re.search(rf"^{target}\s*:", makefile, flags=re.M), f"Makefile has no `{target}` target"
+        assert target in ci, f".ci/run does not run make {target}"
+    assert "apt-get install" in ci and "chromium" in ci
