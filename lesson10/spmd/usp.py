@@ -19,13 +19,13 @@ The head limit applies only to ``u``: it must divide ``a_kv``.
 """
 from __future__ import annotations
 
-import numbers
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..layouts import layout_name, shard_positions
+from ..sim.usp import check_heads, check_ulysses_size  # the USP rules, shared with sim
 from . import comm
 from .attention import _check_float
 from .ring import ring_attention
@@ -41,8 +41,8 @@ def usp_groups(ulysses_size: int, group=None):
 
     Every rank of ``group`` must call it (the first call per ``(group, u)`` creates the
     sub-groups with ``new_group``; later calls reuse them)."""
-    n, r = comm.group_size(group), comm.group_rank(group)
-    u = _check_u(ulysses_size, n)
+    n = comm.group_size(group)
+    u = check_ulysses_size(ulysses_size, n)
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
     world = dist.distributed_c10d._get_default_group()    # a new world: new sub-groups
     key = (id(world), tuple(ranks), u)
@@ -60,17 +60,6 @@ def usp_groups(ulysses_size: int, group=None):
                 mine["ring"] = pg
         _GROUPS[key] = (mine["ulysses"], mine["ring"])
     return _GROUPS[key]
-
-
-def _check_u(ulysses_size, n: int) -> int:
-    if isinstance(ulysses_size, bool) or not isinstance(ulysses_size, numbers.Integral) \
-            or ulysses_size < 1:
-        raise ValueError(f"ulysses_size must be an integer >= 1, got {ulysses_size!r}")
-    if n % ulysses_size:
-        raise ValueError(f"usp_attention: N = {n} ranks do not split into Ulysses groups of "
-                         f"ulysses_size = {ulysses_size}; use a ulysses_size that divides N "
-                         f"(N = ulysses_size * ring_size)")
-    return int(ulysses_size)
 
 
 def usp_attention(q, k, v, causal: bool = True, layout: str = "zigzag", ulysses_size: int = None,
@@ -92,21 +81,14 @@ def usp_attention(q, k, v, causal: bool = True, layout: str = "zigzag", ulysses_
         raise ValueError(f"usp_attention supports layout 'zigzag' or 'contiguous' (those of the "
                          f"ring), got {layout!r}")
     n, rank = comm.group_size(group), comm.group_rank(group)
-    u = _check_u(ulysses_size, n)
+    u = check_ulysses_size(ulysses_size, n)
     _check_float(q=q, k=k, v=v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"{name} must be a local shard tensor (b, s/N, heads, d), got "
                              f"{tuple(getattr(t, 'shape', ()))}")
     a, a_kv = q.shape[2], k.shape[2]
-    if a_kv == 0 or a % a_kv:
-        raise ValueError(f"usp_attention: {a} query heads are not a multiple of {a_kv} K/V heads")
-    if a_kv % u:
-        raise ValueError(
-            f"usp_attention: ulysses_size = {u} ranks cannot split n_kv = {a_kv} K/V heads into "
-            f"whole heads: the Ulysses part is limited to ulysses_size <= n_kv, dividing n_kv. "
-            f"Use a ulysses_size that divides {a_kv} (and N = {n}) and let the ring take the "
-            f"rest of the degree (ring_size = N / ulysses_size)")
+    check_heads(a, a_kv, u, n)
     comm.check_same_shape(q, group, "usp_attention: q")
     comm.check_same_shape(k, group, "usp_attention: k")
     c = q.shape[1]
