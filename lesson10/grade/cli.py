@@ -11,22 +11,39 @@ Exit status:
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
+import pkgutil
+import shutil
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import reports
-from .notebook import Options, grade_notebook
-from .sandbox import Package
+from . import reports, sandbox, standin
+from .notebook import Options, grade_notebook, helper_files
+
+#: modules the judge imports before any notebook runs (the checks and their references):
+#: what is on disk later does not matter
+_JUDGE_MODULES = ("lesson10.checks", "lesson10.sim", "lesson10.layouts", "lesson10.cost")
+
+
+def import_judge_modules() -> None:
+    for name in _JUDGE_MODULES:
+        mod = importlib.import_module(name)
+        for info in pkgutil.walk_packages(getattr(mod, "__path__", []), prefix=name + "."):
+            importlib.import_module(info.name)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m lesson10 grade",
-        description="Grade submitted notebooks: a judge calls each exercise's function in a "
-                    "sandboxed worker on hidden cases and compares the results itself. Exit "
-                    "status: 0 all passed, 1 points lost, 2 the grader or the environment failed.")
+        description="Grade submitted notebooks: each notebook's cells run in a bubblewrap "
+                    "sandbox with a stand-in lesson10 (no course code); at each check cell a "
+                    "judge outside runs the course's check on hidden cases, calling the "
+                    "student's function in a fork of the notebook. Exit status: 0 all passed, "
+                    "1 points lost, 2 the grader or the environment failed.")
     p.add_argument("notebooks", nargs="+", type=Path,
                    help="notebook files, e.g. submissions/*/*.ipynb (the parent folder names "
                         "the student)")
@@ -49,10 +66,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory", type=float, default=4,
                    help="GiB of address space for each process that runs student code "
                         "(default 4)")
-    p.add_argument("--no-execute", action="store_true",
-                   help="judge only: skip running the notebook for its outputs (feedback)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the hidden cases (default: a secret one, printed in the JSON "
+                        "report as 'seed'; pass it again to replay a grading run)")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="grade where bubblewrap cannot run (macOS, no user namespaces): the "
+                        "cells then run as a plain child process, and every report says "
+                        "'not sandboxed'")
     p.add_argument("--save-executed", type=Path, default=None, metavar="DIR",
-                   help="write each executed notebook, with its outputs, to DIR/<student>/")
+                   help="write each graded notebook, with the outputs of the graded run (the "
+                        "judge's verdict at each check cell), to DIR/<student>/")
     return p
 
 
@@ -66,39 +89,63 @@ def main(argv: list[str] | None = None) -> int:
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         print("grade: --fail-under takes a percentage between 0 and 100", file=sys.stderr)
         return 2
-    opts = Options(cell_timeout=args.timeout, exercise_timeout=args.exercise_timeout,
-                   notebook_timeout=args.notebook_timeout, memory=int(args.memory * 2**30),
-                   execute=not args.no_execute, save_executed=args.save_executed)
+    sandboxed = not args.no_sandbox
+    if sandboxed:
+        why = sandbox.probe()
+        if why:
+            print(f"grade: no sandbox: {why}.\nInstall bubblewrap, or grade with --no-sandbox "
+                  f"(student code then runs unconfined, and every report says so).",
+                  file=sys.stderr)
+            return 2
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(8), "little")
     try:
-        package = Package()
-    except Exception as exc:  # noqa: BLE001 - the grader cannot work without its snapshot
-        print(f"grade: cannot snapshot the lesson10 package: {type(exc).__name__}: {exc}",
+        import_judge_modules()
+        box_dir = Path(tempfile.mkdtemp(prefix="lesson10-standin-"))
+        standin.write(box_dir / "box")
+    except Exception as exc:  # noqa: BLE001 - the grader cannot work without them
+        print(f"grade: cannot prepare the stand-in package: {type(exc).__name__}: {exc}",
               file=sys.stderr)
         return 2
+    memory = int(args.memory * 2**30)
+    limits = sandbox.Limits(memory=memory, cpu=int(args.notebook_timeout) + 30)
+    opts = Options(cell_timeout=args.timeout, exercise_timeout=args.exercise_timeout,
+                   notebook_timeout=args.notebook_timeout, memory=memory,
+                   save_executed=args.save_executed, sandboxed=sandboxed, seed=seed,
+                   standin=box_dir / "box", limits=limits)
 
     # every file is read before any student code runs: no submission can change another
-    contents = {}
+    contents, helpers = {}, {}
     for path in args.notebooks:
         try:
             contents[path] = path.read_bytes() if path.is_file() else None
         except OSError:
             contents[path] = None
+        helpers[path] = helper_files(path) if contents[path] is not None else []
 
     def one(path: Path) -> dict:
         if not args.json:
             print(f"grading {path} ...", file=sys.stderr, flush=True)
         try:
-            if contents[path] is None:
-                return grade_notebook(path, package, opts)      # reports "no such file"
-            return grade_notebook(path, package, opts, content=contents[path])
+            return grade_notebook(path, opts, content=contents[path], files=helpers[path])
         except Exception as exc:  # noqa: BLE001 - a grader bug: report it, go on
             from .notebook import _report
-            return _report(path, None, ok=False, error=f"grader error: {type(exc).__name__}: {exc}")
+            return _report(path, None, ok=False, error=f"grader error: {type(exc).__name__}: {exc}",
+                           sandboxed=sandboxed)
 
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(one, args.notebooks))
+    try:
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            results = list(pool.map(one, args.notebooks))
+    finally:
+        for p in [box_dir, *box_dir.rglob("*")]:
+            try:
+                os.chmod(p, 0o755)
+            except OSError:
+                pass
+        shutil.rmtree(box_dir, ignore_errors=True)
 
     doc = reports.summary(results)
+    doc["seed"] = seed
+    doc["sandboxed"] = sandboxed
     text = json.dumps(doc, indent=1) + "\n"
     if args.output:
         args.output.write_text(text, encoding="utf-8")

@@ -8,7 +8,6 @@ never from what the submission contains.
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 from ..checks import EXERCISES
@@ -19,11 +18,22 @@ NOTEBOOKS_WITHOUT_EXERCISES = ("06_multiprocess",)
 #: the function the judge calls for an exercise, where its name differs from the id
 FUNCTION_NAMES = {"capacity": "capacity_keep", "aux_loss": "switch_aux_loss"}
 
-#: course functions an exercise may call (with everything they call): the reference
-#: attention is a building block of Ulysses, not its answer
-ALLOWED_CALLS = {"ulysses_attention": ("lesson10.sim.attention.attention",)}
+#: what an exercise should use instead of the course's code (said when it calls some)
+USE_INSTEAD = {
+    "sp_forward": "use your reduce_scatter and all_gather and the op the check passes in",
+    "ring_attention": "use the block_attention and merge you wrote and the group the check "
+                      "passes in",
+    "seq_to_heads": "split with NumPy and move the blocks with the group the check passes in",
+    "heads_to_seq": "split with NumPy and move the blocks with the group the check passes in",
+    "ulysses_attention": "use your seq_to_heads and heads_to_seq with the group, and the "
+                         "attention kernel, that the check passes in",
+    "causal_work": "count the visible pairs with NumPy",
+}
 
-_CHECK_CALL = re.compile(r"^(check_\w+|summary)$")
+
+def use_instead(exercise_id: str) -> str:
+    return USE_INSTEAD.get(exercise_id, "write it with NumPy and the functions you wrote")
+
 
 
 def course_notebooks() -> list[str]:
@@ -83,23 +93,6 @@ def language_problem(nb: dict) -> str | None:
     return None
 
 
-def _is_check_call(node) -> bool:
-    if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
-        return False
-    f = node.value.func
-    name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-    return bool(_CHECK_CALL.match(name))
-
-
-def is_check_cell(source: str) -> bool:
-    """A cell that only calls ``check_*`` functions (or ``checks.summary()``)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return False
-    return bool(tree.body) and all(_is_check_call(node) for node in tree.body)
-
-
 def called_checks(nb: dict) -> set[str]:
     """Exercise ids whose ``check_<id>(...)`` is called in some code cell of ``nb``."""
     found = set()
@@ -120,14 +113,15 @@ def called_checks(nb: dict) -> set[str]:
     return found
 
 
-def worker_cells(nb: dict) -> list[tuple[int, str]]:
-    """``(cell index, source)`` of the code cells the worker runs: all but the check cells."""
+def code_cells(nb: dict) -> list[tuple[int, str]]:
+    """``(cell index, source)`` of every non-empty code cell, check cells included: the
+    sandbox runs them all, and each check call is where its exercise is judged."""
     out = []
     for i, cell in enumerate(nb.get("cells", [])):
         if cell.get("cell_type") != "code":
             continue
         src = cell.get("source", "")
         src = "".join(src) if isinstance(src, list) else str(src)
-        if src.strip() and not is_check_cell(src):
+        if src.strip():
             out.append((i, src))
     return out
