@@ -330,3 +330,6 @@ def test_wire_plain_python_extras_and_copy_back_through_tuples():
     a, b = np.zeros(2), [np.zeros(1), 5]
     _copy_back([(a,), b], [(np.ones(2),), [np.full(1, 7.0), 6]])
     assert (a == 1).all() and b[0][0] == 7 and b[1] == 6
+    shards = [np.zeros(2), np.zeros(2)]                     # the answer put other arrays in
+    _copy_back([shards], [[np.ones(4), np.zeros(2)]])
+    assert shards[0].shape == (4,)

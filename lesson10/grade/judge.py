@@ -26,6 +26,9 @@ from . import course, sandbox, wire
 
 MAX_JUDGED = 3                 # judged calls per exercise (the last one counts)
 _OUTPUT_LIMIT = 200_000        # characters of one cell's reported output we keep
+_NOTEBOOK_OUTPUT = 2_000_000   # ... and of a whole notebook's
+MAX_CALLBACKS = 20_000         # callbacks one judged exercise may make ...
+MAX_CALLBACK_BYTES = 512 * 2**20   # ... and bytes it may send through them
 
 
 class Lost(BaseException):
@@ -60,6 +63,7 @@ class Channel:
         self.sock, self.name = sock, name
         self.conn = wire.Conn(sock.fileno(), sock.fileno(), nonblocking_write=True)
         self.dead = False
+        self.callbacks, self.callback_bytes = 0, 0
 
     def call(self, args, kwargs, deadline: float):
         if self.dead:
@@ -97,6 +101,11 @@ class Channel:
         return result
 
     def _callback(self, callables, msg, blobs, deadline) -> None:
+        self.callbacks += 1
+        self.callback_bytes += sum(len(b) for b in blobs)
+        if self.callbacks > MAX_CALLBACKS or self.callback_bytes > MAX_CALLBACK_BYTES:
+            raise wire.WireError(f"more than {MAX_CALLBACKS} callbacks or "
+                                 f"{MAX_CALLBACK_BYTES // 2**20} MiB through them")
         try:
             fn = callables[int(msg["id"])]
             args, kwargs = wire.decode(msg["args"], blobs)
@@ -132,7 +141,10 @@ def _copy_back(orig, new) -> None:
                 pass
     elif isinstance(orig, (list, tuple)) and isinstance(new, (list, tuple)):
         for i, (o, n) in enumerate(zip(list(orig), new)):
-            if isinstance(o, (np.ndarray, list, tuple, dict)):
+            if isinstance(orig, list) and isinstance(o, np.ndarray) and not (
+                    isinstance(n, np.ndarray) and n.shape == o.shape):
+                orig[i] = n                    # the caller's list now holds something else
+            elif isinstance(o, (np.ndarray, list, tuple, dict)):
                 _copy_back(o, n)
             elif isinstance(orig, list) and type(o) in (int, float, str, bool, type(None)) \
                     and o != n:
@@ -205,6 +217,7 @@ class Run:
     outputs: dict = field(default_factory=dict)      # cell index -> {"outputs", "error"}
     notes: list = field(default_factory=list)
     skip: set = field(default_factory=set)
+    output_size: int = 0
     sandbox_cpu: float = 0.0         # CPU seconds the sandboxed runner reported (see runner.main)
 
 
@@ -267,8 +280,12 @@ def _one_run(cells, exercises, settings: Settings, deadline: float, workdir, fil
             if op == "cell":
                 current, started = msg.get("index"), time.monotonic()
             elif op == "done":
-                run.outputs[msg.get("index")] = {"outputs": _outputs(msg.get("outputs")),
-                                                 "error": _error(msg.get("error"))}
+                outs = _outputs(msg.get("outputs"))
+                run.output_size += sum(len(o["text"]) for o in outs)
+                if run.output_size > _NOTEBOOK_OUTPUT:
+                    outs = [{"name": "stderr", "text": "[grader: the notebook's output is over "
+                                                       "its limit; not kept]\n"}]
+                run.outputs[msg.get("index")] = {"outputs": outs, "error": _error(msg.get("error"))}
                 current = None
             elif op == "check":
                 try:
