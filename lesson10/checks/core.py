@@ -216,15 +216,22 @@ def _exercise(exercise: str, notebook: str, points: int, title: str, function: s
 
 
 # --------------------------------------------------------------------------- comparing
-def _fail(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
-          show: bool = True):
+def _message(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
+             show: bool = True) -> str:
+    """The text of a failure: ``check_X failed: where: what``, then yours / target (when
+    ``show``) and the hint."""
     lines = [f"check_{exercise} failed: {where + ': ' if where else ''}{what}"]
     if show:
         lines.append(f"  yours : {_fmt(yours)}")
         lines.append(f"  target: {_fmt(target)}")
     if hint:
         lines.append(f"hint: {hint}")
-    raise CheckFailed("\n".join(lines))
+    return "\n".join(lines)
+
+
+def _fail(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
+          show: bool = True):
+    raise CheckFailed(_message(exercise, where, what, yours, target, hint, show))
 
 
 def _fmt(x) -> str:
