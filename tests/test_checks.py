@@ -470,3 +470,42 @@ def test_the_verdict_is_the_same_through_the_wire(exercise):
             except (CheckFailed, checks.core._StudentError):
                 verdicts.append(False)
         assert verdicts == [right, right], (exercise, getattr(fn, "__qualname__", fn))
+
+
+# --------------------------------------------------------------------------- ranges
+def _inputs(exercise, seeds=range(20), fixed=0):
+    """The arguments the random batches of ``exercise`` pass, over ``seeds`` (after the
+    ``fixed`` fixed cases of each batch)."""
+    seen = []
+    for seed in seeds:
+        body = checks.EXERCISES[exercise].body
+        calls = []
+
+        def record(*args, _calls=calls):
+            _calls.append(args)
+            return _answer[exercise](*args)
+        body(record, np.random.default_rng(seed))
+        seen += calls[fixed:]
+    return seen
+
+
+_answer = {"zigzag_positions": a1.zz_concat, "sp_bytes": a1.bytes_tuple,
+           "ulysses_bytes": a4.ub_formula, "capacity": a4.cap_fraction_loops,
+           "causal_work": a1.work_loops}
+
+
+def test_few_input_exercises_draw_from_ranges_too_large_to_tabulate():
+    for seed in range(20):                      # every batch holds large cases
+        zz = _inputs("zigzag_positions", [seed], fixed=6)
+        assert sum(n >= 8 and s // (2 * n) >= 45 for s, n in zz) >= 3, zz
+        sp = _inputs("sp_bytes", [seed], fixed=7)
+        assert sum(t >= 32 and s >= 90 * t for s, _, t, _ in sp) >= 4, sp
+        ub = _inputs("ulysses_bytes", [seed], fixed=8)
+        assert sum(n >= 16 and s >= 90 * n for s, _, n, _, _ in ub) >= 4, ub
+    zz = _inputs("zigzag_positions", fixed=6)
+    assert len(set(zz)) >= 0.9 * len(zz) and max(n for _, n in zz) >= 48
+    cf = {args[2] for args in _inputs("capacity", fixed=9)}
+    assert len(cf) >= 60                                           # not a short list of factors
+    ids = [args[0] for args in _inputs("causal_work", seeds=[0], fixed=7)]
+    shuffled = [p for p in ids if not all(np.array_equal(np.sort(x), x) for x in p)]
+    assert len(shuffled) >= 3                                      # random ids in every batch

@@ -424,5 +424,14 @@ def _bool_array(exercise, x, where, what, hint="") -> np.ndarray:
     return arr
 
 
+def _log_int(rng, lo: int, hi: int, upper: bool = False) -> int:
+    """An integer in ``lo..hi`` drawn log-uniformly: small and large sizes alike, from a range
+    far too large to tabulate the answers of. ``upper``: from the upper half of the range on
+    a log scale only (``sqrt(lo hi) .. hi``), so that a batch surely holds large cases."""
+    if upper:
+        lo = int(math.ceil(math.sqrt(lo * hi)))
+    return int(min(hi, max(lo, math.floor(float(np.exp(rng.uniform(np.log(lo), np.log(hi + 1))))))))
+
+
 def _is_number(x) -> bool:
     return isinstance(x, numbers.Real) or (isinstance(x, np.ndarray) and x.ndim == 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .core import (CheckFailed, _StudentError, _close_number, _compare_shards, _exercise,
-                   _fail, _run)
+                   _fail, _log_int, _run)
 from .network import (AllToAllNetwork, Referee, Send, ServedAttention, served_call,
                       substitute_blocks, tokens)
 from .nb02_ring_attention import _diagnose, _mask_mistakes, _qkv
@@ -286,10 +286,11 @@ def check_ulysses_bytes(ulysses_bytes, rng):
     # (s, h, N_c, g, e); None: not passed, the default (g = 1, e = 2)
     cases = [(4096, 1024, 4, 4, 2), (16, 8, 1, 1, 2), (64, 32, 2, 1, 2), (64, 32, 2, 2, 1),
              (96, 48, 3, 1, 4), (131072, 4096, 8, 1, 2), (80, 16, 4, None, None), (48, 24, 3, 2, None)]
-    for n, g, e in zip(rng.choice([2, 3, 4, 8], size=8), rng.choice([1, 2, 4, 8], size=8),
-                       rng.choice([1, 2, 4], size=8)):
-        cases.append((int(n) * int(rng.integers(1, 100)) * 8, int(g) * int(rng.integers(2, 64)),
-                      int(n), int(g), int(e)))
+    for i in range(8):       # N_c up to 256, s up to ~2M, h up to ~64K: no table covers them
+        big = i % 2 == 1
+        n, g = _log_int(rng, 2, 256, big), _log_int(rng, 1, 16)
+        cases.append((n * _log_int(rng, 1, 8192, big), g * _log_int(rng, 1, 4096, big), n, g,
+                      int(rng.choice([1, 2, 4]))))
     for s, h, n, g, e in cases:
         args = tuple(x for x in (s, h, n, g, e) if x is not None)
         g, e = (1 if g is None else g), (2 if e is None else e)
@@ -299,4 +300,4 @@ def check_ulysses_bytes(ulysses_bytes, rng):
                       where=f"s={s}, h={h}, N_c={n}, g={g}, e={e}{passed}", what="bytes per GPU",
                       hint="each rank holds s/N_c tokens; an all-to-all sends (N_c-1)/N_c of its "
                            "local tensor; Q and the output have h columns, K and V h/g")
-    return f"{len(cases)} sizes (N_c = 1..8, GQA, e = 1, 2, 4) match (N_c-1)/N_c (2 + 2/g) s h e / N_c"
+    return f"{len(cases)} sizes (N_c = 1..256, GQA, e = 1, 2, 4) match (N_c-1)/N_c (2 + 2/g) s h e / N_c"
