@@ -509,3 +509,15 @@ def test_few_input_exercises_draw_from_ranges_too_large_to_tabulate():
     ids = [args[0] for args in _inputs("causal_work", seeds=[0], fixed=7)]
     shuffled = [p for p in ids if not all(np.array_equal(np.sort(x), x) for x in p)]
     assert len(shuffled) >= 3                                      # random ids in every batch
+
+
+def test_an_old_signature_without_the_network_is_explained():
+    def ring_attention(q_shards, k_shards, v_shards, positions, causal=True):
+        return q_shards
+
+    def seq_to_heads(shards):
+        return shards
+    with pytest.raises(CheckFailed, match=r"hint: the check calls it as ring_attention\(.*group=network\)"):
+        checks.check_ring_attention(ring_attention)
+    with pytest.raises(CheckFailed, match=r"hint: the check calls it as seq_to_heads\(shards, group\)"):
+        checks.check_seq_to_heads(seq_to_heads)

@@ -162,3 +162,16 @@ def test_the_grader_path_rejects_too(exercise, i, fn):
     body = checks.EXERCISES[exercise].body
     with pytest.raises((CheckFailed, checks.core._StudentError)), np.errstate(all="ignore"):
         body(fn, np.random.default_rng(12345))
+
+
+def test_answers_use_numpy_only():
+    """The grader's sandbox holds no course code: an answer may not import lesson10."""
+    import ast
+    from pathlib import Path
+    for name in ("answers_01_03.py", "answers_04_05.py"):
+        tree = ast.parse((Path(__file__).parent / name).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                assert not any(m and m.split(".")[0] == "lesson10" for m in mods), (name, node.lineno)
+            assert not (isinstance(node, ast.Name) and node.id == "lesson10"), (name, node.lineno)

@@ -11,7 +11,15 @@ student's function on two sets of cases and compares the results with the refere
   generator to :attr:`Exercise.body` instead.
 
 Besides the values it checks the types the exercise asks for (integer ids, boolean masks)
-and that the function left its inputs unchanged. The outcome:
+and that the function left its inputs unchanged.
+
+Where an exercise uses something of the course (the ``op`` of SP, the ring's
+``ring_shift``, the all-to-all, the attention kernel of Ulysses), the check passes it in as
+an argument that it serves and watches (:mod:`.network`), so the method is checked, not
+only the output; in some random cases what it serves is substituted, so that only an
+answer that uses it gets the target. Where an exercise has few possible inputs (sizes of
+a formula, a layout), the random batch comes from a range too large to tabulate. The
+outcome:
 
 * right: prints one line saying what was verified (for example the max error);
 * wrong: raises :class:`CheckFailed` (an ``AssertionError``) saying what differs

@@ -570,6 +570,7 @@ def served_call(referee: Referee, exercise: str, fn, names, *args, calls: str = 
         cause = exc.__cause__
         if isinstance(exc, _StudentError) and isinstance(cause, TypeError) and calls \
                 and "argument" in str(cause):
-            raise _StudentError(f"{exc}\n  the check calls it as {calls}: give your function that "
-                                f"signature") from cause
+            lines = [line for line in str(exc).splitlines() if not line.startswith("hint:")]
+            raise _StudentError("\n".join(lines + [f"hint: the check calls it as {calls}: give your "
+                                                    f"function that signature"])) from cause
         raise
