@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .core import CheckFailed, _compare, _compare_shards, _exercise, _fail, _pair, _run
-from .network import Referee, RingNetwork, served_call
+from .network import Referee, RingNetwork, served_call, substituted
 
 
 NB02 = "02_ring_attention"
@@ -196,7 +196,7 @@ def _ring_cases(rng, n_random=6):
              ("contiguous", False, 3, 6), ("zigzag", False, 2, 8), ("contiguous", True, 1, 3),
              ("zigzag", None, 4, 8)]
     cases = [case + (False,) for case in cases]
-    swapped = set(rng.permutation(n_random)[:int(rng.integers(2, n_random))].tolist())
+    swapped = substituted(rng, n_random)
     for i in range(n_random):
         layout = str(rng.choice(["contiguous", "zigzag", "striped"]))
         n = int(rng.integers(3 if i in swapped else 2, 6))   # N_c >= 3: a block is passed on
@@ -254,7 +254,13 @@ def check_ring_attention(ring_attention, rng):
         except CheckFailed:
             full = attention(q, k, v, causal=causal_)[0]
             if swap:
-                _diagnose_read(out, [full[p] for p in pos], where)
+                _diagnose_plain("ring_attention", out, [full[p] for p in pos], where,
+                                "your output is attention over the K/V blocks as k_shards and "
+                                "v_shards hold them, not as the network delivered them (here they "
+                                "differ)",
+                                "a rank may use only its own k_shards[r], v_shards[r] and what "
+                                "ring_shift returned to it: reading k_shards[j] of another rank "
+                                "means reading another GPU's memory")
             elif causal_:    # name the classic mistakes when they are the cause
                 _diagnose("ring_attention", out, _mask_mistakes(q, k, v, pos, local_rows=True), where)
             raise
@@ -263,17 +269,14 @@ def check_ring_attention(ring_attention, rng):
             f"it holds, and the output matches, max error {err:.1e}")
 
 
-def _diagnose_read(out, plain, where):
-    """In a substituted case: does the answer equal attention over the inputs' own K/V, i.e.
-    did the ring read the other ranks' k_shards / v_shards instead of what it received?"""
+def _diagnose_plain(exercise, out, plain, where, what, hint):
+    """In a substituted case: does the answer equal the plain output, computed from the
+    inputs alone (``plain``, one array per rank)? Then it bypassed what it was served: say
+    ``what`` instead of a wrong number."""
     try:
         yours = [np.asarray(o, dtype=float) for o in out]
     except (TypeError, ValueError):
         return
     if len(yours) == len(plain) and all(y.shape == p.shape and np.allclose(y, p, atol=1e-9)
                                         for y, p in zip(yours, plain)):
-        _fail("ring_attention", where, "your output is attention over the K/V blocks as k_shards "
-              "and v_shards hold them, not as the network delivered them (here they differ)",
-              show=False, hint="a rank may use only its own k_shards[r], v_shards[r] and what "
-                               "ring_shift returned to it: reading k_shards[j] of another rank "
-                               "means reading another GPU's memory")
+        _fail(exercise, where, what, show=False, hint=hint)

@@ -6,8 +6,8 @@ import numpy as np
 from .core import (CheckFailed, _StudentError, _close_number, _compare_shards, _exercise,
                    _fail, _log_int, _run)
 from .network import (AllToAllNetwork, Referee, Send, ServedAttention, served_call,
-                      substitute_blocks, tokens)
-from .nb02_ring_attention import _diagnose, _mask_mistakes, _qkv
+                      substitute_blocks, substituted, tokens)
+from .nb02_ring_attention import _diagnose, _diagnose_plain, _mask_mistakes, _qkv
 
 
 NB04 = "04_ulysses"
@@ -22,7 +22,7 @@ def _a2a_cases(rng, n_random=6):
     """(where, N_c, x, substitute): the fixed cases, then random ones; in at least two
     random cases the network delivers other values for the blocks that cross it."""
     cases = [case + (False,) for case in _FIXED_A2A]
-    swapped = set(rng.permutation(n_random)[:int(rng.integers(2, n_random))].tolist())
+    swapped = substituted(rng, n_random)
     for i in range(n_random):
         n = int(rng.integers(2, 5))
         cases.append((n, int(rng.integers(1, 4)), n * int(rng.integers(1, 4)), False, i in swapped))
@@ -161,7 +161,7 @@ def _ulysses_cases(rng, n_random=6):
              ("contiguous", False, 4, 1, 4, 4), ("contiguous", True, 1, 4, 2, 2),
              ("zigzag", None, 4, 2, 4, 4)]
     cases = [case + (False,) for case in cases]
-    swapped = set(rng.permutation(n_random)[:int(rng.integers(2, n_random))].tolist())
+    swapped = substituted(rng, n_random)
     for i in range(n_random):
         n = int(rng.integers(2, 5))
         a_kv = n * int(rng.integers(1, 3))
@@ -252,7 +252,12 @@ def check_ulysses_attention(ulysses_attention, rng):
         except CheckFailed:
             full = attention(q, k, v, causal=causal_)[0]
             if swap:
-                _diagnose_plain(out, [full[p] for p in pos], where)
+                _diagnose_plain("ulysses_attention", out, [full[p] for p in pos], where,
+                                "your output is plain attention of the inputs, not what the served "
+                                "attention returned on the head groups the network delivered (here "
+                                "they differ)",
+                                "use the attention passed in, on what your seq_to_heads received, "
+                                "and return its out through heads_to_seq unchanged")
             elif causal_:    # name the classic mistakes when they are the cause
                 _diagnose("ulysses_attention", out, _mask_mistakes(q, k, v, pos, local_rows=False),
                           where)
@@ -260,22 +265,6 @@ def check_ulysses_attention(ulysses_attention, rng):
     return (f"{len(cases)} cases (contiguous, zigzag and striped, causal and not, GQA, N_c in 1..4, "
             f"{n_swapped} with substituted values): four all-to-alls, attention once per head group, "
             f"output matches, max error {err:.1e}")
-
-
-def _diagnose_plain(out, plain, where):
-    """In a substituted case: is the answer plain attention of the inputs, i.e. not built
-    from what the network delivered and the kernel returned?"""
-    try:
-        yours = [np.asarray(o, dtype=float) for o in out]
-    except (TypeError, ValueError):
-        return
-    if len(yours) == len(plain) and all(y.shape == p.shape and np.allclose(y, p, atol=1e-9)
-                                        for y, p in zip(yours, plain)):
-        _fail("ulysses_attention", where, "your output is plain attention of the inputs, not what "
-              "the served attention returned on the head groups the network delivered (here they "
-              "differ)", show=False,
-              hint="use the attention passed in, on what your seq_to_heads received, and return "
-                   "its out through heads_to_seq unchanged")
 
 
 @_exercise("ulysses_bytes", NB04, 1, "bytes of Ulysses vs ring attention")

@@ -31,7 +31,7 @@ import numpy as np
 from .core import CheckFailed, _describe, _fail, _message
 
 __all__ = ["RuleBroken", "Referee", "RingNetwork", "AllToAllNetwork", "Send", "ServedAttention",
-           "substitute_blocks", "served_call", "tokens"]
+           "substitute_blocks", "substituted", "served_call", "tokens"]
 
 
 class RuleBroken(RuntimeError):
@@ -107,6 +107,11 @@ def tokens(c: int) -> str:
 
 def _ordinal(i: int) -> str:
     return f"{i}{'th' if 10 <= i % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(i % 10, 'th')}"
+
+
+def substituted(rng, n_random: int) -> set:
+    """Which of the ``n_random`` random cases of a batch substitute: at least two, never all."""
+    return set(rng.permutation(n_random)[:int(rng.integers(2, n_random))].tolist())
 
 
 def substitute_blocks(rng, blocks):
