@@ -113,6 +113,8 @@ def test_wire_sends_an_object_as_its_methods_only():
         obj.secret
     with pytest.raises(wire.WireError):                       # no objects without callables
         wire.encode(Net())
+    back, _ = wire.encode([obj], [])                          # copied back: stays where it lives
+    assert wire.decode(back, [], make_fn=lambda i, n: None) == [None]
 
 
 # ------------------------------------------------------------------ the stand-in

@@ -92,6 +92,9 @@ def _enc(x, blobs, callables, depth):
         return {"$": "dict", "items": [[_enc(k, blobs, callables, depth + 1),
                                         _enc(v, blobs, callables, depth + 1)]
                                        for k, v in list(dict.items(x))]}
+    if callables is not None and isinstance(x, Served):
+        # a served object going back (an argument copied back): it stays where it lives
+        return {"$": "fn", "id": -1, "name": type(x).__name__}
     if callables is not None and getattr(type(x), "__wire_methods__", None):
         methods = []
         for name in type(x).__wire_methods__:
