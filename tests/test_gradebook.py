@@ -127,16 +127,22 @@ def test_copies_count_once_by_the_documented_rule(tmp_path):
     assert "NotImplementedError" in gradebook.COPY_RULE
 
 
-def test_two_files_of_one_notebook_that_are_not_copies_collide(tmp_path):
-    a = _write(tmp_path / "s1" / "03_load_balance.ipynb")
-    b = _write(tmp_path / "s1" / "03_load_balance_final.ipynb")
-    with pytest.raises(gradebook.PlanError, match="s1 / 03_load_balance"):
-        _plan([a, b])
-    c = _write(tmp_path / "s2" / "x" / "03_load_balance.ipynb")      # a subfolder: another key
-    d = _write(tmp_path / "s2" / "y" / "03_load_balance.ipynb")
-    with pytest.raises(gradebook.PlanError):
-        _plan([c, d], student_from=r"(?P<student>s\d)/")
-    p = _plan([a, b], student="s1")                      # one student's batch: one is chosen
+def test_versions_count_once_and_one_name_from_two_places_collides(tmp_path):
+    a = _write(tmp_path / "s1" / "03_load_balance.ipynb", mtime=1_000_000)
+    b = _write(tmp_path / "s1" / "03_load_balance_final.ipynb", mtime=2_000_000)
+    p = _plan([a, b])                                    # one student's two versions
+    assert [it.path for it in p.graded] == [b] and p.ignored == {a: p.graded[0]}
+    c = _write(tmp_path / "repos" / "ann" / "notebooks" / "03_load_balance.ipynb")
+    d = _write(tmp_path / "repos" / "ann" / "03_load_balance.ipynb")      # any depth, one repo
+    e = _write(tmp_path / "repos" / "bob" / "03_load_balance.ipynb")
+    p = _plan([c, d, e], student_from=r"repos/(?P<student>[^/]+)/")
+    assert p.students == ["ann", "bob"] and len(p.graded) == 2 and len(p.ignored) == 1
+    f = _write(tmp_path / "sec1" / "s01" / "03_load_balance.ipynb")
+    g = _write(tmp_path / "sec2" / "s01" / "03_load_balance.ipynb")
+    with pytest.raises(gradebook.PlanError, match="s01 / 03_load_balance") as err:
+        _plan([f, g], student_from=r"(?P<student>s\d+)/")
+    assert "sec1/s01/03_load_balance.ipynb" in str(err.value)
+    p = _plan([f, g], student="s01")                     # one student's batch: one is chosen
     assert len(p.graded) == 1 and len(p.ignored) == 1
 
 

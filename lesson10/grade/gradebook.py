@@ -10,15 +10,14 @@ and ``--student NAME`` says the whole batch is one student's work (a repository,
 submission).
 
 **One file per course notebook and student.** Several files of one student that are the
-same course notebook are
-
-* *copies* when they are in one folder and their names differ only by what copying adds
-  (``Copy of ...``, ``...-Copy1``, ``... (1)``: :func:`lesson10.grade.course.copy_base`), or
-  whenever the batch is one student's (``--student``). One of them is graded, chosen by
-  :data:`COPY_RULE`; the others are listed in the feedback as not graded;
-* otherwise a *collision*: two students that the keys cannot tell apart (a flat folder
-  of several students' files, a ``--student-from`` that maps two folders to one name).
-  That is an error (:class:`PlanError`), never a merge.
+same course notebook (copies: ``Copy of ...``, ``...-Copy1``, ``... (1)``, see
+:func:`lesson10.grade.course.copy_base`; or versions, ``..._final``; in one student folder
+at any depth) count once: one is graded, chosen by :data:`COPY_RULE`, and the others are
+listed in the feedback as not graded. What the grader refuses is a *collision*, names that
+stand for several students: a ``--student-from`` that gives two places one name
+(``sec1/s01`` and ``sec2/s01`` both ``s01``), or a flat folder whose file names start with
+different names (``alice_03_...``, ``bob_02_...``). That is an error (:class:`PlanError`),
+never a merge.
 
 **The row of a student** lists every exercise of the course: a notebook that was not handed
 in counts 0 of its points with the status ``missing``, so every row's maximum is the
@@ -38,7 +37,7 @@ from ..checks import EXERCISES
 from . import course
 
 #: how one of several copies of a notebook is chosen (README "Instructors" says the same)
-COPY_RULE = ("the copy with the fewest exercises left unwritten (code cells that still raise "
+COPY_RULE = ("the file with the fewest exercises left unwritten (code cells that still raise "
              "NotImplementedError); on a tie the most recently modified file; then a name "
              "without a copy's decoration ('Copy of ', '-Copy1', ' (1)'); then the shortest "
              "path, then the path in alphabetical order")
@@ -76,6 +75,7 @@ class Item:
     stubs: int = 0                # code cells' NotImplementedError lines (a blank is many)
     mtime: float = 0.0
     readable: bool = True
+    where: str = ""               # the place the student's name came from (see student_keys)
 
 
 @dataclass
@@ -138,12 +138,14 @@ def _posix(path: Path) -> str:
 
 
 def student_keys(paths: list[Path], student: str | None = None,
-                 student_from: str | None = None) -> dict[Path, str]:
-    """The student of every path (see the module's docstring)."""
+                 student_from: str | None = None) -> dict[Path, tuple[str, str]]:
+    """``path -> (student, where)`` (see the module's docstring). ``where`` tells apart two
+    places that give the same name: the folder (folder keys), the path up to the end of the
+    ``student`` group (``--student-from``), nothing (``--student``)."""
     if student is not None:
         if not student.strip():
             raise PlanError("--student needs a name")
-        return {p: student.strip() for p in paths}
+        return {p: (student.strip(), "") for p in paths}
     if student_from is not None:
         try:
             rx = re.compile(student_from)
@@ -160,7 +162,7 @@ def student_keys(paths: list[Path], student: str | None = None,
             if not name:
                 raise PlanError(f"--student-from {student_from!r} finds no student in "
                                 f"{_posix(p)!r}")
-            keys[p] = name
+            keys[p] = (name, _posix(p)[:m.end("student")])
         return keys
     folders = {p: os.path.dirname(os.path.abspath(p)) for p in paths}
     if not folders:
@@ -169,7 +171,8 @@ def student_keys(paths: list[Path], student: str | None = None,
     keys = {}
     for p, folder in folders.items():
         rel = os.path.relpath(folder, common)
-        keys[p] = (os.path.basename(common) or "student") if rel == "." else _posix(Path(rel))
+        name = (os.path.basename(common) or "student") if rel == "." else _posix(Path(rel))
+        keys[p] = (name, folder)
     return keys
 
 
@@ -232,8 +235,10 @@ def _flat_downloads(items: list[Item]) -> list[str]:
     for who, group in by_student.items():
         names = sorted({name_prefix(it.path, it.notebook) for it in group} - {""})
         if len(names) > 1:
+            files = [_posix(it.path) for it in group]
             out.append(f"  {who}: file names start with {', '.join(names[:6])}"
-                       f"{', ...' if len(names) > 6 else ''} (several students in one folder?)")
+                       f"{', ...' if len(names) > 6 else ''} (several students in one folder?): "
+                       + ", ".join(files[:6]) + (", ..." if len(files) > 6 else ""))
     return out
 
 
@@ -248,7 +253,7 @@ def plan(paths: list[Path], contents: dict, *, student: str | None = None,
             mtime = p.stat().st_mtime
         except OSError:
             mtime = 0.0
-        items.append(Item(p, keys[p], nid, stubs, mtime, readable))
+        items.append(Item(p, keys[p][0], nid, stubs, mtime, readable, keys[p][1]))
     groups: dict[tuple, list[Item]] = {}
     for it in items:
         if it.notebook is not None:
@@ -258,9 +263,7 @@ def plan(paths: list[Path], contents: dict, *, student: str | None = None,
     for (who, nid), group in groups.items():
         if len(group) < 2:
             continue
-        one_folder = len({os.path.dirname(os.path.abspath(it.path)) for it in group}) == 1
-        one_name = len({course.copy_base(it.path.name).lower() for it in group}) == 1
-        if student is None and not (one_folder and one_name):
+        if len({it.where for it in group}) > 1:       # two places, one name: two students
             collisions.append(f"  {who} / {nid}: " + ", ".join(_posix(it.path) for it in group))
             continue
         chosen = min(group, key=_rank)
@@ -272,9 +275,8 @@ def plan(paths: list[Path], contents: dict, *, student: str | None = None,
     if collisions:
         raise PlanError(
             "these notebooks would be one student's, and they look like several students' "
-            "(two files of one course notebook that are not copies of one file, which share a "
-            "folder and a name up to 'Copy of ', '-Copy1' or ' (1)'; or file names that start "
-            "with different names):\n" + "\n".join(collisions) + "\nThe grader merges nobody: "
+            "(one name taken from two places, or file names in one folder that start with "
+            "different names):\n" + "\n".join(collisions) + "\nThe grader merges nobody: "
             "give each student a folder of their own, or name the student with "
             "--student-from REGEX (a group named 'student' in the path), or --student NAME "
             "when all of these files are one student's.")
