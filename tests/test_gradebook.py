@@ -193,7 +193,11 @@ def test_rows_list_every_exercise_and_missing_notebooks_count_zero():
 
 
 def test_class_csv_has_every_exercise_the_course_max_and_statuses():
-    rows = list(__import__("csv").DictReader(reports.class_csv([ALICE, BOB], seed=9).splitlines()))
+    text = reports.class_csv([ALICE, BOB], seed=9)
+    head = text.splitlines()[0].split(",")
+    assert head[0] == "student" and head[1:1 + len(EXERCISES)] == list(EXERCISES)
+    assert head[-2:] == ["total", "max"]
+    rows = list(__import__("csv").DictReader(text.splitlines()))
     assert [r["student"] for r in rows] == ["alice", "bob"]
     for r in rows:
         assert set(EXERCISES) <= set(r) and r["max"] == str(COURSE_MAX) and r["seed"] == "9"

@@ -238,7 +238,11 @@ def _write_outputs(args, plan, results: list[dict], seed: int, sandboxed: bool) 
         for rep in results:
             target = executed_path(args.save_executed, rep["student"], Path(rep["notebook"]))
             if target.is_file() and rep["exercises"]:
-                feedback.annotate_executed(target, rep, seed=seed)
+                try:
+                    feedback.annotate_executed(target, rep, seed=seed)
+                except Exception as exc:  # noqa: BLE001 - the grades are written already
+                    print(f"grade: warning: cannot add the grade to {target}: {exc}",
+                          file=sys.stderr)
     print(text if args.json else reports.table(results, rows, seed=seed),
           end="" if args.json else "\n")
     return exit_status(results, args.fail_under, students=rows)

@@ -256,8 +256,8 @@ def plan(paths: list[Path], contents: dict, *, student: str | None = None,
         items.append(Item(p, keys[p][0], nid, stubs, mtime, readable, keys[p][1]))
     groups: dict[tuple, list[Item]] = {}
     for it in items:
-        if it.notebook is not None:
-            groups.setdefault((it.student, it.notebook), []).append(it)
+        if it.notebook is not None and contents.get(it.path) is not None:
+            groups.setdefault((it.student, it.notebook), []).append(it)   # a missing file: its own
     ignored: dict[Path, Item] = {}
     collisions = []
     for (who, nid), group in groups.items():

@@ -122,21 +122,22 @@ def markdown(reports: list[dict], students: list[dict] | None = None, *, seed=No
 
 def class_csv(reports: list[dict], students: list[dict] | None = None, seed=None) -> str:
     """One row per student: ``student``, a column of points per course exercise (in the
-    course's order, every exercise whatever the batch holds), ``total``, ``max`` (the course
-    maximum), then ``<exercise> status`` per exercise (passed, failed, not attempted, check
-    removed, missing, ...: :data:`lesson10.grade.gradebook.STATUSES`), ``missing`` (the
-    notebooks not handed in) and ``seed``."""
+    course's order, every exercise whatever the batch holds), then ``<exercise> status`` per
+    exercise (passed, failed, not attempted, check removed, missing, ...:
+    :data:`lesson10.grade.gradebook.STATUSES`), ``missing`` (the notebooks not handed in),
+    ``seed``, and last ``total`` and ``max`` (the course maximum, the same in every row)."""
     rows = gradebook.rows(reports) if students is None else students
     cols = list(EXERCISES)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["student"] + cols + ["total", "max"] + [f"{c} status" for c in cols]
-                    + ["missing", "seed"])
+    writer.writerow(["student"] + cols + [f"{c} status" for c in cols]
+                    + ["missing", "seed", "total", "max"])
     for r in rows:
         got = {e["exercise"]: e for e in r["exercises"]}
         writer.writerow([r["student"]] + [got[c]["points"] for c in cols]
-                        + [r["points"], r["max_points"]] + [got[c]["status"] for c in cols]
-                        + [" ".join(r["missing"]), "" if seed is None else seed])
+                        + [got[c]["status"] for c in cols]
+                        + [" ".join(r["missing"]), "" if seed is None else seed,
+                           r["points"], r["max_points"]])
     return out.getvalue()
 
 
