@@ -41,9 +41,12 @@ def _root(tmp_path: Path, bundle: Path) -> Path:
     return root
 
 
-def _run(root: Path, path_env=None) -> dict:
-    env = dict(os.environ, AUTOGRADER_ROOT=str(root), LESSON10_PYTHON=sys.executable)
+def _run(root: Path, path_env=None, python=True) -> dict:
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root))
     env.pop("PYTHONPATH", None)
+    env.pop("LESSON10_PYTHON", None)
+    if python:
+        env["LESSON10_PYTHON"] = sys.executable
     if path_env is not None:
         env["PATH"] = path_env
     proc = subprocess.run([shutil.which("bash"), str(root / "run_autograder")], cwd=root, env=env,
@@ -106,7 +109,7 @@ def test_an_empty_submission_without_a_sandbox(bundle, tmp_path):
         found = shutil.which(tool)
         if found:
             os.symlink(found, tools / tool)
-    doc = _run(root, path_env=str(tools))
+    doc = _run(root, path_env=str(tools), python=False)    # the bundle's own Python is found
     assert doc["score"] == 0 and len(doc["tests"]) == len(EXERCISES)
     assert "no notebook found" in doc["output"]
     assert "Not sandboxed" in doc["output"] and "container of its own" in doc["output"]
@@ -115,13 +118,19 @@ def test_an_empty_submission_without_a_sandbox(bundle, tmp_path):
 
 def test_a_grader_error_is_shown_not_a_silent_zero(tmp_path, monkeypatch):
     from lesson10.grade import cli
+    seen = {}
 
     def broken(argv):
+        seen["cwd"], seen["path"] = os.getcwd(), list(sys.path)
         raise RuntimeError("no kernel")
 
     monkeypatch.setattr(cli, "main", broken)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", str(tmp_path)] + sys.path)
     assert gradescope.run(tmp_path / "ag") == 0
+    # graded from inside the submission, which nothing on sys.path points into
+    assert seen["cwd"] == str((tmp_path / "ag" / "submission").resolve())
+    assert "" not in seen["path"] and str(tmp_path) not in seen["path"]
     doc = json.loads((tmp_path / "ag" / "results" / "results.json").read_text())
     assert doc["output"].startswith("GRADER ERROR") and "no kernel" in doc["output"]
     assert len(doc["tests"]) == len(EXERCISES) and doc["max_score"] == COURSE_MAX

@@ -60,10 +60,19 @@ RUN_AUTOGRADER = """\
 # it grades the notebooks under $AUTOGRADER_ROOT/submission (default /autograder) and
 # writes $AUTOGRADER_ROOT/results/results.json.
 ROOT="${AUTOGRADER_ROOT:-/autograder}"
-PY="${LESSON10_PYTHON:-$ROOT/lesson10-venv/bin/python}"
-[ -x "$PY" ] || PY="$(command -v python3)"
 mkdir -p "$ROOT/results"
 cd "$ROOT" || exit 0
+# the Python that has lesson10: $LESSON10_PYTHON if set, else setup.sh's venv, else python3 or
+# python on PATH, else the Python that wrote this bundle (a dry run on the instructor's machine)
+if [ -n "${LESSON10_PYTHON:-}" ]; then
+  PY="$LESSON10_PYTHON"
+else
+  PY=""
+  for cand in "$ROOT/lesson10-venv/bin/python" python3 python @BUILD_PYTHON@; do
+    if "$cand" -c "import lesson10.grade.gradescope" >/dev/null 2>&1; then PY="$cand"; break; fi
+  done
+  [ -n "$PY" ] || PY=python3
+fi
 "$PY" -m lesson10.grade.gradescope run --root "$ROOT"
 status=$?
 if [ ! -s "$ROOT/results/results.json" ]; then
@@ -89,7 +98,8 @@ def bundle(out: Path, repository: str, ref: str, options: dict | None = None) ->
               "options": {k: v for k, v in (options or {}).items() if v is not None}}
     files = {
         "setup.sh": SETUP_SH.format(package=package, quoted=shlex.quote(package)),
-        "run_autograder": RUN_AUTOGRADER,
+        "run_autograder": RUN_AUTOGRADER.replace("@BUILD_PYTHON@",
+                                                 shlex.quote(sys.executable)),
         CONFIG: json.dumps(config, indent=1) + "\n",
     }
     out = Path(out)
@@ -135,7 +145,12 @@ def run(root: Path) -> int:
     submission.mkdir(parents=True, exist_ok=True)
     config = _config(root)
     results = results.resolve()
-    os.chdir(submission)                    # the notebooks' paths as the student knows them
+    # the notebooks' paths as the student knows them; nothing of the submission (a numpy.py)
+    # may shadow a module this process imports later
+    here, sub = os.path.abspath(os.getcwd()), str(submission.resolve())
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here
+                   and not os.path.abspath(p).startswith(sub)]
+    os.chdir(submission)
     argv = [".", "--student", "submission", "--gradescope", str(results),
             "--output", str(results.parent / "report.json")]
     for key, value in (config.get("options") or {}).items():
