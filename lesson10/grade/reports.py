@@ -215,8 +215,10 @@ ERROR_STATUSES = ("grader error",)
 def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
           timestamp: str | None = None) -> str:
     """JUnit XML: a testsuite per graded notebook (and, with ``students``, one per missing
-    notebook), a testcase per exercise with a ``time``; a lost exercise is a ``<failure>``,
-    a grader error an ``<error>``, and ``failures``/``errors`` count exactly those."""
+    notebook), a testcase per exercise with a ``time`` (the exercise's own seconds where the
+    report has them, else an equal share of its notebook's); a lost exercise is a
+    ``<failure>``, a grader error an ``<error>``, and ``failures``/``errors`` count exactly
+    those. The attributes and elements are those the common JUnit schemas ask for."""
     suites = []
     for rep in reports:
         cases = [(e, None) for e in rep["exercises"]]
@@ -230,18 +232,22 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
         for nid in row["missing"]:
             cases = [(e, None) for e in row["exercises"] if e["notebook"] == nid]
             suites.append((f"{row['student']}: {nid}", row["student"], nid, "", cases, 0.0, None))
+    import socket
+    import time as _time
+    timestamp = timestamp or _time.strftime("%Y-%m-%dT%H:%M:%S", _time.localtime())
+    host = quoteattr(_xml(socket.gethostname() or "localhost"))
     parts = []
     n_tests = n_fail = n_err = 0
     total_time = 0.0
-    for name, student, nid, path, cases, seconds, rep in suites:
+    for number, (name, student, nid, path, cases, seconds, rep) in enumerate(suites):
         fails = sum(1 for e, _ in cases if not e["passed"] and e["status"] not in ERROR_STATUSES)
         errs = sum(1 for e, _ in cases if e["status"] in ERROR_STATUSES)
         n_tests, n_fail, n_err = n_tests + len(cases), n_fail + fails, n_err + errs
         total_time += seconds
         attrs = (f"name={quoteattr(_xml(name))} tests=\"{len(cases)}\" failures=\"{fails}\" "
-                 f"errors=\"{errs}\" skipped=\"0\" time=\"{seconds:.3f}\"")
-        if timestamp:
-            attrs += f" timestamp={quoteattr(timestamp)}"
+                 f"errors=\"{errs}\" skipped=\"0\" time=\"{seconds:.3f}\" "
+                 f"timestamp={quoteattr(timestamp)} hostname={host} id=\"{number}\" "
+                 f"package=\"lesson10\"")
         parts.append(f"  <testsuite {attrs}>")
         props = [("student", student), ("notebook", path), ("course_notebook", nid or "")]
         if seed is not None:
@@ -266,11 +272,10 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
                 parts.append(f"      <failure message={quoteattr(_xml(e['status']))} "
                              f"type={quoteattr(kind)}>{msg}</failure>")
             parts.append("    </testcase>")
-        if rep is not None and rep.get("feedback"):
-            parts.append(f"    <system-out>{escape(_xml(chr(10).join(rep['feedback'])))}"
-                         f"</system-out>")
-        if rep is not None and rep.get("error"):
-            parts.append(f"    <system-err>{escape(_xml(rep['error']))}</system-err>")
+        out = "\n".join(rep.get("feedback", [])) if rep is not None else ""
+        err = (rep.get("error") or "") if rep is not None else ""
+        parts.append(f"    <system-out>{escape(_xml(out))}</system-out>")
+        parts.append(f"    <system-err>{escape(_xml(err))}</system-err>")
         parts.append("  </testsuite>")
     head = (f'<testsuites name="lesson10" tests="{n_tests}" failures="{n_fail}" '
             f'errors="{n_err}" time="{total_time:.3f}">')
