@@ -8,6 +8,7 @@ never from what the submission contains.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from ..checks import EXERCISES
@@ -63,19 +64,47 @@ def full_marks(notebook_id: str | None) -> int:
     return sum(ex.points for ex in chosen)
 
 
+#: what copying a notebook adds to its name: Colab's "Save a copy in Drive" ("Copy of X", and
+#: its translations), Jupyter's "Duplicate" ("X-Copy1"), a browser's second download ("X (1)"),
+#: the macOS Finder ("X copy", "X copy 2")
+_COPY_PREFIX = re.compile(r"^(?:(?:copy of|copia de|copie de|c\u00f3pia de|kopie von|kopie van|"
+                          r"kopia av|kopio:|copia di)\s+)+", re.IGNORECASE)
+_COPY_SUFFIX = re.compile(r"(?:-copy\d*|\s*\(\d+\)|\s+copy(?:\s+\d+)?)+$", re.IGNORECASE)
+
+
+def copy_base(name: str) -> str:
+    """The name a copy was made from, without its ``.ipynb``: ``"Copy of 01_x (1).ipynb"``
+    and ``"01_x-Copy2.ipynb"`` are copies of ``"01_x"``."""
+    stem = name[:-len(".ipynb")] if name.lower().endswith(".ipynb") else name
+    stem = _COPY_PREFIX.sub("", stem.strip())
+    return _COPY_SUFFIX.sub("", stem).strip()
+
+
+def is_copy_name(name: str) -> bool:
+    """Whether the file name carries a copy's decoration (see :func:`copy_base`)."""
+    stem = name[:-len(".ipynb")] if name.lower().endswith(".ipynb") else name
+    return copy_base(name) != stem.strip()
+
+
 def identify(nb: dict, path: Path) -> tuple[str | None, str]:
     """``(notebook id or None, how it was found)``: the id ``build`` wrote into the
-    metadata, else the course notebook whose id starts the file name."""
+    metadata, else the course notebook whose id starts the file name, once a copy's
+    decoration is taken off it (``Copy of 01_sequence_parallel.ipynb``,
+    ``01_sequence_parallel-Copy1.ipynb``: see :func:`copy_base`), else the one course
+    notebook id the name contains (``alice_4711_03_load_balance.ipynb``)."""
     known = course_notebooks()
     meta = nb.get("metadata", {}) if isinstance(nb, dict) else {}
     claimed = (meta.get("lesson10") or {}).get("notebook") if isinstance(meta.get("lesson10"),
                                                                           dict) else None
     if isinstance(claimed, str) and claimed in known:
         return claimed, "metadata"
-    stem = path.stem
-    for nid in sorted(known, key=len, reverse=True):
-        if stem.startswith(nid):
-            return nid, "file name"
+    for stem in dict.fromkeys((path.stem, copy_base(path.name))):
+        for nid in sorted(known, key=len, reverse=True):
+            if stem.startswith(nid):
+                return nid, "file name"
+    inside = [nid for nid in known if nid in copy_base(path.name)]
+    if len(inside) == 1:                   # an LMS download: "alice_12345_03_load_balance"
+        return inside[0], "file name"
     why = (f"metadata names {claimed!r}, not a course notebook" if claimed is not None else
            "no lesson10 notebook id in its metadata")
     return None, (f"{why}, and the file name {path.name!r} does not start with a course "

@@ -2,7 +2,9 @@
 
 The report of a notebook::
 
-    {"notebook": path as given, "student": parent folder name, "course_notebook": id or None,
+    {"notebook": path as given, "student": who handed it in (the batch decides, see
+     :mod:`.gradebook`; the parent folder's name when graded alone),
+     "course_notebook": id or None,
      "exercises": [{"exercise", "status", "passed", "points", "max_points", "message"}],
      "points", "max_points", "feedback": [lines], "ok": bool, "error": message or None,
      "sandboxed": bool}
@@ -35,9 +37,9 @@ class Options:
 
 
 def _report(path: Path, notebook_id, entries=(), *, feedback=(), ok=True, error=None,
-            sandboxed=True) -> dict:
+            sandboxed=True, student: str | None = None) -> dict:
     entries = list(entries)
-    return {"notebook": str(path), "student": path.resolve().parent.name,
+    return {"notebook": str(path), "student": student or path.resolve().parent.name,
             "course_notebook": notebook_id, "exercises": entries,
             "points": sum(e["points"] for e in entries),
             "max_points": sum(e["max_points"] for e in entries),
@@ -68,6 +70,13 @@ def _read(path: Path, content: bytes | None):
     if not isinstance(nb.get("cells"), list):
         return None, "cannot read the notebook: it has no list of cells"
     return nb, None
+
+
+def executed_path(folder, student: str, path: Path) -> Path:
+    """Where ``--save-executed`` writes a graded notebook: ``folder/<student>/<file name>``
+    (a student named ``sec1/s01`` gets nested folders)."""
+    from .gradebook import safe_parts
+    return Path(folder).joinpath(*safe_parts(student), Path(path).name)
 
 
 def _save(nb, target: Path) -> None:
@@ -134,30 +143,32 @@ def _executed(nb, run: judge.Run):
 
 
 def grade_notebook(path, opts: Options, content: bytes | None = None,
-                   files: list | None = None) -> dict:
+                   files: list | None = None, student: str | None = None) -> dict:
     """Grade the notebook at ``path``; ``content``: its bytes, read before any student code
-    ran (the command line reads every file first); ``files``: its helper modules."""
+    ran (the command line reads every file first); ``files``: its helper modules;
+    ``student``: the report's student (default: the parent folder's name)."""
     path = Path(path)
     sandboxed = opts.sandboxed
     if content is None and not path.is_file():
-        return _report(path, None, ok=False, error="no such file", sandboxed=sandboxed)
+        return _report(path, None, ok=False, error="no such file", sandboxed=sandboxed,
+                       student=student)
     nb, why = _read(path, content)
     guess = course.identify({}, path)[0]
     if nb is None:
         return _report(path, guess, _zero(guess, "unreadable", why), feedback=[why],
-                       sandboxed=sandboxed)
+                       sandboxed=sandboxed, student=student)
     notebook_id, how = course.identify(nb, path)
     if notebook_id is None:
         msg = f"cannot tell which course notebook this is: {how}; it scores 0"
         return _report(path, None, _zero(None, "unknown notebook", msg), feedback=[msg],
-                       sandboxed=sandboxed)
+                       sandboxed=sandboxed, student=student)
     problem = course.language_problem(nb)
     if problem:
         return _report(path, notebook_id, _zero(notebook_id, "not python", problem),
-                       feedback=[problem], sandboxed=sandboxed)
+                       feedback=[problem], sandboxed=sandboxed, student=student)
     if not course.exercises(notebook_id):
         return _report(path, notebook_id, feedback=[f"{notebook_id} has no exercises to grade"],
-                       sandboxed=sandboxed)
+                       sandboxed=sandboxed, student=student)
 
     import tempfile
     settings = judge.Settings(standin=opts.standin, limits=opts.limits,
@@ -171,7 +182,7 @@ def grade_notebook(path, opts: Options, content: bytes | None = None,
                                      workdir, files if files is not None else helper_files(path))
         except judge.Failure as exc:
             return _report(path, notebook_id, _zero(notebook_id, "grader error", str(exc)),
-                           ok=False, error=str(exc), sandboxed=sandboxed)
+                           ok=False, error=str(exc), sandboxed=sandboxed, student=student)
     entries = _entries(notebook_id, nb, run)
     feedback = list(run.notes)
     for i, got in sorted(run.outputs.items()):
@@ -181,8 +192,10 @@ def grade_notebook(path, opts: Options, content: bytes | None = None,
     if not sandboxed:
         feedback.append("not sandboxed: graded with --no-sandbox")
     if opts.save_executed is not None:
-        _save(_executed(nb, run), Path(opts.save_executed) / path.resolve().parent.name / path.name)
-    report = _report(path, notebook_id, entries, feedback=feedback, sandboxed=sandboxed)
+        _save(_executed(nb, run), executed_path(opts.save_executed, student or
+                                                path.resolve().parent.name, path))
+    report = _report(path, notebook_id, entries, feedback=feedback, sandboxed=sandboxed,
+                     student=student)
     if sandboxed:
         report["sandbox_cpu_seconds"] = round(run.sandbox_cpu, 3)
     return report
