@@ -345,10 +345,12 @@ def _check(msg, conn, box, next_channel, exercises, settings, deadline, run: Run
     rng = np.random.default_rng([settings.seed, zlib.crc32(ex.id.encode()), count])
     channel = Channel(box.channels[k], course.function_name(ex.id))
     box.channels[k] = _Closed()
+    started = time.monotonic()
     try:
         e = judge_exercise(channel, ex, rng, time.monotonic() + timeout, settings.exercise_timeout)
     finally:
         channel.close()
+    e["seconds"] = round(time.monotonic() - started, 3)
     run.judged[ex.id] = count + 1
     run.asked.add(ex.id)
     run.verdicts[ex.id] = e
