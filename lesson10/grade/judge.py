@@ -261,6 +261,8 @@ def _one_run(cells, exercises, settings: Settings, deadline: float, workdir, fil
                 raise wire.WireError(f"the runner failed to start: {str(ready)[:300]}")
         except (wire.Timeout, wire.Closed, wire.WireError) as exc:
             raise Failure(f"the sandbox did not start ({exc})") from None
+        expected = [i for i, _ in cells if i not in run.skip]    # the order cells must come in
+        last = None                              # the cell that ran last (blamed between cells)
         while True:
             limit = deadline if current is None else min(deadline, started + settings.cell_timeout)
             try:
@@ -271,23 +273,27 @@ def _one_run(cells, exercises, settings: Settings, deadline: float, workdir, fil
                 run.notes.append(f"cell {current} ran over {settings.cell_timeout:g} s: skipped")
                 return current
             except (wire.Closed, wire.WireError):
-                if current is None:
-                    run.notes.append("the sandbox ended between cells")
+                if current is None and last is None:
+                    run.notes.append("the sandbox ended before the first cell")
                     return None
-                run.notes.append(f"cell {current} ended the notebook's process: skipped")
-                return current
-            op = msg.get("op")
-            if op == "cell":
-                current, started = msg.get("index"), time.monotonic()
-            elif op == "done":
+                bad = current if current is not None else last
+                run.notes.append(f"cell {bad} ended the notebook's process: skipped")
+                return bad
+            # nothing the sandbox says is trusted: a message out of turn is its cell's fault
+            op = msg.get("op") if isinstance(msg, dict) else None
+            blame = current if current is not None else last
+            if op == "cell" and current is None and expected and msg.get("index") == expected[0]:
+                current, started = expected.pop(0), time.monotonic()
+                last = current
+            elif op == "done" and current is not None and msg.get("index") == current:
                 outs = _outputs(msg.get("outputs"))
                 run.output_size += sum(len(o["text"]) for o in outs)
                 if run.output_size > _NOTEBOOK_OUTPUT:
                     outs = [{"name": "stderr", "text": "[grader: the notebook's output is over "
                                                        "its limit; not kept]\n"}]
-                run.outputs[msg.get("index")] = {"outputs": outs, "error": _error(msg.get("error"))}
+                run.outputs[current] = {"outputs": outs, "error": _error(msg.get("error"))}
                 current = None
-            elif op == "check":
+            elif op == "check" and current is not None:
                 try:
                     next_channel = _check(msg, conn, box, next_channel, exercises, settings,
                                           deadline, run, replay)
@@ -296,16 +302,19 @@ def _one_run(cells, exercises, settings: Settings, deadline: float, workdir, fil
                                      f"checked: skipped")
                     return current
                 started = time.monotonic()          # judging does not count against the cell
-            elif op == "finished":
+            elif op == "finished" and current is None and not expected:
                 cpu = box.finish(conn)
                 if settings.sandboxed:
                     run.sandbox_cpu += cpu
                 return None
-            elif op == "fatal":
-                if msg.get("cell") is None and current is None:
-                    raise Failure(f"the runner failed: {str(msg.get('message'))[:500]}")
-                run.notes.append(f"cell {current} broke the notebook's process: skipped")
-                return current
+            elif blame is None:
+                run.notes.append("the notebook's process broke the grader's protocol before "
+                                 "its first cell")
+                return None
+            else:
+                run.notes.append(f"cell {blame} broke the grader's protocol "
+                                 f"({str(op)[:20]!r} out of turn): skipped")
+                return blame
     finally:
         box.kill()
 

@@ -168,12 +168,11 @@ class Runner:
                 null = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(null, fd)
-                for fd in [self.conn.rfd] + self.channels:
-                    if fd != channel_fd:
-                        try:
-                            os.close(fd)
-                        except OSError:                # a channel used earlier
-                            pass
+                # every descriptor but its own channel: copies of the main socket or of
+                # other channels that a cell kept (os.dup) go too
+                os.closerange(3, channel_fd)
+                os.closerange(channel_fd + 1, _max_fd())
+                _restart_thread_pools()
                 sys.stdout = sys.stderr = io.StringIO()
                 try:
                     import lesson10._standin as standin
@@ -189,6 +188,30 @@ class Runner:
             os._exit(code)
         os.close(channel_fd)                           # the judge sees EOF when the child ends
         return _wait(pid, timeout)
+
+
+def _max_fd() -> int:
+    try:
+        return max(int(fd) for fd in os.listdir("/proc/self/fd")) + 1
+    except (OSError, ValueError):
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def _restart_thread_pools() -> None:
+    """A fork keeps only the thread that forked: a ``ThreadPoolExecutor`` made in an earlier
+    cell still counts its workers as alive and idle, and would never run what the judged
+    function submits. Make each one start new workers (honest code that uses a pool works)."""
+    import gc
+    import threading
+    pools = sys.modules.get("concurrent.futures.thread")
+    if pools is None:
+        return
+    for obj in gc.get_objects():
+        if isinstance(obj, pools.ThreadPoolExecutor):
+            obj._threads = set()
+            obj._idle_semaphore = threading.Semaphore(0)
+            obj._shutdown_lock = threading.Lock()
+    getattr(pools, "_threads_queues", {}).clear()
 
 
 def _wait(pid: int, timeout: float) -> str:

@@ -25,6 +25,7 @@ every report says "not sandboxed".
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import site
@@ -90,6 +91,9 @@ def hidden_paths(binds: list[str]) -> list[str]:
 
 
 def bwrap_argv(standin: Path, limits: Limits, env: dict[str, str]) -> list[str]:
+    """The bwrap command line (without the command). Only ``/tmp`` (capped) and a small
+    ``/dev/shm`` are writable: bwrap's own root, the folders it makes for mount points,
+    ``/dev`` and the covers of hidden folders are remounted read-only at the end."""
     bwrap = shutil.which("bwrap")
     binds = python_paths()
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -97,14 +101,96 @@ def bwrap_argv(standin: Path, limits: Limits, env: dict[str, str]) -> list[str]:
     argv += _system_binds()
     for p in binds:
         argv += ["--ro-bind", p, p]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp), "--tmpfs", "/tmp",
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(16 * 2**20), "--tmpfs", "/dev/shm",
+             "--size", str(limits.tmp), "--tmpfs", "/tmp",
              "--dir", "/tmp/work", "--dir", "/tmp/mpl", "--chdir", "/tmp/work",
              "--ro-bind", str(standin), MOUNT]
-    for p in hidden_paths(binds):
-        argv += ["--tmpfs", p]
+    hidden = hidden_paths(binds)
+    for p in hidden:
+        argv += ["--size", "4096", "--tmpfs", p]
     for key, value in env.items():
         argv += ["--setenv", key, value]
+    for p in hidden + ["/dev", "/"]:
+        argv += ["--remount-ro", p]
     return argv
+
+
+class Cgroups:
+    """A pids and a memory cgroup for one sandbox, where this process may make them (as root,
+    or in a delegated cgroup v2 subtree); best effort, and :attr:`made` says what holds.
+
+    They matter where rlimits do not: the kernel does not count processes against
+    ``RLIMIT_NPROC`` for root (CI and containers grade as root), and ``RLIMIT_AS`` limits each
+    process, not a sandbox's processes together (nor its tmpfs). ``wrap(argv)`` starts the
+    command inside them; :meth:`kill` ends every process in them, :meth:`remove` deletes them.
+    """
+
+    def __init__(self, tag: str, pids_max: int, memory_max: int):
+        self.dirs: list[Path] = []
+        self.made: list[str] = []
+        own = {}
+        try:
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                _, ctrls, path = line.split(":", 2)
+                for c in ctrls.split(",") if ctrls else [""]:
+                    own[c] = path
+        except (OSError, ValueError):
+            return
+        root = Path("/sys/fs/cgroup")
+        if (root / "cgroup.controllers").exists():                       # v2, unified
+            self._make(root / own.get("", "/").lstrip("/") / f"lesson10-{tag}",
+                       {"pids.max": pids_max, "memory.max": memory_max}, ("pids", "memory"))
+        else:                                                            # v1, per controller
+            for ctrl, key, value in (("pids", "pids.max", pids_max),
+                                     ("memory", "memory.limit_in_bytes", memory_max)):
+                if ctrl in own:
+                    self._make(root / ctrl / own[ctrl].lstrip("/") / f"lesson10-{tag}",
+                               {key: value}, (ctrl,))
+
+    def _make(self, folder: Path, settings: dict, names) -> None:
+        try:
+            folder.mkdir()
+        except OSError:
+            return
+        self.dirs.append(folder)
+        for key, value in settings.items():
+            try:
+                (folder / key).write_text(str(value))
+                self.made.append(key.split(".")[0])
+            except OSError:
+                pass
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        if not self.dirs:
+            return argv
+        procs = " ".join(shlex.quote(str(d / "cgroup.procs")) for d in self.dirs)
+        return ["/bin/sh", "-c", f'for f in {procs}; do echo $$ > "$f" || exit 97; done; exec "$@"',
+                "sh", *argv]
+
+    def kill(self) -> None:
+        for d in self.dirs:
+            try:
+                for pid in (d / "cgroup.procs").read_text().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except OSError:
+                        pass
+            except OSError:
+                pass
+
+    def remove(self) -> None:
+        import time
+        for d in self.dirs:
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:                  # its last processes are still exiting
+                    self.kill()
+                    time.sleep(0.02)
+        self.dirs = []
 
 
 _PROBE: dict[str, str | None] = {}
@@ -159,9 +245,10 @@ class Sandbox:
         env = _env(self.tag)
         args = [str(fds[0]), ",".join(map(str, fds[1:])), str(limits.memory), str(limits.cpu),
                 str(limits.fsize), str(limits.nproc)]
+        self.cgroups = Cgroups(self.tag, limits.nproc, limits.memory) if sandboxed else None
         if sandboxed:
-            argv = bwrap_argv(standin, limits, env) + [sys.executable, "-I",
-                                                       f"{MOUNT}/_lesson10_runner.py", *args]
+            argv = self.cgroups.wrap(bwrap_argv(standin, limits, env) + [
+                sys.executable, "-I", f"{MOUNT}/_lesson10_runner.py", *args])
             cwd = None
         else:
             env = dict(env, HOME=str(workdir), MPLCONFIGDIR=str(workdir / ".mpl"),
@@ -204,6 +291,9 @@ class Sandbox:
                 pass
             reap(self.tag)
             self.proc = None
+        if getattr(self, "cgroups", None) is not None:
+            self.cgroups.kill()
+            self.cgroups.remove()
         for s in [self.main] + self.channels:
             try:
                 s.close()
