@@ -54,7 +54,7 @@ test-frontends: $(STAMP) $(COLAB_STAMP)
 	$(BIN)/python -m pytest -q -m frontends tests/test_frontends.py
 
 # the grader's tests where grading has no torch: the package itself with --no-deps
-.venv-py%/.installed: pyproject.toml
+.venv-py%/.installed: pyproject.toml Makefile
 	rm -rf .venv-py$*
 	$(GRADER_PY$*) -m venv .venv-py$*
 	$(PIP_ENV) .venv-py$*/bin/pip install -q $(GRADER_DEPS)
