@@ -227,6 +227,13 @@ class _Fork:
         self.thread.start()
 
 
+def test_importing_the_runner_leaves_the_path_alone(box):
+    before = list(sys.path)
+    _Fork(lambda: None, None, box)
+    assert sys.path == before and str(box) not in sys.path
+    assert not sys.modules["lesson10"].__file__.startswith(str(box))
+
+
 def test_a_judged_exercise_passes_fails_and_sees_mutations(box, tmp_path):
     ex = checks.EXERCISES["ring_time"]
 
