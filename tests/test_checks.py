@@ -205,7 +205,7 @@ def test_outcomes_are_recorded_for_the_summary(capsys):
 
 
 def test_fallback_uses_the_reference_only_while_the_stub_is_there(capsys, monkeypatch):
-    monkeypatch.setattr(checks.core, "_FALLBACK_SAID", set())     # as in a fresh kernel
+    monkeypatch.setattr(checks.feedback, "_SAID", set())          # as in a fresh kernel
     calls = []
 
     def mine(x):
@@ -222,6 +222,66 @@ def test_fallback_uses_the_reference_only_while_the_stub_is_there(capsys, monkey
     def written(x):
         return x + 1
     assert checks.fallback(written, ref)(2) == 3 and calls == [2, 3]
+
+
+def test_fallback_stands_in_for_a_function_its_check_judged_wrong(capsys, monkeypatch):
+    """A function whose latest check failed is replaced by the reference, and the cell says
+    why; once a new version passes, the student's own function runs again."""
+    monkeypatch.setattr(checks.feedback, "_SAID", set())
+    monkeypatch.setenv("LESSON10_STRICT_CHECKS", "0")            # shown, as in a notebook
+    checks.check_ring_time(a1.time_mean)
+    out = capsys.readouterr().out
+    assert out.startswith("check_ring_time failed") and "hint:" in out
+    use = checks.fallback(a1.time_mean, lambda w: "reference")
+    assert use(np.ones((2, 2))) == "reference" and use(np.ones((2, 2))) == "reference"
+    out = capsys.readouterr().out
+    assert out.count("did not pass check_ring_time") == 1 and "time_mean" in out
+    checks.check_ring_time(a1.time_numpy)                      # another function passes
+    assert checks.fallback(a1.time_numpy, lambda w: "reference")(np.ones((2, 2))) == 2.0
+    assert checks.fallback(a1.time_loop, lambda w: "reference")(np.ones((2, 2))) == 2.0   # never judged
+
+
+def test_a_failed_check_is_shown_not_raised_in_a_notebook(capsys, monkeypatch):
+    monkeypatch.setenv("LESSON10_STRICT_CHECKS", "0")
+    assert checks.check_merge(a1.merge_no_shift) is None
+    out = capsys.readouterr().out
+    assert out.startswith("check_merge failed") and "yours" in out and "hint:" in out
+    assert "Traceback" not in out and "lesson10" not in out
+    assert checks.OUTCOMES[-1]["status"] == "failed"
+    checks.check_ring_time(3.0)                                # a value, not a function
+    assert "takes your function itself" in capsys.readouterr().out
+
+
+def test_the_kernel_decides_when_no_variable_is_set(monkeypatch):
+    from lesson10.checks import feedback
+    monkeypatch.delenv("LESSON10_STRICT_CHECKS", raising=False)
+    assert feedback.raising()                                  # pytest: no IPython shell
+    monkeypatch.setattr(feedback, "_shell", lambda: object())
+    assert not feedback.raising()                              # a kernel: shown
+    monkeypatch.setenv("LESSON10_STRICT_CHECKS", "1")
+    assert feedback.raising()                                  # the solutions under nbval
+
+
+def test_an_exception_of_the_students_code_shows_their_frames_only(capsys, monkeypatch):
+    monkeypatch.setenv("LESSON10_STRICT_CHECKS", "0")
+
+    def reduce_scatter(xs):
+        return helper(xs)
+
+    def helper(xs):
+        return xs[99]                                          # the line that raises
+    checks.check_reduce_scatter(reduce_scatter)
+    out = capsys.readouterr().out
+    assert out.startswith("check_reduce_scatter failed: reduce_scatter raised IndexError")
+    assert "Traceback of your code" in out and "return xs[99]" in out and "in helper" in out
+    assert "lesson10" not in out                                # no frame of the checks
+    assert out.index("Traceback") < out.index("hint:")
+
+
+def test_a_raised_check_failed_renders_as_its_text_in_ipython():
+    with pytest.raises(CheckFailed) as info:
+        checks.check_merge(a1.merge_no_shift)
+    assert info.value._render_traceback_() == str(info.value).splitlines()
 
 
 def test_a_stub_inside_the_function_counts_as_not_attempted(capsys):
