@@ -220,7 +220,10 @@ def _exercise(exercise: str, notebook: str, points: int, title: str, function: s
 def _message(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
              show: bool = True) -> str:
     """The text of a failure: ``check_X failed: where: what``, then yours / target (when
-    ``show``) and the hint."""
+    ``show``) and the hint. ``hint`` may be a function that returns it: called only when
+    the check fails, it can look at the answer to name the mistake it looks like."""
+    if callable(hint):
+        hint = hint() or ""
     lines = [f"check_{exercise} failed: {where + ': ' if where else ''}{what}"]
     if show:
         lines.append(f"  yours : {_fmt(yours)}")

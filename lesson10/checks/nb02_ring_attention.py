@@ -40,7 +40,7 @@ def _block_cases(rng, n_random=8):
              ("large scores (|q.k|/sqrt(d) about 1000), causal", 4, 5, 2, 4, True),
              ("large scores, not causal", 3, 4, 1, 2, False),
              ("diagonal block: keys at the same positions as the queries", 4, 4, 2, 3, True),
-             ("integer q, k, v", 3, 4, 2, 2, True),
+             ("integer-valued q, k, v", 3, 4, 2, 2, True),
              ("one query, uneven sizes", 1, 6, 3, 5, True),
              ("causal not passed (default True)", 5, 3, 2, 3, None)]
     rand = []
@@ -62,7 +62,7 @@ def check_block_attention(block_attention, rng):
     cases = _block_cases(rng)
     for kind, sq, sk, a, d, causal in cases:
         if kind.startswith("integer"):
-            q, k, v = (rng.integers(-3, 4, size=(n, a, d)) for n in (sq, sk, sk))
+            q, k, v = (rng.integers(-3, 4, size=(n, a, d)).astype(float) for n in (sq, sk, sk))
         else:
             q, k, v = (rng.standard_normal((n, a, d)) for n in (sq, sk, sk))
         if "large" in kind:
@@ -93,13 +93,13 @@ def check_block_attention(block_attention, rng):
         err = max(err, _compare("block_attention", yours_o, o_t, where=where, what="out",
                                 axes=("query", "head", "dim"), hint=hint))
     return (f"{len(cases)} cases (shuffled positions, empty rows, scores of +-1000, a diagonal "
-            f"block, integer inputs, not causal), max error {err:.1e}")
+            f"block, integer-valued inputs, not causal), max error {err:.1e}")
 
 
 def _merge_cases(rng, n_random=8):
     fixed = ["ordinary", "large lse (about +800)", "small lse (about -800)",
              "lse1 about +800, lse2 about -800", "one side saw no key (lse -inf)",
-             "both sides saw no key in some rows", "integer o1, o2"]
+             "both sides saw no key in some rows", "integer-valued o1, o2"]
     return fixed + [f"random {i}" for i in range(n_random)]
 
 
@@ -123,7 +123,7 @@ def check_merge(merge, rng):
         if kind.startswith("lse1 about"):
             l1, l2 = l1 + 800, l2 - 800
         if kind.startswith("integer"):
-            o1, o2 = rng.integers(-5, 6, size=(s, a, d)), rng.integers(-5, 6, size=(s, a, d))
+            o1, o2 = (rng.integers(-5, 6, size=(s, a, d)).astype(float) for _ in range(2))
         if kind.startswith("random"):
             scale = float(rng.choice([1.0, 300.0, 1000.0]))
             l1, l2 = l1 * scale, l2 * scale + float(rng.normal(0, scale))

@@ -37,6 +37,12 @@ def _a2a_cases(rng, n_random=6):
     return out
 
 
+def _is_value_error(exc) -> bool:
+    """A ValueError (or a subclass); in the grader the student's exception arrives as a
+    stand-in that carries only its type's name."""
+    return isinstance(exc, ValueError) or type(exc).__name__ == "ValueError"
+
+
 def _heads(g: int, j) -> str:
     """Heads of group j in words."""
     return f"head {j}" if g == 1 else f"heads {j * g}..{(j + 1) * g - 1}"
@@ -72,7 +78,7 @@ def check_seq_to_heads(seq_to_heads, rng):
     ``r a/n ..``. The check's ``group`` offers ``all_to_all(blocks)`` only and wants exactly
     one call, ``blocks[i][j]`` = head group j of rank i; the answer is what each rank
     received, stacked (in some random cases the network delivers other values). When ``a``
-    is not a multiple of ``n`` it must raise an error (not send, not return empty shards)."""
+    is not a multiple of ``n`` it must raise a ValueError (not send, not return empty shards)."""
     cases = _a2a_cases(rng)
     for where, n, x, swap in cases:
         shards = np.split(x, n, axis=0)
@@ -104,9 +110,16 @@ def check_seq_to_heads(seq_to_heads, rng):
             "first and raise ValueError(...) yourself"))
         try:
             out = _run("seq_to_heads", seq_to_heads, ("shards",), shards, net)
-        except _StudentError:
+        except _StudentError as exc:
             referee.verdict()
-            continue                       # it raised: right
+            cause = exc.__cause__
+            if _is_value_error(cause):
+                continue                   # it raised a ValueError: right
+            _fail("seq_to_heads", where, f"{a} heads cannot be split into {n} equal groups and "
+                  f"your function raised {type(cause).__name__}: {cause}; the exercise asks for "
+                  f"a ValueError", show=False,
+                  hint="raise ValueError(...) yourself when a % n != 0 (an assert raises "
+                       "AssertionError), or let np.split raise its ValueError")
         referee.verdict()
         shapes = [np.shape(o) for o in out] if isinstance(out, (list, tuple)) else np.shape(out)
         _fail("seq_to_heads", where, f"{a} heads cannot be split into {n} equal groups, yet your "
@@ -114,7 +127,7 @@ def check_seq_to_heads(seq_to_heads, rng):
               hint="np.split(x, n, axis=1) raises a ValueError by itself; with slicing, check "
                    "a % n first and raise ValueError(...) yourself")
     return (f"{len(cases)} cases: one all-to-all of head groups, rank r holds all tokens of heads "
-            f"r a/n .. (r+1) a/n - 1; a % n != 0 raises")
+            f"r a/n .. (r+1) a/n - 1; a % n != 0 raises a ValueError")
 
 
 @_exercise("heads_to_seq", NB04, 1, "all-to-all: head shards -> sequence shards")
