@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import mistakes
 from .core import CheckFailed, _compare, _compare_shards, _exercise, _fail, _pair, _run
 from .network import Referee, RingNetwork, served_call, substituted
 
@@ -84,10 +85,11 @@ def check_block_attention(block_attention, rng):
         out = _run("block_attention", block_attention, ("q", "k", "v", "q_pos", "k_pos"), *args)
         where = f"{kind} (sq={sq}, sk={sk}, a={a}, d={d}, causal={causal is not False})"
         yours_o, yours_l = _pair("block_attention", out, where, "(out, lse)")
-        hint = ("scores = q.k / sqrt(d) per head; mask key j for query i when k_pos[j] > q_pos[i] "
-                "(use the positions, not the row numbers; a key at the query's own position is "
-                "visible); subtract the row max before exp; a row with no visible key has out 0 "
-                "and lse -inf, not NaN")
+        hint = (lambda: mistakes.block_attention_mistake(q, k, v, q_pos, k_pos, causal is not False,
+                                                         causal is not None, (yours_o, yours_l))
+                or "scores q.k / sqrt(d) per head, the causal mask on the global positions (a key "
+                   "at the query's own position is visible), a softmax that stays finite for "
+                   "scores of +-1000, and out 0, lse -inf for a query that sees no key")
         err = max(err, _compare("block_attention", yours_l, l_t, where=where, what="lse",
                                 axes=("query", "head"), hint=hint))
         err = max(err, _compare("block_attention", yours_o, o_t, where=where, what="out",
@@ -145,9 +147,11 @@ def check_merge(merge, rng):
         out = _run("merge", merge, ("o1", "lse1", "o2", "lse2"), o1, l1, o2, l2)
         where = f"{kind} (s={s}, a={a}, d={d})"
         yours_o, yours_l = _pair("merge", out, where, "(o, lse)")
-        hint = ("lse = m + log(exp(lse1 - m) + exp(lse2 - m)) with m = max(lse1, lse2), so exp never "
-                "overflows; o = exp(lse1 - lse) o1 + exp(lse2 - lse) o2; where both lse are -inf, "
-                "use m = 0 (or np.where) so you get lse = -inf and o = 0, not NaN")
+        hint = (lambda: mistakes.merge_mistake(o1.astype(float), l1, o2.astype(float), l2,
+                                               (yours_o, yours_l))
+                or "the merged lse is the log of the summed probability mass of both sides, "
+                   "computed so that exp never overflows; each side's output is weighted by its "
+                   "share of that mass; two empty sides (lse -inf) merge to o = 0, lse = -inf")
         err = max(err, _compare("merge", yours_l, l_t, where=where, what="lse",
                                 axes=("query", "head"), hint=hint))
         err = max(err, _compare("merge", yours_o, o_t, where=where, what="o",

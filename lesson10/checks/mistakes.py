@@ -1,0 +1,260 @@
+"""The common wrong answers, recognised: a hint that names the mistake an answer looks like.
+
+Each ``*_mistake`` function gets the inputs of the case that failed and the student's
+answer, computes what each known mistake would have returned on those inputs, and returns
+the text for the first one the answer equals (or None: the check then gives its general
+hint). The texts say what went wrong and what the lesson's rule is, never the code of the
+solution. The checks call them only when a case has failed (as a hint function), so a
+right answer pays nothing for them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def same(yours, candidate) -> bool:
+    """Does the answer equal the candidate? Arrays, or lists of arrays (one per rank), or
+    numbers; equal shapes and values (NaN = NaN, inf = inf)."""
+    try:
+        if isinstance(candidate, (list, tuple)):
+            if not isinstance(yours, (list, tuple, np.ndarray)) or len(yours) != len(candidate):
+                return False
+            return all(same(y, c) for y, c in zip(yours, candidate))
+        y, c = np.asarray(yours, dtype=float), np.asarray(candidate, dtype=float)
+    except (TypeError, ValueError):
+        return False
+    return y.shape == c.shape and bool(np.allclose(y, c, rtol=1e-9, atol=1e-9, equal_nan=True))
+
+
+def first(yours, mistakes) -> str | None:
+    """The text of the first ``(text, make)`` whose ``make()`` the answer equals; a
+    ``make`` that fails (it does not apply to this case) is skipped."""
+    for text, make in mistakes:
+        try:
+            with np.errstate(all="ignore"):
+                candidate = make()
+        except Exception:  # noqa: BLE001 - this mistake does not apply here
+            continue
+        if same(yours, candidate):
+            return text
+    return None
+
+
+def shape_of(x):
+    try:
+        return np.shape(x)
+    except (TypeError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- 01
+def reduce_scatter_mistake(xs, out) -> str | None:
+    t = len(xs)
+    total = np.sum([np.asarray(x, dtype=float) for x in xs], axis=0)
+    s, h = total.shape
+    c = s // t
+    blocks = [total[i * c:(i + 1) * c] for i in range(t)]
+    if out is not None and len(out) == t and shape_of(out[0]) == (s, h // t if h % t == 0 else -1):
+        return ("your shards have shape (s, h/t): you split the hidden axis; reduce-scatter along "
+                "the sequence splits the tokens")
+    return first(out, [
+        ("rank i holds only its own partial sum: the reduce-scatter adds block i of every rank's "
+         "partial", lambda: [np.asarray(xs[i], dtype=float)[i * c:(i + 1) * c] for i in range(t)]),
+        ("your shards are averages: a reduce-scatter sums the partials (the layer's output is "
+         "their sum)", lambda: [b / t for b in blocks]),
+        ("rank 0 holds the last block: rank i gets block i, in rank order", lambda: blocks[::-1]),
+        ("rank i holds the rows i, i + t, i + 2t, ...: its block is a run of s/t consecutive "
+         "tokens", lambda: [total[i::t] for i in range(t)]),
+    ])
+
+
+def all_gather_mistake(shards, out) -> str | None:
+    t = len(shards)
+    sh = [np.asarray(x, dtype=float) for x in shards]
+    c, h = sh[0].shape
+    if out is not None and len(out) == t:
+        got = shape_of(out[0])
+        if got == (c, t * h):
+            return ("your gathered tensor has shape (c, t h): you joined the shards along the "
+                    "hidden axis; the tokens go one after the other")
+        if got == (t, c, h):
+            return ("your gathered tensor has shape (t, c, h): stacking adds a new axis; the "
+                    "tokens of all ranks form one sequence axis of length t c")
+        if got == (c, h):
+            return "every rank returns its own shard: an all-gather gives every rank all of them"
+    return first(out, [
+        ("rank r's tensor starts with its own shard: the gathered tensor is the same on every "
+         "rank, rank 0's tokens first", lambda: [np.concatenate(sh[r:] + sh[:r]) for r in range(t)]),
+        ("the shards are in reverse rank order: rank 0's tokens come first",
+         lambda: [np.concatenate(sh[::-1])] * t),
+        ("your tokens are interleaved (token 0 of every rank, then token 1, ...): the shards go "
+         "one after the other", lambda: [np.stack(sh, axis=1).reshape(-1, h)] * t),
+    ])
+
+
+def sp_forward_mistake(partials, op, out) -> str | None:
+    t = len(partials)
+    p = [np.asarray(x, dtype=float) for x in partials]
+    s, h = p[0].shape
+    c = s // t
+    if out is not None and len(out) == t and shape_of(out[0]) == (c, h):
+        return ("you return each rank's (s/t, h) shard: after the token-wise op an all-gather "
+                "gives every rank the full (s, h) tensor again")
+    local = [op(sum(x[i * c:(i + 1) * c] for x in p)) for i in range(t)]
+    return first(out, [
+        ("your output looks like op applied to each rank's partial sum before the reduction: op "
+         "is not linear, so op(P_0) + op(P_1) is not op(P_0 + P_1); reduce first",
+         lambda: [np.concatenate([sum(op(x[i * c:(i + 1) * c]) for x in p) for i in range(t)])] * t),
+        ("rank r's output starts with its own shard: the gathered tensor is the same on every "
+         "rank, rank 0's tokens first",
+         lambda: [np.concatenate(local[r:] + local[:r]) for r in range(t)]),
+    ])
+
+
+def sp_op_calls_mistake(shape, s, c) -> str:
+    if len(shape) == 2 and shape[0] == s and s != c:
+        return ("op ran on all s tokens: that is plain TP (all-reduce, then op everywhere); under SP "
+                "each rank runs op once, on its own s/t tokens, between the two collectives")
+    if len(shape) == 2 and shape[0] == 1 and c != 1:
+        return ("op ran on one token at a time: each rank calls op once, on its whole (s/t, h) "
+                "shard")
+    return "each rank calls op once, on its own (s/t, h) shard of the reduce-scattered sum"
+
+
+def bytes_mistake(yours, target, s, h, t, e, kind: str, e_passed: bool) -> str | None:
+    """``kind``: "TP" or "SP". ``target`` = 4 (t-1)/t s h e for both."""
+    n = s * h * e
+    cands = []
+    if not e_passed:
+        cands.append(("e was not passed here: its default is 2 bytes per element (bf16)",
+                      None if e != 2 else 4 * (t - 1) / t * s * h))
+        cands.append(("e was not passed here: its default is 2 bytes per element (bf16)",
+                      4 * (t - 1) / t * s * h * 4))
+    if e != 2:
+        cands.append((f"your count is for 2 bytes per element: this case passes e = {e}",
+                      target * 2 / e))
+    cands += [
+        ("you left out the (t-1)/t: in a ring collective a GPU sends all but its own share of "
+         "the tensor", 4 * n),
+        ("1/t instead of (t-1)/t: a ring collective sends all but the GPU's own 1/t share",
+         4 * n / t),
+        ("your count is 0: in integer division (t - 1) // t is 0; use true division",
+         0.0 if t > 1 else None),
+    ]
+    if kind == "TP":
+        cands.append(("your TP count is half the target: each all-reduce is a reduce-scatter "
+                      "plus an all-gather, 2 (t-1)/t n bytes, and the layer runs two", target / 2))
+    else:
+        cands.append(("your TP + SP count is half the target: the layer runs two reduce-scatters "
+                      "and two all-gathers", target / 2))
+    for text, value in cands:
+        if value is not None and same(yours, value) and not same(value, target):
+            return text
+    return None
+
+
+# --------------------------------------------------------------------------- 02
+def block_attention_mistake(q, k, v, q_pos, k_pos, causal, causal_passed, out) -> str | None:
+    """``out`` is the student's (out, lse) pair."""
+    from ..sim.attention import attention
+    try:
+        o, lse = (np.asarray(x, dtype=float) for x in out)
+    except (TypeError, ValueError):
+        return None
+    ref_o, ref_l = attention(q, k, v, causal=causal, q_pos=q_pos, k_pos=k_pos)
+    if o.shape != ref_o.shape or lse.shape != ref_l.shape:
+        return None
+    empty = np.isneginf(ref_l)
+    if np.isnan(o[empty]).any() or np.isnan(lse[empty]).any():
+        return ("NaN where a query sees no key in this block: the softmax of a row that is all "
+                "-inf divides 0 by 0; such a row has out 0 and lse -inf")
+    d = q.shape[-1]
+    q_pos, k_pos = np.asarray(q_pos), np.asarray(k_pos)
+    cands = [
+        ("your output ignores the causal mask" + ("" if causal_passed else
+         ": causal was not passed here, and its default is True"),
+         lambda: attention(q, k, v, causal=False) if causal else None),
+        ("your mask compares row numbers, not positions: query i may see key j when "
+         "k_pos[j] <= q_pos[i], for the global positions passed in",
+         lambda: attention(q, k, v, causal=True) if causal else None),
+        ("a key at the query's own position is visible (<=, not <): your mask drops it",
+         lambda: attention(q, k, v, causal=True, q_pos=q_pos - 1, k_pos=k_pos) if causal else None),
+        ("your scores are scaled by 1/d: attention divides q.k by sqrt(d)",
+         lambda: attention(q / np.sqrt(d), k, v, causal=causal, q_pos=q_pos, k_pos=k_pos)),
+        ("your scores are not scaled: attention divides q.k by sqrt(d)",
+         lambda: attention(q * np.sqrt(d), k, v, causal=causal, q_pos=q_pos, k_pos=k_pos)),
+    ]
+    for text, make in cands:
+        try:
+            with np.errstate(all="ignore"):
+                cand = make()
+        except Exception:  # noqa: BLE001
+            continue
+        if cand is not None and same((o, lse), list(cand)) and not same(list(cand), [ref_o, ref_l]):
+            return text
+    if empty.any() and np.isfinite(lse[empty]).all():
+        return ("a query that sees no key got a finite lse: masking with a large negative "
+                "number instead of -inf gives such a row a softmax over masked keys; its out "
+                "must be 0 and its lse -inf")
+    big = bool(q.size and k.size) and \
+        np.abs(np.einsum("iad,jad->aij", q, k)).max() / np.sqrt(d) > 500
+    if big and not (np.isfinite(o).all() and np.isfinite(lse[~empty]).all()):
+        return ("inf or NaN where the scores are about 1000: exp(1000) overflows; subtract the "
+                "row maximum of the scores before exp")
+    if same(o, ref_o) and q.shape[1] == k.shape[1] and len(k):
+        scores = np.einsum("iad,jad->aij", q, k) / np.sqrt(d)
+        masked = np.where(k_pos[None, None, :] <= q_pos[None, :, None], scores, -np.inf) \
+            if causal else scores
+        for m in (masked.max(-1).T, scores.max(-1).T):   # (sq, a)
+            with np.errstate(all="ignore"):
+                if same(np.where(empty, lse, lse + m), ref_l):
+                    return ("your out is right but your lse misses the row maximum you "
+                            "subtracted: lse = m + log(sum of exp(x - m))")
+    return None
+
+
+def merge_mistake(o1, l1, o2, l2, out) -> str | None:
+    try:
+        o, lse = (np.asarray(x, dtype=float) for x in out)
+    except (TypeError, ValueError):
+        return None
+    from ..sim.attention import merge as ref_merge
+    ref_o, ref_l = ref_merge(o1, l1, o2, l2)
+    if o.shape != ref_o.shape or lse.shape != ref_l.shape:
+        return None
+    both = np.isneginf(l1) & np.isneginf(l2)
+    with np.errstate(all="ignore"):
+        top = np.maximum(l1, l2)
+        if (np.isnan(lse) | np.isnan(o).any(-1))[both].any():
+            return ("NaN where both sides saw no key: with m = max(lse1, lse2) = -inf, lse1 - m is "
+                    "-inf - (-inf) = NaN; two empty sides merge to o = 0, lse = -inf")
+        bad = ~(np.isfinite(lse) | both) | ~np.isfinite(o).all(-1)
+        if bad.any():
+            big = float(np.abs(top[bad & np.isfinite(top)]).max()) if (bad & np.isfinite(top)).any() \
+                else 0.0
+            if big > 300:
+                return (f"your merge has no max shift: exp overflows (or underflows to 0) at lse = "
+                        f"{big:.0f}; subtract m = max(lse1, lse2) before exp")
+        m = np.where(np.isfinite(top), top, 0.0)
+        w1, w2 = np.exp(l1 - m), np.exp(l2 - m)
+    cands = [
+        ("you averaged the two outputs: each side's weight is its share of the probability mass, "
+         "exp(lse_i - lse)", lambda: ((o1 + o2) / 2, None)),
+        ("each weight multiplies the other side's output: exp(lse1 - lse) belongs to o1",
+         lambda: (np.exp(l2 - np.where(np.isfinite(ref_l), ref_l, 0))[..., None] * o1 +
+                  np.exp(l1 - np.where(np.isfinite(ref_l), ref_l, 0))[..., None] * o2, None)),
+        ("your weights exp(lse_i - m) do not add up to 1: divide them by their sum (the weight of "
+         "a side is exp(lse_i - lse))", lambda: (w1[..., None] * o1 + w2[..., None] * o2, None)),
+        ("your lse is the larger of the two: the merged lse is the log of the summed mass, "
+         "log(exp(lse1) + exp(lse2))", lambda: (None, np.maximum(l1, l2))),
+        ("your lse misses the m you subtracted: lse = m + log(exp(lse1 - m) + exp(lse2 - m))",
+         lambda: (None, np.where(np.isfinite(ref_l), ref_l - m, ref_l))),
+    ]
+    for text, make in cands:
+        with np.errstate(all="ignore"):
+            co, cl = make()
+        if co is not None and same(o, co) and not same(co, ref_o):
+            return text
+        if cl is not None and same(lse, cl) and not same(cl, ref_l):
+            return text
+    return None
