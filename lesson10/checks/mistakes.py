@@ -258,3 +258,78 @@ def merge_mistake(o1, l1, o2, l2, out) -> str | None:
         if cl is not None and same(lse, cl) and not same(cl, ref_l):
             return text
     return None
+
+
+# --------------------------------------------------------------------------- 03
+def zigzag_mistake(s, n, out) -> str | None:
+    m = s // (2 * n)
+
+    def chunks(pairs):
+        return [np.concatenate([np.arange(a * m, (a + 1) * m), np.arange(b * m, (b + 1) * m)])
+                for a, b in pairs]
+    return first(out, [
+        ("rank r holds chunks r and N_c + r: the late chunk must mirror the early one, so that the "
+         "first rank gets the last chunk", lambda: chunks([(r, n + r) for r in range(n)])),
+        ("your late chunk is one chunk off (2N_c - r instead of 2N_c - 1 - r): rank 0's late "
+         "chunk is the very last one",
+         lambda: chunks([(r, (2 * n - r) % (2 * n)) for r in range(n)])),
+        ("rank r holds chunks N_c-1-r and N_c+r: the middle pairs, not the ends; rank 0 takes the "
+         "first and the last chunk", lambda: chunks([(n - 1 - r, n + r) for r in range(n)])),
+        ("the right tokens, but the late chunk comes first: keep each rank's ids in increasing "
+         "order", lambda: chunks([(2 * n - 1 - r, r) for r in range(n)])),
+        ("your chunks have s/N_c tokens: the sequence is cut into 2N_c chunks of s/(2N_c)",
+         lambda: [np.concatenate([np.arange(r * 2 * m, (r + 1) * 2 * m),
+                                  np.arange((2 * n - 1 - r) * 2 * m, (2 * n - r) * 2 * m)])
+                  for r in range(n)]),
+    ])
+
+
+def causal_work_mistake(positions, out) -> str | None:
+    n = len(positions)
+    pos = [np.asarray(p) for p in positions]
+
+    def count(rule, kv=lambda r, k: (r - k) % n):
+        return np.array([[int(rule(pos[kv(r, k)][None, :], pos[r][:, None]).sum())
+                          for r in range(n)] for k in range(n)])
+    right = count(lambda key, q: key <= q)
+    return first(out, [
+        ("your counts leave out the diagonal: a key at the query's own position is visible "
+         "(key <= query)", lambda: count(lambda key, q: key < q)),
+        ("rows and columns are swapped: rows are rounds, columns are ranks",
+         lambda: right.T if n > 1 else None),
+        ("in round k your rank r holds the block of rank r + k: the blocks travel to r + 1, so "
+         "rank r holds that of rank r - k", lambda: count(lambda key, q: key <= q, lambda r, k: (r + k) % n)),
+        ("your counts compare row numbers within each block (in this layout that is the same as "
+         "counting every rank against its own block in every round): compare the token ids of "
+         "the visiting block",
+         lambda: np.array([[int((np.arange(len(pos[(r - k) % n]))[None, :]
+                                 <= np.arange(len(pos[r]))[:, None]).sum())
+                            for r in range(n)] for k in range(n)])),
+        ("every round counts the rank against its own block: in round k the visiting block is "
+         "another rank's", lambda: count(lambda key, q: key <= q, lambda r, k: r)),
+        ("your counts assume sorted ids (np.searchsorted needs a sorted array): the ids of a "
+         "rank may come in any order",
+         lambda: np.array([[int(np.searchsorted(pos[(r - k) % n], pos[r], side="right").sum())
+                            for r in range(n)] for k in range(n)])),
+    ])
+
+
+def ring_time_mistake(work, yours) -> str | None:
+    w = np.asarray(work, dtype=float)
+    cands = [
+        ("your time is the busiest rank's total work: the ranks wait for each other in every "
+         "round, so each round lasts as long as that round's busiest rank", w.sum(axis=0).max()),
+        ("you took the max over rounds, then summed over ranks: axis 0 is the rounds, axis 1 the "
+         "ranks", w.max(axis=0).sum()),
+        ("your time is that of the average rank (total work / ranks, the ideal): a round lasts "
+         "as long as its slowest rank", w.mean(axis=1).sum()),
+        ("your time is rounded down to an integer: work may come in halves of a block",
+         float(int(w.max(axis=1).sum()))),
+        ("your time is the busiest cell times the number of rounds: each round has its own "
+         "busiest rank", w.max() * len(w)),
+    ]
+    right = w.max(axis=1).sum()
+    for text, value in cands:
+        if same(yours, value) and not same(value, right):
+            return text
+    return None

@@ -159,37 +159,74 @@ def check_merge(merge, rng):
     return f"{len(kinds)} cases (lse of +-800, far apart, -inf on one or both sides), max error {err:.1e}"
 
 
+_MASK_HINT = ("query i may see key j only when the global position of j is <= that of i: "
+              "compare the token ids passed in `positions`, not row numbers")
+
+
 def _diagnose(exercise, out, candidates: dict, where: str) -> None:
-    """If the answer equals a known mistake (attention without the mask, the mask on row
-    numbers instead of global positions), say so: clearer than a wrong number."""
+    """If the answer equals a known mistake, say so: clearer than a wrong number.
+    ``candidates``: {what the output equals: (its output per rank, hint)}."""
     try:
         yours = [np.asarray(o, dtype=float) for o in out]
     except (TypeError, ValueError):
         return
-    for name, cand in candidates.items():
-        if len(cand) == len(yours) and all(y.shape == c.shape and np.allclose(y, c, atol=1e-9)
-                                           for y, c in zip(yours, cand)):
-            _fail(exercise, where, f"your output equals {name}", show=False,
-                  hint="query i may see key j only when the global position of j is <= that of "
-                       "i: compare the token ids passed in `positions`, not row numbers")
+    for name, (cand, hint) in candidates.items():
+        if mistakes.same(yours, cand):
+            _fail(exercise, where, f"your output equals {name}", show=False, hint=hint)
 
 
 def _mask_mistakes(q, k, v, pos, local_rows: bool):
     """Outputs of the two classic mask mistakes, split per rank like the answer."""
     from ..sim.attention import attention
-    out = {"attention without the causal mask": [attention(q, k, v)[0][p] for p in pos]}
+    out = {"attention without the causal mask": (
+        [attention(q, k, v)[0][p] for p in pos],
+        "causal=True was passed: pass causal on to the attention of every block")}
     order = np.concatenate(pos)
     if local_rows:      # ring: each block's rows numbered 0..c-1
         k_loc = np.concatenate([np.arange(len(p)) for p in pos])
-        out["the causal mask on row numbers within each block"] = [
-            attention(q[p], k[order], v[order], causal=True, q_pos=np.arange(len(p)),
-                      k_pos=k_loc)[0] for p in pos]
+        out["the causal mask on row numbers within each block (or on the query block's own "
+            "positions for every key block)"] = ([
+                attention(q[p], k[order], v[order], causal=True, q_pos=np.arange(len(p)),
+                          k_pos=k_loc)[0] for p in pos],
+                "a key block's positions travel with it: the mask compares the global positions "
+                "of the queries with those of the keys of the block the rank holds now")
     else:               # Ulysses: the gathered tokens numbered 0..s-1 in stacking order
         o = attention(q[order], k[order], v[order], causal=True)[0]
         bounds = np.cumsum([0] + [len(p) for p in pos])
-        out["the causal mask on row numbers 0..s-1 instead of the positions"] = [
-            o[bounds[r]:bounds[r + 1]] for r in range(len(pos))]
+        out["the causal mask on row numbers 0..s-1 instead of the positions"] = ([
+            o[bounds[r]:bounds[r + 1]] for r in range(len(pos))], _MASK_HINT)
     return out
+
+
+def _ring_mistakes(q, k, v, pos, causal):
+    """Outputs of the ring loop's classic mistakes (not the mask ones), per rank."""
+    from ..sim.attention import attention, merge
+
+    def ring(merge_fn=merge, lse0=-np.inf, causal_=causal):
+        outs = []
+        for r, p in enumerate(pos):
+            o, lse = np.zeros((len(p),) + q.shape[1:]), np.full((len(p), q.shape[1]), lse0)
+            for t in range(len(pos)):
+                j = (r - t) % len(pos)
+                ob, lb = attention(q[p], k[pos[j]], v[pos[j]], causal=causal_, q_pos=p,
+                                   k_pos=pos[j])
+                with np.errstate(all="ignore"):
+                    o, lse = merge_fn(o, lse, ob, lb)
+            outs.append(o)
+        return outs
+
+    cands = {}
+    if not causal:
+        cands["causal attention, though causal=False was passed"] = (
+            ring(causal_=True), "pass causal on to the attention of every block")
+    cands["the outputs of the blocks averaged"] = (
+        ring(merge_fn=lambda o, lse, ob, lb: ((o + ob) / 2, np.maximum(lse, lb))),
+        "merge each block's (out, lse) into the running result with your merge: the blocks "
+        "weigh by their share of the probability mass")
+    cands["attention that counts one more key with score 0 and value 0"] = (
+        ring(lse0=0.0), "the running result starts empty: out = 0 and lse = -inf (no key yet); "
+                        "lse = 0 stands for a key with weight e^0")
+    return cands
 
 
 def _ring_cases(rng, n_random=6):
@@ -250,11 +287,9 @@ def check_ring_attention(ring_attention, rng):
             err = max(err, _compare_shards(
                 "ring_attention", out, target, where=where, what="output",
                 axes=("local query", "head", "dim"),
-                hint="N_c rounds; in round t rank r attends with its queries to the K/V block it "
-                     "holds (that of rank (r - t) mod N_c) with the global positions of both blocks "
-                     "(the mask compares positions), merges (out, lse) into its running result, "
-                     "starting from out = 0, lse = -inf, and passes the block on; pass causal on "
-                     "to block_attention"))
+                hint="in every round a rank attends with its queries to the block it holds, with "
+                     "the global positions of both, and merges that into its running result; "
+                     "check it against the text of the exercise step by step"))
         except CheckFailed:
             full = attention(q, k, v, causal=causal_)[0]
             if swap:
@@ -265,8 +300,11 @@ def check_ring_attention(ring_attention, rng):
                                 "a rank may use only its own k_shards[r], v_shards[r] and what "
                                 "ring_shift returned to it: reading k_shards[j] of another rank "
                                 "means reading another GPU's memory")
-            elif causal_:    # name the classic mistakes when they are the cause
-                _diagnose("ring_attention", out, _mask_mistakes(q, k, v, pos, local_rows=True), where)
+            else:            # name the classic mistakes when they are the cause
+                if causal_:
+                    _diagnose("ring_attention", out, _mask_mistakes(q, k, v, pos, local_rows=True),
+                              where)
+                _diagnose("ring_attention", out, _ring_mistakes(q, k, v, pos, causal_), where)
             raise
     return (f"{len(cases)} cases (contiguous/zigzag/striped, causal and not, N_c in 1..5, "
             f"{n_swapped} with substituted blocks): N_c - 1 shifts, each rank passing on the block "
