@@ -333,3 +333,69 @@ def ring_time_mistake(work, yours) -> str | None:
         if same(yours, value) and not same(value, right):
             return text
     return None
+
+
+# --------------------------------------------------------------------------- 04
+def all_to_all_mistake(delivered, out, axis: int) -> str | None:
+    """``delivered[i][j]``: what rank j received from rank i; the right answer of rank j
+    joins ``delivered[0][j], delivered[1][j], ...`` along ``axis`` (0: seq_to_heads, the
+    token axis; 1: heads_to_seq, the head axis)."""
+    n = len(delivered)
+    dl = [[np.asarray(b, dtype=float) for b in row] for row in delivered]
+    name = "token" if axis == 0 else "head"
+    if out is not None and len(out) == n:
+        got, want = shape_of(out[0]), np.concatenate([dl[i][0] for i in range(n)], axis=axis).shape
+        if got == (n,) + dl[0][0].shape and got != want:
+            return (f"your shard has shape {got}: stacking the received blocks adds a new axis; "
+                    f"join them along the existing {name} axis")
+        other = np.concatenate([dl[0][0]] * n, axis=1 - axis).shape if n > 1 else None
+        if got == other and got != want:
+            return (f"your shard has shape {got}: you joined the received blocks along the "
+                    f"{'head' if axis == 0 else 'token'} axis; they go along the {name} axis")
+    return first(out, [
+        (f"rank j's blocks are in reverse order: the block from rank 0 comes first along the "
+         f"{name} axis", lambda: [np.concatenate([dl[i][j] for i in range(n)][::-1], axis=axis)
+                                 for j in range(n)]),
+        ("you joined what the other ranks received from rank j, not what rank j received: "
+         "all_to_all returns received[j][i], what rank j got from rank i",
+         lambda: [np.concatenate([dl[j][i] for i in range(n)], axis=axis) for j in range(n)]),
+        (f"your {name}s are interleaved (the first {name} of every block, then the second, ...): "
+         f"the received blocks go one after the other",
+         lambda: [np.stack([dl[i][j] for i in range(n)], axis=axis + 1).reshape(
+             np.concatenate([dl[i][j] for i in range(n)], axis=axis).shape) for j in range(n)]),
+    ])
+
+
+def ulysses_bytes_mistake(s, h, n, g, e, yours, g_passed: bool, e_passed: bool) -> str | None:
+    def f(s=s, h=h, n=n, g=g, e=e, kv=2.0, qo=2.0, frac=True):
+        return ((n - 1) / n if frac else 1.0) * (qo + kv / g) * s * h * e / n
+    right = f()
+    cands = []
+    if not g_passed:
+        cands.append(("g was not passed here: its default is 1 (multi-head attention)", None))
+    if not e_passed:
+        cands.append(("e was not passed here: its default is 2 bytes per element (bf16)", None))
+    cands += [
+        (f"your count ignores GQA: with g = {g}, K and V have h/g columns", f(g=1)),
+        (f"your count divides all four tensors by g = {g}: only K and V are smaller under GQA",
+         f(g=1) / g),
+        (f"your count is for 2 bytes per element: this case passes e = {e}", f(e=2)),
+        ("your count is N_c times too large: each rank holds s/N_c tokens of each tensor",
+         f() * n),
+        ("you left out (N_c-1)/N_c: an all-to-all keeps the block a rank sends to itself",
+         f(frac=False)),
+        ("1/N_c instead of (N_c-1)/N_c: an all-to-all sends all blocks but the rank's own",
+         f(frac=False) / n),
+        ("K and V are counted once: they are two tensors, each with h/g columns", f(kv=1.0)),
+        ("three all-to-alls: the output goes back through a fourth one", f(qo=1.0)),
+    ]
+    for text, value in cands:
+        if value is None:
+            tries = [f(g=gg) for gg in (2, 4, 8)] if text.startswith("g ") else \
+                [f(e=ee) for ee in (1, 4)]
+            if any(same(yours, v) and not same(v, right) for v in tries):
+                return text
+            continue
+        if same(yours, value) and not same(value, right):
+            return text
+    return None
