@@ -384,10 +384,9 @@ def _run(exercise: str, fn, names, *args, **kwargs):
         where = _changed(before, after, name)
         if where:
             _fail(exercise, "", f"your function changed its input {where} in place", show=False,
-                  hint="work on new arrays and lists (x = x + y, np.sort(x), list(xs)) instead of "
-                       "writing into the ones you were given (x += y, x[...] = ..., x.sort(), "
-                       "xs.pop()): the caller still needs them, and later cells of the notebook "
-                       "would see the changed values")
+                  hint="leave the inputs as they are (the notebook's rule): build new arrays "
+                       "and lists for your results; +=, slice assignment, .sort() or .pop() on "
+                       "an argument change the caller's data, which later cells still use")
     return out
 
 
@@ -399,7 +398,7 @@ def _pair(exercise, out, where, what: str):
         return out[0], out[1]
     _fail(exercise, where, f"return a pair {what}; got "
           f"{type(out).__name__}" + (f" of length {len(out)}" if hasattr(out, "__len__") else ""),
-          show=False, hint=f"return both values, e.g. `return {what.strip('()')}` (a tuple; a "
+          show=False, hint=f"return both values, {what.strip('()')}, as a pair (a tuple; a "
                            f"list or an array of two entries is fine too)")
 
 
@@ -423,7 +422,7 @@ def _bool_array(exercise, x, where, what, hint="") -> np.ndarray:
     arr = np.asarray(x)
     if arr.dtype.kind != "b":
         _fail(exercise, where, f"{what} must be a boolean array (True = kept), got dtype {arr.dtype}",
-              show=False, hint=hint or "start from np.zeros(shape, dtype=bool) or compare (a < b); "
+              show=False, hint=hint or "a boolean array (dtype bool, or the result of a comparison); "
                                        "a 0/1 integer array used as a mask picks rows 0 and 1 instead")
     return arr
 

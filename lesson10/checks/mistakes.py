@@ -226,15 +226,15 @@ def merge_mistake(o1, l1, o2, l2, out) -> str | None:
     with np.errstate(all="ignore"):
         top = np.maximum(l1, l2)
         if (np.isnan(lse) | np.isnan(o).any(-1))[both].any():
-            return ("NaN where both sides saw no key: with m = max(lse1, lse2) = -inf, lse1 - m is "
-                    "-inf - (-inf) = NaN; two empty sides merge to o = 0, lse = -inf")
+            return ("NaN where both sides saw no key: the shift is then -inf, and -inf - (-inf) "
+                    "is NaN; two empty sides merge to o = 0, lse = -inf")
         bad = ~(np.isfinite(lse) | both) | ~np.isfinite(o).all(-1)
         if bad.any():
             big = float(np.abs(top[bad & np.isfinite(top)]).max()) if (bad & np.isfinite(top)).any() \
                 else 0.0
             if big > 300:
                 return (f"your merge has no max shift: exp overflows (or underflows to 0) at lse = "
-                        f"{big:.0f}; subtract m = max(lse1, lse2) before exp")
+                        f"{big:.0f}; subtract the larger of the two lse before exp")
         m = np.where(np.isfinite(top), top, 0.0)
         w1, w2 = np.exp(l1 - m), np.exp(l2 - m)
     cands = [
@@ -396,6 +396,96 @@ def ulysses_bytes_mistake(s, h, n, g, e, yours, g_passed: bool, e_passed: bool) 
             if any(same(yours, v) and not same(v, right) for v in tries):
                 return text
             continue
+        if same(yours, value) and not same(value, right):
+            return text
+    return None
+
+
+# --------------------------------------------------------------------------- 05
+def _moe_variant(experts, keep, Ne, E, h, e, *, dropped_sent=False, local_sent=False, combine=True,
+                 load_all=False, expert_gpu="block", token_gpu="block"):
+    experts, keep = np.asarray(experts), np.asarray(keep, dtype=bool)
+    N, k = experts.shape
+    T = N // Ne
+    tok = np.arange(N)
+    src = ((tok // T) if token_gpu == "block" else tok % Ne)[:, None] * np.ones(k, dtype=int)
+    dst = experts // (E // Ne) if expert_gpu == "block" else experts % Ne
+    sent = np.ones_like(keep) if dropped_sent else keep
+    remote = sent if local_sent else sent & (src != dst)
+    out = np.bincount(src[remote], minlength=Ne) * h * e
+    if combine:
+        out = out + np.bincount(dst[remote], minlength=Ne) * h * e
+    load = np.bincount(dst[np.ones_like(keep) if load_all else keep], minlength=Ne)
+    return out, load
+
+
+def moe_stats_mistake(key, yours, experts, keep, Ne, E, h, e, e_passed) -> str | None:
+    v = lambda **kw: _moe_variant(experts, keep, Ne, E, h, e, **kw)  # noqa: E731
+    if key == "drop_rate":
+        N, k = np.shape(experts)
+        dropped = int((~np.asarray(keep, dtype=bool)).sum())
+        return first(yours, [
+            ("your drop rate divides by the N tokens: it is a fraction of the N k copies",
+             lambda: dropped / N if k > 1 else None),
+            ("that is the fraction kept: the drop rate counts the dropped copies",
+             lambda: 1 - dropped / (N * k)),
+        ])
+    if key == "load_per_gpu":
+        return first(yours, [
+            ("your load counts the dropped copies too: a dropped copy is never computed",
+             lambda: v(load_all=True)[1]),
+            ("your load puts expert i on GPU i mod Ne: the experts of a GPU are consecutive, "
+             "E/Ne per GPU", lambda: v(expert_gpu="modulo")[1] if Ne < E else None),
+        ]) or (f"your load has {shape_of(yours)[0]} entries: one per GPU, with 0 for a GPU whose "
+               f"experts got no copy" if shape_of(yours) not in (None, (Ne,)) and
+               len(shape_of(yours)) == 1 else None)
+    if shape_of(yours) not in (None, (Ne,)) and len(shape_of(yours) or ()) == 1:
+        return (f"your bytes have {shape_of(yours)[0]} entries: one per GPU, with 0 for a GPU that "
+                f"sends nothing")
+    cands = []
+    if not e_passed:
+        cands.append(("e was not passed here: its default is 2 bytes per element (bf16)",
+                      lambda: _moe_variant(experts, keep, Ne, E, h, 1)[0]))
+    cands += [
+        ("your bytes count the dropped copies: a dropped copy is never sent",
+         lambda: v(dropped_sent=True)[0]),
+        ("your bytes count the copies whose expert is on the token's own GPU: those stay put",
+         lambda: v(local_sent=True)[0]),
+        ("your bytes count the dispatch only: the outputs travel back in the combine, h e bytes "
+         "per copy, sent by the expert's GPU", lambda: v(combine=False)[0]),
+        ("your bytes put expert i on GPU i mod Ne: the experts of a GPU are consecutive, E/Ne per "
+         "GPU", lambda: v(expert_gpu="modulo")[0] if Ne < E else None),
+        ("your bytes put token t on GPU t mod Ne: GPU g holds the T consecutive tokens "
+         "g T .. (g+1) T - 1", lambda: v(token_gpu="modulo")[0] if Ne > 1 else None),
+    ]
+    return first(yours, cands)
+
+
+def aux_loss_mistake(probs, experts, alpha, yours, alpha_passed) -> str | None:
+    probs, experts = np.asarray(probs, dtype=float), np.asarray(experts)
+    N, E = probs.shape
+    k = experts.shape[1]
+    counts = np.bincount(experts.ravel(), minlength=E)
+    f, P = counts / (N * k), probs.mean(axis=0)
+    right = alpha * E * float(f @ P)
+    cands = []
+    if not alpha_passed:
+        cands += [("alpha was not passed here: its default is 1e-2", alpha_ * E * float(f @ P))
+                  for alpha_ in (1e-3, 0.1, 1.0)]
+    cands += [
+        ("your f_i counts copies per token (divided by N): f_i is a fraction of the N k copies, "
+         "so the f_i add up to 1", alpha * E * float(counts / N @ P)),
+        ("your loss has no factor E (or it averages f_i P_i over the experts instead of summing "
+         "them): it is alpha E sum f_i P_i, which equals alpha for uniform routing",
+         alpha * float(f @ P)),
+        ("your P_i are the hard fractions f_i: P_i is the mean router probability of expert i",
+         alpha * E * float(f @ f)),
+        ("your f_i count only each token's first choice: f_i counts all k copies",
+         alpha * E * float(np.bincount(experts[:, 0], minlength=E) / N @ P)),
+        ("your P_i sum the probabilities over the tokens: P_i is their mean",
+         alpha * E * float(f @ probs.sum(axis=0))),
+    ]
+    for text, value in cands:
         if same(yours, value) and not same(value, right):
             return text
     return None

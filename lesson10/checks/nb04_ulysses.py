@@ -214,13 +214,13 @@ def _ulysses_case(rng, referee, qs, ks, vs, swap):
                                          f"returned for head group {j}, shape {(c, a // n, d)}",
                       missing=("the attention output never went through all_to_all: each rank "
                                "must get back its own tokens with all heads",
-                               "return heads_to_seq(outputs, group), outputs[j] being what "
-                               "attention returned for head group j (its out, unchanged)")))
+                               "send what attention returned for each head group (its out, "
+                               "unchanged) back through your heads_to_seq")))
     net = AllToAllNetwork(referee, n, sends, purpose="Ulysses", never=(
         "your ulysses_attention never called group.all_to_all: the head groups of the other "
         "ranks reach a rank only through the network",
-        "seq_to_heads(q_shards, group) on Q, K and V, attention on each head group, "
-        "heads_to_seq(outputs, group)"))
+        "your seq_to_heads on Q, K and V with the group, attention on each head group, your "
+        "heads_to_seq on the outputs"))
     return net, kernel
 
 

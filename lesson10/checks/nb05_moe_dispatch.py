@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from . import mistakes
 from .core import (_bool_array, _close_number, _compare, _exercise, _fail, _int_array, _log_int,
                    _pair, _run)
 
@@ -319,18 +320,22 @@ def check_moe_stats(moe_stats, rng):
             _fail("moe_stats", where, "return a dict with keys drop_rate, bytes_per_gpu, "
                   "load_per_gpu", show=False,
                   hint='return {"drop_rate": ..., "bytes_per_gpu": ..., "load_per_gpu": ...}')
+        e_passed = len(args) == 6
+
+        def hint(key, general, _out=out, _args=(chosen, keep, Ne, E, h, e, e_passed)):
+            return lambda: mistakes.moe_stats_mistake(key, _out[key], *_args) or general
         _close_number("moe_stats", out["drop_rate"], stats["dropped"] / (Ne * T * k), where=where,
-                      what="drop_rate", hint="dropped copies / (N k), with N = Ne T tokens in total")
+                      what="drop_rate", hint=hint("drop_rate", "the fraction of all copies that "
+                                                               "were dropped"))
         _compare("moe_stats", out["load_per_gpu"], stats["load_per_gpu"], where=where,
                  what="load_per_gpu", axes=("GPU",),
-                 hint="count the kept copies whose expert lives on each GPU (expert i is on GPU "
-                      "i // (E/Ne)); dropped copies are not computed; a GPU with no copy counts 0 "
-                      "(np.bincount(..., minlength=Ne))")
+                 hint=hint("load_per_gpu", "the load of a GPU is the number of kept copies its "
+                                           "experts compute; expert i lives on GPU i // (E/Ne)"))
         _compare("moe_stats", out["bytes_per_gpu"], ledger, where=where, what="bytes_per_gpu",
                  axes=("GPU",),
-                 hint="GPU g holds tokens g T .. (g+1) T - 1; dispatch: it sends h e bytes per kept "
-                      "copy of its tokens that goes to another GPU; combine: it sends back h e bytes "
-                      "per copy it computed for another GPU; local and dropped copies cost nothing")
+                 hint=hint("bytes_per_gpu", "a GPU sends h e bytes for each kept copy of its own "
+                                            "tokens bound for another GPU (dispatch) and h e for "
+                                            "each copy it computed for another GPU (combine)"))
     return f"{len(cases)} routings (empty GPUs, drops, one GPU): drops, loads and bytes match the simulated all-to-alls"
 
 
@@ -359,8 +364,9 @@ def check_aux_loss(switch_aux_loss, rng):
         out = _run("aux_loss", switch_aux_loss, ("probs", "experts"), *args)
         _close_number("aux_loss", out, ref(probs, experts, 1e-2 if alpha is None else alpha),
                       where=f"{label} (N={N}, E={E}, k={k}, alpha={alpha})", what="loss",
-                      hint="f_i = (copies sent to expert i) / (N k) so that sum_i f_i = 1, with a 0 "
-                           "for an expert nobody chose (np.bincount(..., minlength=E)); P_i = "
-                           "probs[:, i].mean(); loss = alpha * E * sum_i f_i P_i (= alpha when "
-                           "routing is uniform)")
+                      hint=lambda: mistakes.aux_loss_mistake(
+                          probs, experts, 1e-2 if alpha is None else alpha, out, alpha is not None)
+                      or "f_i is the fraction of the N k copies routed to expert i (0 for an expert "
+                         "nobody chose), P_i the mean router probability of expert i; the loss "
+                         "equals alpha when routing is uniform")
     return f"{len(spec)} routings (k = 1..3, skewed, empty experts): matches alpha E sum f_i P_i"
