@@ -6,8 +6,9 @@ makes of a broken solution.
   course code, the cells that use a wrong function say that the course's reference stands
   in for it, and every figure cell still makes its figure. An answer that raises shows the
   traceback of the student's own code, pointing at their line.
-* ``pytest --nbval-lax`` fails on a solution notebook whose solution is broken, and passes
-  the same notebook as an exercise notebook (a failed check is shown, not raised).
+* ``pytest --nbval-lax`` fails on a solution notebook whose solution is broken or missing
+  (a stub), and passes the same notebook as an exercise notebook (a failed check is shown,
+  not raised).
 """
 from __future__ import annotations
 
@@ -166,6 +167,8 @@ def test_nbval_fails_on_a_broken_solution_and_passes_it_as_an_exercise(tmp_path)
     """The repository's conftest.py makes a failed check raise in solutions/ only."""
     for folder, solution in (("solutions", "return np.asarray(work).mean(axis=1).sum()"),
                              ("notebooks", "return np.asarray(work).mean(axis=1).sum()"),
+                             ("stub/solutions", "raise NotImplementedError"),
+                             ("stub/notebooks", "raise NotImplementedError"),
                              ("good/solutions", "return np.asarray(work).max(axis=1).sum()")):
         (tmp_path / folder).mkdir(parents=True)
         (tmp_path / folder / "nb.ipynb").write_text(json.dumps(_mini_notebook(solution)))
@@ -173,11 +176,12 @@ def test_nbval_fails_on_a_broken_solution_and_passes_it_as_an_exercise(tmp_path)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = {k: v for k, v in os.environ.items() if k not in ("LESSON10_STRICT_CHECKS", "PYTEST_ADDOPTS")}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
-                           "--nbval-lax", "notebooks", "solutions", "good/solutions", "-rf"],
+                           "--nbval-lax", "notebooks", "solutions", "stub", "good/solutions", "-rf"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     failed = re.findall(r"^FAILED (\S+)", out, re.M)
-    assert failed and all(f.startswith("solutions/nb.ipynb") for f in failed), out[-3000:]
-    assert "check_ring_time failed" in out and "hint:" in out
-    assert re.search(r"\b1 failed, 11 passed\b", out), out[-3000:]
+    assert sorted(f.split("::")[0] for f in failed) == ["solutions/nb.ipynb", "stub/solutions/nb.ipynb"], \
+        out[-3000:]
+    assert "check_ring_time failed" in out and "hint:" in out and "not attempted" in out
+    assert re.search(r"\b2 failed, 18 passed\b", out), out[-3000:]

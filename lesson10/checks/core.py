@@ -184,8 +184,11 @@ def _exercise(exercise: str, notebook: str, points: int, title: str, function: s
                 verified = body(student_fn, rng)
             except NotImplementedError:
                 _judged(exercise, student_fn, "not attempted")
-                print(f"check_{exercise}: not attempted (your function, or one it calls, still "
-                      f"raises NotImplementedError; write it and run this cell again)")
+                msg = (f"check_{exercise}: not attempted (your function, or one it calls, still "
+                       f"raises NotImplementedError; write it and run this cell again)")
+                if feedback.strict():             # a solution notebook: every exercise passes
+                    raise CheckFailed(msg + f"\n({feedback.ENV}=1: every check must pass)")
+                print(msg)
                 return None
             except CheckFailed as exc:
                 _judged(exercise, student_fn, "failed", str(exc))

@@ -8,8 +8,8 @@ out), ending at the line that raised.
 
 **Elsewhere** (a script, pytest) a failed check raises :class:`CheckFailed`, whose message
 is the same text. ``LESSON10_STRICT_CHECKS`` decides instead of the kernel test: ``1``
-raises everywhere (the solution notebooks under nbval, see the repository's conftest.py:
-a broken solution fails the run), ``0`` shows everywhere. Raised inside a kernel, a
+raises everywhere, for a stub too (the solution notebooks under nbval, see the repository's
+conftest.py: a broken or missing solution fails the run), ``0`` shows everywhere. Raised inside a kernel, a
 CheckFailed still shows only its text (IPython honours ``_render_traceback_``).
 
 :func:`fallback` lets the cells that *use* an exercise go on with the course's reference
@@ -45,6 +45,12 @@ def _shell():
         return ipython.get_ipython()
     except Exception:  # noqa: BLE001 - a broken IPython is no shell
         return None
+
+
+def strict() -> bool:
+    """``LESSON10_STRICT_CHECKS=1``: every check must pass (the solution notebooks), so a
+    stub ("not attempted") raises too."""
+    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "raise", "strict")
 
 
 def raising() -> bool:
