@@ -455,6 +455,18 @@ def route_argpartition(logits, k):       # the k best by argpartition, then sort
     return experts, np.exp(chosen - lse)
 
 
+def route_shift_copy(logits, k):         # stabilises on a new array: the inputs stay unchanged
+    z = logits - logits.max(axis=1, keepdims=True)
+    experts = np.argsort(-z, axis=1, kind="stable")[:, :k]
+    g = np.exp(np.take_along_axis(z, experts, axis=1))
+    return experts, g / g.sum(axis=1, keepdims=True)
+
+
+def route_shift_in_place(logits, k):     # logits -= max: changes the caller's array
+    logits -= logits.max(axis=1, keepdims=True)
+    return route_shift_copy(logits, k)
+
+
 def route_best_repeated(logits, k):      # the best expert k times
     experts = np.repeat(np.argmax(logits, axis=1)[:, None], k, axis=1)
     return experts, np.full(experts.shape, 1.0 / k)

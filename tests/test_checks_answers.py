@@ -36,7 +36,7 @@ RIGHT = {
     "ulysses_attention": [a4.make_ulysses(), a4.ulysses_positional, a4.ulysses_loop],
     "ulysses_bytes": [a4.ub_formula, a4.ub_integers, a4.ub_per_tensor],
     "route_topk": [a4.route_stable, a4.route_python, a4.route_lexsort, a4.route_ties_high,
-                   a4.route_default_sort, a4.route_argpartition],
+                   a4.route_default_sort, a4.route_argpartition, a4.route_shift_copy],
     "capacity": [a4.cap_fraction_loops, a4.cap_decimal_cumsum, a4.cap_rounded_counter,
                  a4.make_capacity(rounding=np.ceil),                  # ceil of the float product
                  a4.cap_float_any_order, a4.cap_binary_fraction],
@@ -110,7 +110,7 @@ WRONG = {
                       a4.ub_default_g2],
     "route_topk": [a4.route_softmax_all, a4.route_smallest, a4.route_gates_not_following,
                    a4.route_sorted_by_id, a4.route_float_ids, a4.route_best_repeated,
-                   a4.route_no_shift, a4.route_linear_gates],
+                   a4.route_no_shift, a4.route_linear_gates, a4.route_shift_in_place],
     "capacity": [a4.make_capacity(rounding=np.floor), a4.make_capacity(strict=False),
                  a4.make_capacity(token_major=False),
                  a4.make_capacity(rounding=lambda x: math.floor(x) + 1),   # floor + 1: C + 1 at integers
@@ -270,6 +270,7 @@ HINTS = {
     ('route_topk', 5): "a token's k experts are k different columns of i",
     ('route_topk', 6): 'your gates are not finite where the logits are a',
     ('route_topk', 7): 'your gates look like the chosen logits divided b',
+    ('route_topk', 8): 'leave the inputs as they are',
     ('capacity', 0): 'your experts keep 22 copies',
     ('capacity', 1): 'your experts keep one copy more than C = 9',
     ('capacity', 2): 'your queue serves choice by choice',
