@@ -325,11 +325,43 @@ def attn_scale_d(q, k, v, q_pos, k_pos, causal=True):       # 1/d instead of 1/s
     return attn_einsum(q / np.sqrt(q.shape[-1]), k, v, q_pos, k_pos, causal)
 
 
-def attn_zeros_like(q, k, v, q_pos, k_pos, causal=True):    # output dtype follows q (ints!)
+def attn_zeros_like(q, k, v, q_pos, k_pos, causal=True):    # output dtype follows q: no conversion
     o, l = attn_einsum(q, k, v, q_pos, k_pos, causal)
     out = np.zeros_like(q)
     out[...] = o
     return out, l
+
+
+def attn_no_convert(q, k, v, q_pos, k_pos, causal=True):    # masks in place, never casts q, k, v
+    sq, a, d = q.shape
+    out, lse = np.zeros_like(q), np.full_like(q[..., 0], -np.inf)
+    for h in range(a):
+        x = q[:, h] @ k[:, h].T / np.sqrt(d)
+        if causal:
+            x[np.asarray(k_pos)[None, :] > np.asarray(q_pos)[:, None]] = -np.inf
+        seen = np.isfinite(x).any(axis=1)
+        m = np.where(seen, x.max(axis=1), 0.0)
+        w = np.exp(x - m[:, None])
+        tot = w.sum(axis=1)
+        lse[seen, h] = (m + np.log(np.where(seen, tot, 1.0)))[seen]
+        out[seen, h] = (w[seen] / tot[seen, None]) @ v[:, h]
+    return out, lse
+
+
+def attn_no_scale(q, k, v, q_pos, k_pos, causal=True):      # forgets the 1/sqrt(d)
+    return attn_einsum(q * np.sqrt(q.shape[-1]), k, v, q_pos, k_pos, causal)
+
+
+def attn_softmax_over_queries(q, k, v, q_pos, k_pos, causal=True):   # normalises the wrong axis
+    with np.errstate(all="ignore"):
+        x = np.einsum("iad,jad->aij", q, k) / np.sqrt(q.shape[-1])
+        if causal:
+            x = np.where(np.asarray(k_pos)[None, None, :] <= np.asarray(q_pos)[None, :, None], x, -np.inf)
+        m = np.where(np.isfinite(x), x, -1e300).max(axis=1, keepdims=True)
+        p = np.exp(x - m)
+        p = np.nan_to_num(p / p.sum(1, keepdims=True))
+        o = np.einsum("aij,jad->iad", p, v)
+        return o, attn_einsum(q, k, v, q_pos, k_pos, causal)[1]
 
 
 def attn_lse_no_max(q, k, v, q_pos, k_pos, causal=True):    # lse = log(sum) without + m

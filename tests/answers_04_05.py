@@ -62,6 +62,12 @@ def s2h_no_check(shards, group):         # slicing: empty or short head groups w
     return [np.concatenate(row) for row in received]
 
 
+def s2h_assert(shards, group):           # checks the heads with assert: AssertionError, not ValueError
+    n, a = len(shards), shards[0].shape[1]
+    assert a % n == 0, f"{a} heads over {n} ranks"
+    return s2h_split(shards, group)
+
+
 def s2h_reversed_tokens(shards, group):
     n = len(shards)
     received = group.all_to_all([np.split(x, n, axis=1) for x in shards])
@@ -424,11 +430,46 @@ def route_float_ids(logits, k):
     return experts.astype(float), gates
 
 
-def route_ties_high(logits, k):          # reversed ascending sort: ties go to the higher id
+def route_ties_high(logits, k):          # reversed ascending sort: ties go to the higher id (right:
+    # the lesson defines no order among exactly equal logits)
     experts = np.argsort(logits, axis=1, kind="stable")[:, ::-1][:, :k]
     chosen = np.take_along_axis(logits, experts, axis=1)
     z = np.exp(chosen - chosen.max(axis=1, keepdims=True))
     return experts, z / z.sum(axis=1, keepdims=True)
+
+
+def route_default_sort(logits, k):       # the default (unstable) argsort: ties in any order
+    experts = np.argsort(-logits, axis=1)[:, :k]
+    chosen = np.take_along_axis(logits, experts, axis=1)
+    g = np.exp(chosen - chosen[:, :1])
+    return experts, g / g.sum(axis=1, keepdims=True)
+
+
+def route_argpartition(logits, k):       # the k best by argpartition, then sorted, ties in any order
+    z = np.asarray(logits, dtype=float)
+    top = np.argpartition(-z, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(z, top, axis=1), axis=1)
+    experts = np.take_along_axis(top, order, axis=1)
+    chosen = np.take_along_axis(z, experts, axis=1)
+    lse = chosen.max(1, keepdims=True) + np.log(np.exp(chosen - chosen.max(1, keepdims=True)).sum(1, keepdims=True))
+    return experts, np.exp(chosen - lse)
+
+
+def route_shift_copy(logits, k):         # stabilises on a new array: the inputs stay unchanged
+    z = logits - logits.max(axis=1, keepdims=True)
+    experts = np.argsort(-z, axis=1, kind="stable")[:, :k]
+    g = np.exp(np.take_along_axis(z, experts, axis=1))
+    return experts, g / g.sum(axis=1, keepdims=True)
+
+
+def route_shift_in_place(logits, k):     # logits -= max: changes the caller's array
+    logits -= logits.max(axis=1, keepdims=True)
+    return route_shift_copy(logits, k)
+
+
+def route_best_repeated(logits, k):      # the best expert k times
+    experts = np.repeat(np.argmax(logits, axis=1)[:, None], k, axis=1)
+    return experts, np.full(experts.shape, 1.0 / k)
 
 
 def route_no_shift(logits, k):           # exp of the raw logits overflows at 1000
@@ -484,6 +525,29 @@ def cap_rounded_counter(experts, E, capacity_factor):
             seen[i] += 1
         out.append(keep_row)
     return np.array(out, dtype=bool)
+
+
+def cap_float_any_order(experts, E, capacity_factor):   # the float ceiling, another order
+    N, k = experts.shape
+    if capacity_factor is None:
+        return np.ones((N, k), dtype=bool)
+    C = math.ceil(k * N / E * capacity_factor)
+    flat = experts.ravel()
+    keep = np.zeros(flat.size, dtype=bool)
+    for i in range(E):
+        where = np.flatnonzero(flat == i)
+        keep[where[:C]] = True
+    return keep.reshape(N, k)
+
+
+def cap_binary_fraction(experts, E, capacity_factor):   # exact, with the factor's binary value
+    N, k = experts.shape
+    if capacity_factor is None:
+        return np.ones((N, k), dtype=bool)
+    C = math.ceil(Fraction(capacity_factor) * k * N / E)
+    return make_capacity()(experts, E, None) & (
+        (np.cumsum(experts.ravel()[:, None] == np.arange(E), axis=0)[np.arange(N * k), experts.ravel()]
+         <= C).reshape(N, k))
 
 
 def make_capacity(rounding=None, strict=True, token_major=True, as_int=False, forget_k=False,

@@ -5,6 +5,9 @@ The acceptance numbers of the checks: for each of the 18 exercises at least 3 ri
 answers, each accepted under 20 different seeds, and at least 6 wrong answers, each
 rejected under 20 different seeds (seed 0..19 passed to the check, so 20 different random
 batches besides the fixed cases)."""
+import math
+import re
+
 import numpy as np
 import pytest
 
@@ -20,7 +23,8 @@ RIGHT = {
     "all_gather": [a1.ag_concat, a1.ag_loops, a1.ag_broadcast],
     "sp_forward": [a1.sp_helpers, a1.sp_inline, a1.sp_array],
     "sp_bytes": [a1.bytes_tuple, a1.bytes_array, a1.bytes_int_list],
-    "block_attention": [a1.attn_einsum, a1.attn_matmul_heads, a1.attn_python],
+    "block_attention": [a1.attn_einsum, a1.attn_matmul_heads, a1.attn_python, a1.attn_zeros_like,
+                        a1.attn_no_convert],
     "merge": [a1.merge_where, a1.merge_logaddexp, a1.merge_loops],
     "ring_attention": [a1.make_ring(), a1.ring_tuple, a1.ring_three_calls,
                        a1.make_ring(mrg=a1.merge_loops, stack=True)],
@@ -31,8 +35,11 @@ RIGHT = {
     "heads_to_seq": [a4.h2s_split, a4.h2s_reshape, a4.h2s_slices],
     "ulysses_attention": [a4.make_ulysses(), a4.ulysses_positional, a4.ulysses_loop],
     "ulysses_bytes": [a4.ub_formula, a4.ub_integers, a4.ub_per_tensor],
-    "route_topk": [a4.route_stable, a4.route_python, a4.route_lexsort],
-    "capacity": [a4.cap_fraction_loops, a4.cap_decimal_cumsum, a4.cap_rounded_counter],
+    "route_topk": [a4.route_stable, a4.route_python, a4.route_lexsort, a4.route_ties_high,
+                   a4.route_default_sort, a4.route_argpartition, a4.route_shift_copy],
+    "capacity": [a4.cap_fraction_loops, a4.cap_decimal_cumsum, a4.cap_rounded_counter,
+                 a4.make_capacity(rounding=np.ceil),                  # ceil of the float product
+                 a4.cap_float_any_order, a4.cap_binary_fraction],
     "moe_stats": [a4.make_moe_stats(), a4.moe_loops, a4.moe_traffic],
     "aux_loss": [a4.aux_bincount, a4.aux_loops, a4.aux_einsum],
 }
@@ -49,7 +56,8 @@ WRONG = {
                  a1.bytes_only_sp, a1.bytes_default_e1],
     "block_attention": [a1.attn_no_mask, a1.attn_row_mask, a1.attn_nan_rows, a1.attn_strict,
                         a1.attn_no_shift, a1.attn_finite_mask, a1.attn_scale_d,
-                        a1.attn_zeros_like, a1.attn_lse_no_max, a1.attn_default_false],
+                        a1.attn_lse_no_max, a1.attn_default_false, a1.attn_no_scale,
+                        a1.attn_softmax_over_queries],
     "merge": [a1.merge_no_shift, a1.merge_no_inf_guard, a1.merge_average, a1.merge_unnormalised,
               a1.merge_lse_max, a1.merge_swapped, a1.merge_into_o1, a1.merge_lse_no_m],
     "ring_attention": [a1.make_ring(attend=a1.attn_no_mask),          # ignores the causal mask
@@ -78,7 +86,8 @@ WRONG = {
                   a1.time_int, a1.time_sorts_input, a1.time_max_times_rounds],
     "seq_to_heads": [a4.s2h_wrong_axes, a4.s2h_wrong_index, a4.s2h_strided_heads, a4.s2h_no_check,
                      a4.s2h_reversed_tokens, a4.s2h_stack, a4.s2h_array_split,
-                     a4.s2h_interleaved_tokens, a4.s2h_never_calls, a4.s2h_for_show, a4.s2h_twice],
+                     a4.s2h_interleaved_tokens, a4.s2h_never_calls, a4.s2h_for_show, a4.s2h_twice,
+                     a4.s2h_assert],
     "heads_to_seq": [a4.h2s_wrong_index, a4.h2s_is_s2h, a4.h2s_reversed_heads,
                      a4.h2s_interleaved_heads, a4.h2s_strided_tokens, a4.h2s_no_exchange,
                      a4.h2s_stack, a4.h2s_for_show],
@@ -100,11 +109,12 @@ WRONG = {
                       a4.ub_g_everywhere, a4.ub_fixed_e, a4.ub_kv_once, a4.ub_three,
                       a4.ub_default_g2],
     "route_topk": [a4.route_softmax_all, a4.route_smallest, a4.route_gates_not_following,
-                   a4.route_sorted_by_id, a4.route_float_ids, a4.route_ties_high,
-                   a4.route_no_shift, a4.route_linear_gates],
+                   a4.route_sorted_by_id, a4.route_float_ids, a4.route_best_repeated,
+                   a4.route_no_shift, a4.route_linear_gates, a4.route_shift_in_place],
     "capacity": [a4.make_capacity(rounding=np.floor), a4.make_capacity(strict=False),
                  a4.make_capacity(token_major=False),
-                 a4.make_capacity(rounding=np.ceil),                  # ceil of a float product
+                 a4.make_capacity(rounding=lambda x: math.floor(x) + 1),   # floor + 1: C + 1 at integers
+                 a4.make_capacity(rounding=round),                    # the nearest integer
                  a4.make_capacity(as_int=True), a4.make_capacity(forget_k=True),
                  a4.make_capacity(reverse=True), a4.cap_no_none],
     "moe_stats": [a4.make_moe_stats(count_dropped=True), a4.make_moe_stats(count_local=True),
@@ -115,6 +125,178 @@ WRONG = {
     "aux_loss": [a4.aux_f_per_token, a4.aux_no_E, a4.aux_no_minlength, a4.aux_f_twice,
                  a4.aux_first_choice, a4.aux_mean_over_experts, a4.aux_default_alpha,
                  a4.aux_sum_probs],
+}
+
+
+# (exercise, index in WRONG): what the failure's hint says, for every seed: the mistake the
+# answer looks like (or the rule it breaks), not only the general hint of the check
+HINTS = {
+    ('reduce_scatter', 0): 'the traceback shows the line of your code that r',
+    ('reduce_scatter', 1): 'rank i holds only its own partial sum',
+    ('reduce_scatter', 2): 'rank i holds the rows i, i + t, i + 2t, ...',
+    ('reduce_scatter', 3): 'leave the inputs as they are',
+    ('reduce_scatter', 4): 'rank 0 holds the last block',
+    ('reduce_scatter', 5): 'your shards are averages',
+    ('reduce_scatter', 6): 'each rank keeps only its own block of the summed',
+    ('all_gather', 0): "rank r's tensor starts with its own shard",
+    ('all_gather', 1): 'your gathered tensor has shape',
+    ('all_gather', 2): 'every rank ends with its own copy of the full te',
+    ('all_gather', 3): 'your tokens are interleaved',
+    ('all_gather', 4): 'the shards are in reverse rank order',
+    ('all_gather', 5): 'every rank returns its own shard',
+    ('all_gather', 6): 'your gathered tensor has shape',
+    ('all_gather', 7): 'leave the inputs as they are',
+    ('sp_forward', 0): "your output looks like op applied to each rank's",
+    ('sp_forward', 1): 'op ran on all s tokens',
+    ('sp_forward', 2): "you return each rank's",
+    ('sp_forward', 3): 'leave the inputs as they are',
+    ('sp_forward', 4): 'op ran on one token at a time',
+    ('sp_forward', 5): "your output looks like op applied to each rank's",
+    ('sp_forward', 6): "rank r's output starts with its own shard",
+    ('sp_bytes', 0): 'you left out the',
+    ('sp_bytes', 1): 'your TP count is half the target',
+    ('sp_bytes', 2): 'your count is for 2 bytes per element',
+    ('sp_bytes', 3): '1/t instead of',
+    ('sp_bytes', 4): 'your count is 0',
+    ('sp_bytes', 5): 'your TP + SP count is half the target',
+    ('sp_bytes', 6): 'return both values, tp_bytes, sp_bytes, as a pai',
+    ('sp_bytes', 7): 'e was not passed here',
+    ('block_attention', 0): 'your output ignores the causal mask',
+    ('block_attention', 1): 'your mask compares row numbers, not positions',
+    ('block_attention', 2): 'NaN where a query sees no key in this block',
+    ('block_attention', 3): "a key at the query's own position is visible",
+    ('block_attention', 4): 'inf or NaN where the scores are about 1000',
+    ('block_attention', 5): 'a query that sees no key got a finite lse',
+    ('block_attention', 6): 'your scores are scaled by 1/d',
+    ('block_attention', 7): 'your out is right but your lse misses the row ma',
+    ('block_attention', 8): 'your output ignores the causal mask',
+    ('block_attention', 9): 'your scores are not scaled',
+    ('block_attention', 10): 'scores q.k / sqrt',
+    ('merge', 0): 'your merge has no max shift',
+    ('merge', 1): 'NaN where both sides saw no key',
+    ('merge', 2): 'you averaged the two outputs',
+    ('merge', 3): 'your weights exp',
+    ('merge', 4): 'your lse is the larger of the two',
+    ('merge', 5): "each weight multiplies the other side's output",
+    ('merge', 6): 'leave the inputs as they are',
+    ('merge', 7): 'your lse misses the m you subtracted',
+    ('ring_attention', 0): 'causal=True was passed',
+    ('ring_attention', 1): "a key block's positions travel with it",
+    ('ring_attention', 2): 'in each round a rank attends to the block it hol',
+    ('ring_attention', 3): "merge each block's",
+    ('ring_attention', 4): 'pass causal on to the attention of every block',
+    ('ring_attention', 5): "a rank's queries must meet every K/V block, and",
+    ('ring_attention', 6): "a key block's positions travel with it",
+    ('ring_attention', 7): 'the running result starts empty',
+    ('ring_attention', 8): 'leave the inputs as they are',
+    ('ring_attention', 9): 'a rank may use only its own k_shards[r], v_shard',
+    ('ring_attention', 10): 'in each round a rank attends to the block it hol',
+    ('ring_attention', 11): 'N_c rounds of attention need N_c - 1 shifts',
+    ('ring_attention', 12): 'in step t rank r passes on the block it holds',
+    ('ring_attention', 13): 'a rank may read only its own k_shards[r] and v_s',
+    ('ring_attention', 14): 'sending several blocks at once is gathering them',
+    ('ring_attention', 15): 'the traceback shows the line of your code that r',
+    ('ring_attention', 16): 'send the blocks as they arrived, not stacked, ca',
+    ('zigzag_positions', 0): 'your late chunk is one chunk off',
+    ('zigzag_positions', 1): 'rank r holds chunks r and N_c + r',
+    ('zigzag_positions', 2): 'the right tokens, but the late chunk comes first',
+    ('zigzag_positions', 3): 'token ids are integers',
+    ('zigzag_positions', 4): 'your chunks have s/N_c tokens',
+    ('zigzag_positions', 5): 'rank r holds chunks N_c-1-r and N_c+r',
+    ('zigzag_positions', 6): 'return a Python list with one entry per rank',
+    ('zigzag_positions', 7): 'token ids are integers',
+    ('causal_work', 0): 'your counts leave out the diagonal',
+    ('causal_work', 1): 'in round k your rank r holds the block of rank r',
+    ('causal_work', 2): 'rows and columns are swapped',
+    ('causal_work', 3): 'your counts compare row numbers within each bloc',
+    ('causal_work', 4): 'your counts compare row numbers within each bloc',
+    ('causal_work', 5): 'your counts assume sorted ids',
+    ('causal_work', 6): 'the traceback shows the line of your code that r',
+    ('ring_time', 0): "your time is the busiest rank's total work",
+    ('ring_time', 1): 'you took the max over rounds, then summed over r',
+    ('ring_time', 2): 'your time is that of the average rank',
+    ('ring_time', 3): 'your time is that of the average rank',
+    ('ring_time', 4): 'your time is rounded down to an integer',
+    ('ring_time', 5): 'leave the inputs as they are',
+    ('ring_time', 6): 'your time is the busiest cell times the number o',
+    ('seq_to_heads', 0): 'the traceback shows the line of your code that r',
+    ('seq_to_heads', 1): 'you joined what the other ranks received from ra',
+    ('seq_to_heads', 2): 'rank i cuts its',
+    ('seq_to_heads', 3): 'the exercise asks for a ValueError when the head',
+    ('seq_to_heads', 4): "rank j's blocks are in reverse order",
+    ('seq_to_heads', 5): 'your shard has shape',
+    ('seq_to_heads', 6): 'the exercise asks for a ValueError when the head',
+    ('seq_to_heads', 7): 'your tokens are interleaved',
+    ('seq_to_heads', 8): 'rank i sends head group j of its shard to rank j',
+    ('seq_to_heads', 9): 'rank j returns the blocks it received from ranks',
+    ('seq_to_heads', 10): 'rank i cuts its',
+    ('seq_to_heads', 11): 'raise ValueError',
+    ('heads_to_seq', 0): 'you joined what the other ranks received from ra',
+    ('heads_to_seq', 1): 'the traceback shows the line of your code that r',
+    ('heads_to_seq', 2): "rank j's blocks are in reverse order",
+    ('heads_to_seq', 3): 'your heads are interleaved',
+    ('heads_to_seq', 4): 'rank j cuts its',
+    ('heads_to_seq', 5): 'rank j cuts its',
+    ('heads_to_seq', 6): 'rank i returns the blocks it received from ranks',
+    ('heads_to_seq', 7): 'rank i returns the blocks it received from ranks',
+    ('ulysses_attention', 0): 'query i may see key j only when the global posit',
+    ('ulysses_attention', 1): 'send what attention returned for each head group',
+    ('ulysses_attention', 2): 'pass causal on to the kernel as it was passed to',
+    ('ulysses_attention', 3): 'pass kh[j] and vh[j] as your seq_to_heads return',
+    ('ulysses_attention', 4): 'query i may see key j only when the global posit',
+    ('ulysses_attention', 5): 'run your seq_to_heads on q_shards, k_shards and',
+    ('ulysses_attention', 6): 'causal=True was passed',
+    ('ulysses_attention', 7): 'after seq_to_heads rank j holds qh[j], all s tok',
+    ('ulysses_attention', 8): 'after seq_to_heads rank j holds qh[j], all s tok',
+    ('ulysses_attention', 9): 'send what attention returned for each head group',
+    ('ulysses_attention', 10): 'run your seq_to_heads on q_shards, k_shards and',
+    ('ulysses_attention', 11): 'run your seq_to_heads',
+    ('ulysses_attention', 12): 'N_c calls, one per head group',
+    ('ulysses_attention', 13): 'pass the head group as seq_to_heads returned it',
+    ('ulysses_bytes', 0): 'your count ignores GQA',
+    ('ulysses_bytes', 1): 'your count is N_c times too large',
+    ('ulysses_bytes', 2): 'you left out (N_c-1)/N_c: an a',
+    ('ulysses_bytes', 3): '1/N_c instead of',
+    ('ulysses_bytes', 4): 'your count divides all four tensors by g = 4',
+    ('ulysses_bytes', 5): 'your count is for 2 bytes per element',
+    ('ulysses_bytes', 6): 'K and V are counted once',
+    ('ulysses_bytes', 7): 'three all-to-alls',
+    ('ulysses_bytes', 8): 'g was not passed here',
+    ('route_topk', 0): 'your gates look like the softmax over all E logi',
+    ('route_topk', 1): 'your sort is ascending',
+    ('route_topk', 2): 'order the k experts from the largest logit down',
+    ('route_topk', 3): 'order the k experts from the largest logit down',
+    ('route_topk', 4): 'expert ids are integers',
+    ('route_topk', 5): "a token's k experts are k different columns of i",
+    ('route_topk', 6): 'your gates are not finite where the logits are a',
+    ('route_topk', 7): 'your gates look like the chosen logits divided b',
+    ('route_topk', 8): 'leave the inputs as they are',
+    ('capacity', 0): 'your experts keep 22 copies',
+    ('capacity', 1): 'your experts keep one copy more than C = 9',
+    ('capacity', 2): 'your queue serves choice by choice',
+    ('capacity', 3): 'your experts keep one copy more than C = 9',
+    ('capacity', 4): 'your experts keep 22 copies',
+    ('capacity', 5): 'a boolean array',
+    ('capacity', 6): 'your capacity leaves out k',
+    ('capacity', 7): 'your queue serves the last copies first',
+    ('capacity', 8): 'the traceback shows the line of your code that r',
+    ('moe_stats', 0): 'your bytes count the dropped copies',
+    ('moe_stats', 1): 'your bytes count the copies whose expert is on t',
+    ('moe_stats', 2): 'your bytes count the dispatch only',
+    ('moe_stats', 3): 'your load counts the dropped copies too',
+    ('moe_stats', 4): 'the traceback shows the line of your code that r',
+    ('moe_stats', 5): 'your load puts expert i on GPU i mod Ne',
+    ('moe_stats', 6): 'your bytes put token t on GPU t mod Ne',
+    ('moe_stats', 7): 'your drop rate divides by the N tokens',
+    ('moe_stats', 8): 'e was not passed here',
+    ('aux_loss', 0): 'your f_i counts copies per token',
+    ('aux_loss', 1): 'your loss has no factor E',
+    ('aux_loss', 2): 'the traceback shows the line of your code that r',
+    ('aux_loss', 3): 'your P_i are the hard fractions f_i',
+    ('aux_loss', 4): "your f_i count only each token's first choice",
+    ('aux_loss', 5): 'your loss has no factor E',
+    ('aux_loss', 6): 'alpha was not passed here',
+    ('aux_loss', 7): 'your P_i sum the probabilities over the tokens',
 }
 
 
@@ -129,6 +311,7 @@ def _cases(table):
 
 def test_every_exercise_has_three_right_and_six_wrong_answers():
     assert set(RIGHT) == set(WRONG) == set(checks.EXERCISES)
+    assert set(HINTS) == {(ex, i) for ex, fns in WRONG.items() for i in range(len(fns))}
     for ex in checks.EXERCISES:
         assert len(RIGHT[ex]) >= 3, ex
         assert len(WRONG[ex]) >= 6, ex
@@ -152,6 +335,8 @@ def test_wrong_answer_is_rejected_for_every_seed(exercise, i, fn, capsys):
         msg = str(info.value)
         assert msg.startswith(f"check_{exercise} failed"), msg
         assert len(msg.splitlines()) >= 2, msg            # where + (yours/target or hint)
+        hint = next(line for line in msg.splitlines() if line.startswith("hint: "))
+        assert HINTS[exercise, i] in hint, (seed, msg)
         assert checks.OUTCOMES[-1]["passed"] is False
     assert "passed" not in capsys.readouterr().out
 
@@ -162,6 +347,21 @@ def test_the_grader_path_rejects_too(exercise, i, fn):
     body = checks.EXERCISES[exercise].body
     with pytest.raises((CheckFailed, checks.core._StudentError)), np.errstate(all="ignore"):
         body(fn, np.random.default_rng(12345))
+
+
+_CODE = re.compile(r"\bnp\.\w+\(|\bmath\.\w+\(|Fraction\(|\w+ = \w+\(|\breturn \w+\(|\[:, :k\]|axis=\d")
+
+
+@pytest.mark.parametrize("exercise", sorted(WRONG))
+def test_no_hint_spells_out_the_answer(exercise):
+    """The hints name the mistake and the rule, in words: no solution code (a NumPy call,
+    an assignment, a slice) in the hint of any wrong answer's failure."""
+    for i, fn in enumerate(WRONG[exercise]):
+        with pytest.raises(CheckFailed) as info, np.errstate(all="ignore"):
+            getattr(checks, f"check_{exercise}")(fn, seed=0)
+        for line in str(info.value).splitlines():
+            if line.startswith("hint:"):
+                assert not _CODE.search(line), (exercise, i, line)
 
 
 def test_answers_use_numpy_only():

@@ -11,6 +11,11 @@ the notebook shows, assert that its widget view rendered (no "Error displaying w
 image of non-zero size), move one of its controls and assert that the image changes. Each
 figure's view is saved to ``docs/figures/`` (the README shows the JupyterLab ones).
 
+And a student's notebook with wrong answers (notebook 02 with a merge that has no max shift
+and a block_attention that raises): Run All reaches the end, each check's output reads like
+a tutor (what differs, where, a hint), no file or line of course code appears, only the
+raising answer shows a traceback, of the student's own cell, and the figures still render.
+
 The browser is Debian's ``chromium`` (``apt-get install chromium``; ``.ci/run`` installs it),
 driven by the ``playwright`` package with ``executable_path``: no browser download. Without
 Chromium or playwright the test skips and says how to get them.
@@ -45,6 +50,33 @@ FRONTENDS = {
     "notebook6": {"python": ROOT / ".venv-colab" / "bin" / "python", "app": "notebook", "module": "notebook",
                   "version": "6.5", "ipywidgets": "7.7.1"},
 }
+
+
+WRONG_NOTEBOOK = "02_wrong_answers.ipynb"
+WRONG_CELLS = {
+    "def merge(": '''def merge(o1, lse1, o2, lse2):
+    lse = np.log(np.exp(lse1) + np.exp(lse2))          # no max shift
+    return np.exp(lse1 - lse)[..., None] * o1 + np.exp(lse2 - lse)[..., None] * o2, lse
+''',
+    "def block_attention(": '''def block_attention(q, k, v, q_pos, k_pos, causal=True):
+    scores = q @ k.T                                   # shapes do not match: it raises
+    return scores, scores
+''',
+}
+
+
+def _write_wrong_answers(path: Path) -> None:
+    """notebooks/02 with two wrong answers in place of the stubs."""
+    nb = json.loads((ROOT / "notebooks" / "02_ring_attention.ipynb").read_text(encoding="utf-8"))
+    done = set()
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        for head, answer in WRONG_CELLS.items():
+            if cell["cell_type"] == "code" and src.startswith(head):
+                cell["source"] = answer
+                done.add(head)
+    assert done == set(WRONG_CELLS), done
+    path.write_text(json.dumps(nb), encoding="utf-8")
 
 
 def _expected_figures(path: Path) -> list[str]:
@@ -95,12 +127,14 @@ def server(request, tmp_path_factory):
     work.mkdir()
     for path in NOTEBOOKS:
         shutil.copy(path, work / path.name)
+    _write_wrong_answers(work / WRONG_NOTEBOOK)
     settings = home / "lab-settings"
     for ext, file, value in [("notebook-extension", "tracker", {"windowingMode": "none"}),   # every cell in the DOM
                              ("apputils-extension", "notification", {"fetchNews": "false", "checkForUpdates": False})]:
         (settings / "@jupyterlab" / ext).mkdir(parents=True, exist_ok=True)
         (settings / "@jupyterlab" / ext / f"{file}.jupyterlab-settings").write_text(json.dumps(value))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("JUPYTER", "VIRTUAL_ENV", "LESSON10_STRICT"))}     # a student's kernel
     env.update(PYTHONPATH=str(ROOT), MPLBACKEND="Agg", JUPYTERLAB_SETTINGS_DIR=str(settings),
                JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
                JUPYTER_CONFIG_DIR=str(home / "config"), IPYTHONDIR=str(home / "ipython"),
@@ -253,6 +287,42 @@ def test_figures_render_and_respond(browser, server, path):
             while image.screenshot() == before:
                 assert time.monotonic() < deadline, f"{figure} in {server['name']}: {did}, the image did not change"
                 time.sleep(0.5)
+        assert "Error displaying widget" not in page.inner_text("body")
+    finally:
+        page.close()
+        _shut_down_kernels(server["base"], server["token"])
+
+
+def test_a_failed_check_reads_like_a_tutor(browser, server):
+    """Wrong answers: the run reaches the end; the check outputs say what differs, where and
+    a hint; no course file or line shows; the raising answer shows its own cell's traceback."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        run_all = _run_all_lab if server["name"] == "lab" else _run_all_notebook6
+        output_sel = run_all(page, server["base"], server["token"], WRONG_NOTEBOOK)
+        outputs = page.locator(output_sel).all_inner_texts()
+        merge = [t for t in outputs if t.lstrip().startswith("check_merge")]
+        assert len(merge) == 1, outputs
+        text = merge[0]
+        assert re.search(r"check_merge failed: large lse \(about \+800\).*: lse differs at query \d+, "
+                         r"head \d+", text), text
+        assert "yours : inf" in text and "target:" in text, text
+        assert "hint: your merge has no max shift: exp overflows" in text, text
+        block = [t for t in outputs if t.lstrip().startswith("check_block_attention")]
+        assert len(block) == 1, outputs
+        assert "check_block_attention failed: block_attention raised ValueError" in block[0], block[0]
+        assert "Traceback of your code" in block[0] and "scores = q @ k.T" in block[0], block[0]
+        body = page.inner_text("body")
+        assert body.count("Traceback") == 1, body[body.index("Traceback") - 200:][:3000]
+        for course in ("lesson10/checks", "lesson10/sim", "site-packages", "core.py", "feedback.py"):
+            assert course not in body, (course, body[body.index(course) - 500:][:1500])
+        assert "did not pass check_merge above" in body         # the reference stands in, it says so
+        views = page.locator(f"{output_sel}:has(img.widget-image)")
+        expected = _expected_figures(ROOT / "notebooks" / "02_ring_attention.ipynb")
+        deadline = time.monotonic() + 60
+        while views.count() < len(expected) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert views.count() == len(expected), (views.count(), expected)
         assert "Error displaying widget" not in page.inner_text("body")
     finally:
         page.close()

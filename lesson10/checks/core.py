@@ -5,7 +5,8 @@ student's function on two sets of cases and compares the results with the refere
 :mod:`lesson10.sim`, :mod:`lesson10.layouts` or :mod:`lesson10.cost`:
 
 * a fixed list of targeted cases, always run: the edge cases of the exercise (empty and
-  fully masked rows, scores of +-800, ties, empty experts, uneven sizes, integer inputs);
+  fully masked rows, scores of +-800, ties, empty experts, uneven sizes, integer-valued
+  inputs);
 * a random batch drawn from ``seed``. With ``seed=None`` the seed is fixed per check, so a
   given answer gets the same verdict on every run; the grader passes its own secret
   generator to :attr:`Exercise.body` instead.
@@ -22,8 +23,10 @@ a formula, a layout), the random batch comes from a range too large to tabulate.
 outcome:
 
 * right: prints one line saying what was verified (for example the max error);
-* wrong: raises :class:`CheckFailed` (an ``AssertionError``) saying what differs
-  and where (rank, round, query, head, expert), yours vs. the target, and a hint;
+* wrong: says what differs and where (rank, round, query, head, expert), yours vs. the
+  target, and a hint that names the mistake the answer looks like. In a notebook it shows
+  this text and returns, so Run All goes on; elsewhere (a script, pytest) it raises
+  :class:`CheckFailed` (an ``AssertionError``) with the same text (:mod:`.feedback`);
 * still a stub (it raises ``NotImplementedError``): prints "not attempted" and
   returns normally, so an untouched exercise notebook runs top to bottom.
 
@@ -43,6 +46,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import feedback
+from .feedback import CheckFailed, fallback
+
 __all__ = [
     "CheckFailed",
     "OUTCOMES",
@@ -53,10 +59,6 @@ __all__ = [
 
 #: every outcome recorded in this process, in call order
 OUTCOMES: list[dict] = []
-
-
-class CheckFailed(AssertionError):
-    """A check found a wrong answer; the message says what, where and why."""
 
 
 @dataclass(frozen=True)
@@ -107,29 +109,10 @@ def summary() -> None:
     print(f"  {'total':<22s} {'':<14s} {got}/{total}")
 
 
-_FALLBACK_SAID: set = set()
-
-
-def fallback(student_fn, reference_fn):
-    """``student_fn``, or ``reference_fn`` while the student's function is still a stub.
-
-    Notebook cells that *use* an exercise call it through this wrapper, so an untouched
-    exercise notebook still runs top to bottom; the first time the reference stands in,
-    it says so.
-    """
-    name = getattr(student_fn, "__name__", "this function")
-
-    @functools.wraps(student_fn)
-    def call(*args, **kwargs):
-        try:
-            return student_fn(*args, **kwargs)
-        except NotImplementedError:
-            if name not in _FALLBACK_SAID:
-                print(f"({name} is not written yet: the course's reference stands in for it)")
-                _FALLBACK_SAID.add(name)
-            return reference_fn(*args, **kwargs)
-
-    return call
+def _judged(exercise: str, fn, status: str, message: str = "") -> None:
+    """Record the verdict for :func:`summary` and for :func:`fallback` (which function)."""
+    _record(exercise, status == "passed", status, message)
+    feedback.JUDGED[exercise] = (fn, status)
 
 
 # --------------------------------------------------------------------------- the decorator
@@ -152,8 +135,8 @@ def _call(fn, *args, **kwargs):
         raise _StudentError(
             f"{name} raised {type(exc).__name__}: {exc}\n"
             f"  it was called with: {called}\n"
-            f"hint: the traceback above shows the line; try your function on the example "
-            f"in the notebook first") from exc
+            f"hint: the traceback shows the line of your code that raised; try your function "
+            f"on the example in the notebook first") from exc
 
 
 def _describe(x) -> str:
@@ -182,34 +165,47 @@ def _exercise(exercise: str, notebook: str, points: int, title: str, function: s
         @functools.wraps(body)
         def check(student_fn, *, seed: int | None = None) -> None:
             if not callable(student_fn):
-                raise TypeError(
-                    f"check_{exercise} takes your function itself, e.g. check_{exercise}({exercise}), "
-                    f"not the result of calling it (got {type(student_fn).__name__})")
+                msg = (f"check_{exercise} takes your function itself, e.g. "
+                       f"check_{exercise}({function or exercise}), not the result of calling it "
+                       f"(got {type(student_fn).__name__})")
+                _record(exercise, False, "failed", msg)
+                if feedback.raising():
+                    raise TypeError(msg)
+                print(msg)
+                return None
             module = getattr(student_fn, "__module__", "") or ""
             if module.startswith("lesson10."):
-                msg = (f"check_{exercise}: {module}.{getattr(student_fn, '__name__', '?')} is the "
-                       f"course's reference, not your function; pass the function you wrote")
-                _record(exercise, False, "failed", msg)
-                raise CheckFailed(msg)
+                msg = (f"check_{exercise} failed: {module}.{getattr(student_fn, '__name__', '?')} is "
+                       f"the course's reference, not your function; pass the function you wrote")
+                _judged(exercise, student_fn, "failed", msg)
+                return feedback.show_or_raise(msg)
             rng = np.random.default_rng(seed_of(exercise) if seed is None else seed)
             try:
                 verified = body(student_fn, rng)
             except NotImplementedError:
-                _record(exercise, False, "not attempted")
-                print(f"check_{exercise}: not attempted (your function, or one it calls, still "
-                      f"raises NotImplementedError; write it and run this cell again)")
+                _judged(exercise, student_fn, "not attempted")
+                msg = (f"check_{exercise}: not attempted (your function, or one it calls, still "
+                       f"raises NotImplementedError; write it and run this cell again)")
+                if feedback.strict():             # a solution notebook: every exercise passes
+                    raise CheckFailed(msg + f"\n({feedback.ENV}=1: every check must pass)")
+                print(msg)
                 return None
             except CheckFailed as exc:
-                _record(exercise, False, "failed", str(exc))
-                raise
+                _judged(exercise, student_fn, "failed", str(exc))
+                return feedback.show_or_raise(str(exc))
             except _StudentError as exc:
                 msg = f"check_{exercise} failed: {exc}"
-                _record(exercise, False, "failed", msg)
-                raise CheckFailed(msg) from exc.__cause__
-            except Exception as exc:
-                _record(exercise, False, "failed", f"check error: {type(exc).__name__}: {exc}")
-                raise
-            _record(exercise, True, "passed", verified)
+                _judged(exercise, student_fn, "failed", msg)
+                return feedback.show_or_raise(feedback.with_traceback(msg, exc.__cause__),
+                                              exc.__cause__)
+            except Exception as exc:  # noqa: BLE001 - the check choked on a strange answer
+                msg = (f"check_{exercise} failed: the check could not use what your function "
+                       f"returned ({type(exc).__name__}: {exc})\n"
+                       f"hint: return what the exercise asks for (its types and shapes are "
+                       f"in the text above the function)")
+                _judged(exercise, student_fn, "failed", msg)
+                return feedback.show_or_raise(msg, exc)
+            _judged(exercise, student_fn, "passed", verified)
             print(f"check_{exercise} passed: {verified}")
             return None
 
@@ -227,7 +223,10 @@ def _exercise(exercise: str, notebook: str, points: int, title: str, function: s
 def _message(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
              show: bool = True) -> str:
     """The text of a failure: ``check_X failed: where: what``, then yours / target (when
-    ``show``) and the hint."""
+    ``show``) and the hint. ``hint`` may be a function that returns it: called only when
+    the check fails, it can look at the answer to name the mistake it looks like."""
+    if callable(hint):
+        hint = hint() or ""
     lines = [f"check_{exercise} failed: {where + ': ' if where else ''}{what}"]
     if show:
         lines.append(f"  yours : {_fmt(yours)}")
@@ -388,10 +387,9 @@ def _run(exercise: str, fn, names, *args, **kwargs):
         where = _changed(before, after, name)
         if where:
             _fail(exercise, "", f"your function changed its input {where} in place", show=False,
-                  hint="work on new arrays and lists (x = x + y, np.sort(x), list(xs)) instead of "
-                       "writing into the ones you were given (x += y, x[...] = ..., x.sort(), "
-                       "xs.pop()): the caller still needs them, and later cells of the notebook "
-                       "would see the changed values")
+                  hint="leave the inputs as they are (the notebook's rule): build new arrays "
+                       "and lists for your results; +=, slice assignment, .sort() or .pop() on "
+                       "an argument change the caller's data, which later cells still use")
     return out
 
 
@@ -403,7 +401,7 @@ def _pair(exercise, out, where, what: str):
         return out[0], out[1]
     _fail(exercise, where, f"return a pair {what}; got "
           f"{type(out).__name__}" + (f" of length {len(out)}" if hasattr(out, "__len__") else ""),
-          show=False, hint=f"return both values, e.g. `return {what.strip('()')}` (a tuple; a "
+          show=False, hint=f"return both values, {what.strip('()')}, as a pair (a tuple; a "
                            f"list or an array of two entries is fine too)")
 
 
@@ -427,7 +425,7 @@ def _bool_array(exercise, x, where, what, hint="") -> np.ndarray:
     arr = np.asarray(x)
     if arr.dtype.kind != "b":
         _fail(exercise, where, f"{what} must be a boolean array (True = kept), got dtype {arr.dtype}",
-              show=False, hint=hint or "start from np.zeros(shape, dtype=bool) or compare (a < b); "
+              show=False, hint=hint or "a boolean array (dtype bool, or the result of a comparison); "
                                        "a 0/1 integer array used as a mask picks rows 0 and 1 instead")
     return arr
 

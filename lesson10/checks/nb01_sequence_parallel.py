@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import mistakes
 from .core import _close_number, _compare_shards, _exercise, _fail, _log_int, _pair, _run
 
 
@@ -52,12 +53,13 @@ def check_reduce_scatter(reduce_scatter, rng):
         target = SimGroup(t).reduce_scatter([x.astype(float) for x in xs], axis=0)
         out = _run("reduce_scatter", reduce_scatter, ("xs",), xs)
         _one_per_rank("reduce_scatter", out, where, "(s/t, h)",
-                      hint="rank i gets only block i (rows i*s/t .. (i+1)*s/t - 1) of the sum")
+                      hint="each rank keeps only its own block of the summed rows")
         err = max(err, _compare_shards(
             "reduce_scatter", out, target, where=where, what="the summed shard",
             axes=("token", "hidden"),
-            hint="rank i keeps the tokens i*s/t .. (i+1)*s/t - 1 (a contiguous block), summed "
-                 "over all t ranks; the split is along the sequence (axis 0), the sum over ranks"))
+            hint=lambda: mistakes.reduce_scatter_mistake(xs, out) or (
+                "rank i ends with one contiguous block of s/t tokens, block i, summed over the "
+                "partials of all t ranks")))
     return f"{len(cases)} cases (t = 1..5, c = 1..4, integer inputs), max error {err:.1e}"
 
 
@@ -72,13 +74,13 @@ def check_all_gather(all_gather, rng):
         target = SimGroup(t).all_gather([x.astype(float) for x in shards], axis=0)
         out = _run("all_gather", all_gather, ("shards",), shards)
         _one_per_rank("all_gather", out, where, "(t*c, h)",
-                      hint="every rank ends with its own copy of the full tensor, e.g. "
-                           "[full.copy() for _ in shards]")
+                      hint="every rank ends with its own copy of the full tensor")
         err = max(err, _compare_shards(
             "all_gather", out, target, where=where, what="the gathered tensor",
             axes=("token", "hidden"),
-            hint="every rank ends with all shards one after the other, rank 0's c tokens first, "
-                 "stacked along the sequence (axis 0): np.concatenate(shards, axis=0)"))
+            hint=lambda: mistakes.all_gather_mistake(shards, out) or (
+                "every rank ends with the same (t c, h) tensor: all shards one after the other "
+                "along the sequence axis, in rank order")))
     return f"{len(cases)} cases (t = 1..5, c = 1..4): every rank holds all tokens in rank order"
 
 
@@ -109,9 +111,9 @@ def check_sp_forward(sp_forward, rng):
         err = max(err, _compare_shards(
             "sp_forward", out, [full] * t, where=where, what="the layer output",
             axes=("token", "hidden"),
-            hint="sum the partials first (reduce-scatter), then apply op to each rank's summed "
-                 "s/t tokens, then all-gather so that every rank returns the full (s, h) "
-                 "tensor; op is not linear, so op(partial) summed is wrong"))
+            hint=lambda: mistakes.sp_forward_mistake(xs, op, out) or (
+                "reduce-scatter the partials, run op on each rank's s/t summed tokens, all-gather: "
+                "every rank returns op(P_0 + ... + P_{t-1}) for all s tokens")))
         if not calls:
             _fail("sp_forward", where, "op was never called", show=False,
                   hint="each rank applies op to its own s/t tokens")
@@ -120,9 +122,7 @@ def check_sp_forward(sp_forward, rng):
             _fail("sp_forward", where,
                   f"op was called on an array of shape {wrong[0]}; under SP each rank runs it on "
                   f"its own s/t = {c} tokens, shape ({c}, {h})", show=False,
-                  hint="that is plain TP (all-reduce, then op on all s tokens on every rank) "
-                       "or op on single tokens: call op once per rank, after the reduce-scatter, "
-                       "before the all-gather")
+                  hint=mistakes.sp_op_calls_mistake(wrong[0], t * c, c))
         if len(calls) != t:
             _fail("sp_forward", where, f"op was called {len(calls)} times, expected once per rank",
                   len(calls), t, hint="one call per rank, on that rank's shard")
@@ -149,12 +149,15 @@ def check_sp_bytes(sp_bytes, rng):
         out = _run("sp_bytes", sp_bytes, (), *args)
         where = f"s={s}, h={h}, t={t}, " + (f"e={e}" if len(args) == 4 else "e not passed (default 2)")
         tp, sp = _pair("sp_bytes", out, where, "(tp_bytes, sp_bytes)")
+        target = cost.comm_bytes("sp", s, h, t, e=e)
         _close_number("sp_bytes", tp, 2 * cost.all_reduce_bytes(s * h * e, t), where=where,
                       what="TP bytes (2 all-reduces)",
-                      hint="a ring all-reduce of n = s h e bytes sends 2 (t-1)/t n per GPU; the "
-                           "layer has two of them")
-        _close_number("sp_bytes", sp, cost.comm_bytes("sp", s, h, t, e=e), where=where,
+                      hint=lambda: mistakes.bytes_mistake(tp, target, s, h, t, e, "TP", len(args) == 4)
+                      or "a ring all-reduce of n = s h e bytes over t GPUs: how much of it does "
+                         "each GPU send? The layer has two all-reduces")
+        _close_number("sp_bytes", sp, target, where=where,
                       what="TP + SP bytes (2 RS + 2 AG)",
-                      hint="each reduce-scatter or all-gather of the s x h activation (n = s h e "
-                           "bytes) sends (t-1)/t n per GPU; there are two of each")
+                      hint=lambda: mistakes.bytes_mistake(sp, target, s, h, t, e, "SP", len(args) == 4)
+                      or "each reduce-scatter or all-gather of the s x h activation (n = s h e "
+                         "bytes) is half a ring all-reduce; the layer has two of each")
     return f"{len(cases)} sizes (t = 1..1024, e = 1, 2, 4): TP and TP + SP both send 4 (t-1)/t s h e"

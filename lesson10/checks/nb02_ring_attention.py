@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import mistakes
 from .core import CheckFailed, _compare, _compare_shards, _exercise, _fail, _pair, _run
 from .network import Referee, RingNetwork, served_call, substituted
 
@@ -40,7 +41,7 @@ def _block_cases(rng, n_random=8):
              ("large scores (|q.k|/sqrt(d) about 1000), causal", 4, 5, 2, 4, True),
              ("large scores, not causal", 3, 4, 1, 2, False),
              ("diagonal block: keys at the same positions as the queries", 4, 4, 2, 3, True),
-             ("integer q, k, v", 3, 4, 2, 2, True),
+             ("integer-valued q, k, v", 3, 4, 2, 2, True),
              ("one query, uneven sizes", 1, 6, 3, 5, True),
              ("causal not passed (default True)", 5, 3, 2, 3, None)]
     rand = []
@@ -62,7 +63,7 @@ def check_block_attention(block_attention, rng):
     cases = _block_cases(rng)
     for kind, sq, sk, a, d, causal in cases:
         if kind.startswith("integer"):
-            q, k, v = (rng.integers(-3, 4, size=(n, a, d)) for n in (sq, sk, sk))
+            q, k, v = (rng.integers(-3, 4, size=(n, a, d)).astype(float) for n in (sq, sk, sk))
         else:
             q, k, v = (rng.standard_normal((n, a, d)) for n in (sq, sk, sk))
         if "large" in kind:
@@ -84,22 +85,23 @@ def check_block_attention(block_attention, rng):
         out = _run("block_attention", block_attention, ("q", "k", "v", "q_pos", "k_pos"), *args)
         where = f"{kind} (sq={sq}, sk={sk}, a={a}, d={d}, causal={causal is not False})"
         yours_o, yours_l = _pair("block_attention", out, where, "(out, lse)")
-        hint = ("scores = q.k / sqrt(d) per head; mask key j for query i when k_pos[j] > q_pos[i] "
-                "(use the positions, not the row numbers; a key at the query's own position is "
-                "visible); subtract the row max before exp; a row with no visible key has out 0 "
-                "and lse -inf, not NaN")
+        hint = (lambda: mistakes.block_attention_mistake(q, k, v, q_pos, k_pos, causal is not False,
+                                                         causal is not None, (yours_o, yours_l))
+                or "scores q.k / sqrt(d) per head, the causal mask on the global positions (a key "
+                   "at the query's own position is visible), a softmax that stays finite for "
+                   "scores of +-1000, and out 0, lse -inf for a query that sees no key")
         err = max(err, _compare("block_attention", yours_l, l_t, where=where, what="lse",
                                 axes=("query", "head"), hint=hint))
         err = max(err, _compare("block_attention", yours_o, o_t, where=where, what="out",
                                 axes=("query", "head", "dim"), hint=hint))
     return (f"{len(cases)} cases (shuffled positions, empty rows, scores of +-1000, a diagonal "
-            f"block, integer inputs, not causal), max error {err:.1e}")
+            f"block, integer-valued inputs, not causal), max error {err:.1e}")
 
 
 def _merge_cases(rng, n_random=8):
     fixed = ["ordinary", "large lse (about +800)", "small lse (about -800)",
              "lse1 about +800, lse2 about -800", "one side saw no key (lse -inf)",
-             "both sides saw no key in some rows", "integer o1, o2"]
+             "both sides saw no key in some rows", "integer-valued o1, o2"]
     return fixed + [f"random {i}" for i in range(n_random)]
 
 
@@ -123,7 +125,7 @@ def check_merge(merge, rng):
         if kind.startswith("lse1 about"):
             l1, l2 = l1 + 800, l2 - 800
         if kind.startswith("integer"):
-            o1, o2 = rng.integers(-5, 6, size=(s, a, d)), rng.integers(-5, 6, size=(s, a, d))
+            o1, o2 = (rng.integers(-5, 6, size=(s, a, d)).astype(float) for _ in range(2))
         if kind.startswith("random"):
             scale = float(rng.choice([1.0, 300.0, 1000.0]))
             l1, l2 = l1 * scale, l2 * scale + float(rng.normal(0, scale))
@@ -145,9 +147,11 @@ def check_merge(merge, rng):
         out = _run("merge", merge, ("o1", "lse1", "o2", "lse2"), o1, l1, o2, l2)
         where = f"{kind} (s={s}, a={a}, d={d})"
         yours_o, yours_l = _pair("merge", out, where, "(o, lse)")
-        hint = ("lse = m + log(exp(lse1 - m) + exp(lse2 - m)) with m = max(lse1, lse2), so exp never "
-                "overflows; o = exp(lse1 - lse) o1 + exp(lse2 - lse) o2; where both lse are -inf, "
-                "use m = 0 (or np.where) so you get lse = -inf and o = 0, not NaN")
+        hint = (lambda: mistakes.merge_mistake(o1.astype(float), l1, o2.astype(float), l2,
+                                               (yours_o, yours_l))
+                or "the merged lse is the log of the summed probability mass of both sides, "
+                   "computed so that exp never overflows; each side's output is weighted by its "
+                   "share of that mass; two empty sides (lse -inf) merge to o = 0, lse = -inf")
         err = max(err, _compare("merge", yours_l, l_t, where=where, what="lse",
                                 axes=("query", "head"), hint=hint))
         err = max(err, _compare("merge", yours_o, o_t, where=where, what="o",
@@ -155,37 +159,74 @@ def check_merge(merge, rng):
     return f"{len(kinds)} cases (lse of +-800, far apart, -inf on one or both sides), max error {err:.1e}"
 
 
+_MASK_HINT = ("query i may see key j only when the global position of j is <= that of i: "
+              "compare the token ids passed in `positions`, not row numbers")
+
+
 def _diagnose(exercise, out, candidates: dict, where: str) -> None:
-    """If the answer equals a known mistake (attention without the mask, the mask on row
-    numbers instead of global positions), say so: clearer than a wrong number."""
+    """If the answer equals a known mistake, say so: clearer than a wrong number.
+    ``candidates``: {what the output equals: (its output per rank, hint)}."""
     try:
         yours = [np.asarray(o, dtype=float) for o in out]
     except (TypeError, ValueError):
         return
-    for name, cand in candidates.items():
-        if len(cand) == len(yours) and all(y.shape == c.shape and np.allclose(y, c, atol=1e-9)
-                                           for y, c in zip(yours, cand)):
-            _fail(exercise, where, f"your output equals {name}", show=False,
-                  hint="query i may see key j only when the global position of j is <= that of "
-                       "i: compare the token ids passed in `positions`, not row numbers")
+    for name, (cand, hint) in candidates.items():
+        if mistakes.same(yours, cand):
+            _fail(exercise, where, f"your output equals {name}", show=False, hint=hint)
 
 
 def _mask_mistakes(q, k, v, pos, local_rows: bool):
     """Outputs of the two classic mask mistakes, split per rank like the answer."""
     from ..sim.attention import attention
-    out = {"attention without the causal mask": [attention(q, k, v)[0][p] for p in pos]}
+    out = {"attention without the causal mask": (
+        [attention(q, k, v)[0][p] for p in pos],
+        "causal=True was passed: pass causal on to the attention of every block")}
     order = np.concatenate(pos)
     if local_rows:      # ring: each block's rows numbered 0..c-1
         k_loc = np.concatenate([np.arange(len(p)) for p in pos])
-        out["the causal mask on row numbers within each block"] = [
-            attention(q[p], k[order], v[order], causal=True, q_pos=np.arange(len(p)),
-                      k_pos=k_loc)[0] for p in pos]
+        out["the causal mask on row numbers within each block (or on the query block's own "
+            "positions for every key block)"] = ([
+                attention(q[p], k[order], v[order], causal=True, q_pos=np.arange(len(p)),
+                          k_pos=k_loc)[0] for p in pos],
+                "a key block's positions travel with it: the mask compares the global positions "
+                "of the queries with those of the keys of the block the rank holds now")
     else:               # Ulysses: the gathered tokens numbered 0..s-1 in stacking order
         o = attention(q[order], k[order], v[order], causal=True)[0]
         bounds = np.cumsum([0] + [len(p) for p in pos])
-        out["the causal mask on row numbers 0..s-1 instead of the positions"] = [
-            o[bounds[r]:bounds[r + 1]] for r in range(len(pos))]
+        out["the causal mask on row numbers 0..s-1 instead of the positions"] = ([
+            o[bounds[r]:bounds[r + 1]] for r in range(len(pos))], _MASK_HINT)
     return out
+
+
+def _ring_mistakes(q, k, v, pos, causal):
+    """Outputs of the ring loop's classic mistakes (not the mask ones), per rank."""
+    from ..sim.attention import attention, merge
+
+    def ring(merge_fn=merge, lse0=-np.inf, causal_=causal):
+        outs = []
+        for r, p in enumerate(pos):
+            o, lse = np.zeros((len(p),) + q.shape[1:]), np.full((len(p), q.shape[1]), lse0)
+            for t in range(len(pos)):
+                j = (r - t) % len(pos)
+                ob, lb = attention(q[p], k[pos[j]], v[pos[j]], causal=causal_, q_pos=p,
+                                   k_pos=pos[j])
+                with np.errstate(all="ignore"):
+                    o, lse = merge_fn(o, lse, ob, lb)
+            outs.append(o)
+        return outs
+
+    cands = {}
+    if not causal:
+        cands["causal attention, though causal=False was passed"] = (
+            ring(causal_=True), "pass causal on to the attention of every block")
+    cands["the outputs of the blocks averaged"] = (
+        ring(merge_fn=lambda o, lse, ob, lb: ((o + ob) / 2, np.maximum(lse, lb))),
+        "merge each block's (out, lse) into the running result with your merge: the blocks "
+        "weigh by their share of the probability mass")
+    cands["attention that counts one more key with score 0 and value 0"] = (
+        ring(lse0=0.0), "the running result starts empty: out = 0 and lse = -inf (no key yet); "
+                        "lse = 0 stands for a key with weight e^0")
+    return cands
 
 
 def _ring_cases(rng, n_random=6):
@@ -246,11 +287,9 @@ def check_ring_attention(ring_attention, rng):
             err = max(err, _compare_shards(
                 "ring_attention", out, target, where=where, what="output",
                 axes=("local query", "head", "dim"),
-                hint="N_c rounds; in round t rank r attends with its queries to the K/V block it "
-                     "holds (that of rank (r - t) mod N_c) with the global positions of both blocks "
-                     "(the mask compares positions), merges (out, lse) into its running result, "
-                     "starting from out = 0, lse = -inf, and passes the block on; pass causal on "
-                     "to block_attention"))
+                hint="in every round a rank attends with its queries to the block it holds, with "
+                     "the global positions of both, and merges that into its running result; "
+                     "check it against the text of the exercise step by step"))
         except CheckFailed:
             full = attention(q, k, v, causal=causal_)[0]
             if swap:
@@ -261,8 +300,11 @@ def check_ring_attention(ring_attention, rng):
                                 "a rank may use only its own k_shards[r], v_shards[r] and what "
                                 "ring_shift returned to it: reading k_shards[j] of another rank "
                                 "means reading another GPU's memory")
-            elif causal_:    # name the classic mistakes when they are the cause
-                _diagnose("ring_attention", out, _mask_mistakes(q, k, v, pos, local_rows=True), where)
+            else:            # name the classic mistakes when they are the cause
+                if causal_:
+                    _diagnose("ring_attention", out, _mask_mistakes(q, k, v, pos, local_rows=True),
+                              where)
+                _diagnose("ring_attention", out, _ring_mistakes(q, k, v, pos, causal_), where)
             raise
     return (f"{len(cases)} cases (contiguous/zigzag/striped, causal and not, N_c in 1..5, "
             f"{n_swapped} with substituted blocks): N_c - 1 shifts, each rank passing on the block "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import mistakes
 from .core import (_as_list, _close_number, _compare, _compare_shards, _exercise, _int_array,
                    _log_int, _run)
 
@@ -24,9 +25,10 @@ def check_zigzag_positions(zigzag_positions, rng):
         target = shard_positions(s, n, "zigzag")
         out = _run("zigzag_positions", zigzag_positions, (), s, n)
         where = f"s={s}, N_c={n}"
-        hint = (f"cut the sequence into 2n = {2 * n} chunks of s/(2n) = {s // (2 * n)} tokens; rank r "
-                f"takes chunk r and chunk 2n-1-r (rank 0: the first and the last chunk), chunk r's "
-                f"ids first, so each array is sorted")
+        hint = (lambda: mistakes.zigzag_mistake(s, n, out) or
+                f"cut the sequence into 2N_c = {2 * n} chunks of s/(2N_c) = {s // (2 * n)} tokens; "
+                f"each rank holds one early and one late chunk, paired so that every rank's two "
+                f"chunks together carry the same causal work")
         for r, ids in enumerate(_as_list("zigzag_positions", out, n, where, "your list")):
             _int_array("zigzag_positions", ids, f"{where}, rank {r}", "the token ids",
                        hint="token ids are integers (they index arrays): np.arange gives integers, "
@@ -75,9 +77,10 @@ def check_causal_work(causal_work, rng):
         out = _run("causal_work", causal_work, ("positions",), [np.array(p) for p in positions])
         _compare("causal_work", out, _pair_counts(positions), where=where,
                  what="work", axes=("round", "rank"), exact=True,
-                 hint="rows are rounds, columns are ranks; in round k rank r holds the K/V of "
-                      "rank (r - k) mod N_c; count pairs with key <= query (the diagonal counts), "
-                      "comparing the token ids, not the row numbers")
+                 hint=lambda: mistakes.causal_work_mistake(positions, out) or (
+                     "rows are rounds, columns are ranks; in round k rank r holds the K/V block "
+                     "that started on rank (r - k) mod N_c; count the visible (query, key) pairs "
+                     "by their token ids"))
     return f"{len(cases)} cases (every layout, shuffled ids, uneven sizes, N_c in 1..12) match pair counts"
 
 
@@ -102,7 +105,7 @@ def check_ring_time(ring_time, rng):
         out = _run("ring_time", ring_time, ("work",), work)
         _close_number("ring_time", out, ref_time(work), where=f"{label} (work of shape {work.shape})",
                       what="ring time",
-                      hint="work[k, r] is round k, rank r; all ranks wait for the slowest in each "
-                           "round: sum over rounds (axis 0) of the max over ranks (axis 1); work "
-                           "may be fractional, so do not round")
+                      hint=lambda: mistakes.ring_time_mistake(work, out) or (
+                          "work[k, r] is round k, rank r; in every round all ranks wait for the "
+                          "slowest one; work may be fractional"))
     return f"{len(cases)} cases (block units with halves, pair counts, random work matrices)"

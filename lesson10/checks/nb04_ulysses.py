@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import mistakes
 from .core import (CheckFailed, _StudentError, _close_number, _compare_shards, _exercise,
                    _fail, _log_int, _run)
 from .network import (AllToAllNetwork, Referee, Send, ServedAttention, served_call,
@@ -35,6 +36,12 @@ def _a2a_cases(rng, n_random=6):
                     + (", the network delivers other values for the blocks that cross it" if swap else ""),
                     n, x, swap))
     return out
+
+
+def _is_value_error(exc) -> bool:
+    """A ValueError (or a subclass); in the grader the student's exception arrives as a
+    stand-in that carries only its type's name."""
+    return isinstance(exc, ValueError) or type(exc).__name__ == "ValueError"
 
 
 def _heads(g: int, j) -> str:
@@ -72,7 +79,7 @@ def check_seq_to_heads(seq_to_heads, rng):
     ``r a/n ..``. The check's ``group`` offers ``all_to_all(blocks)`` only and wants exactly
     one call, ``blocks[i][j]`` = head group j of rank i; the answer is what each rank
     received, stacked (in some random cases the network delivers other values). When ``a``
-    is not a multiple of ``n`` it must raise an error (not send, not return empty shards)."""
+    is not a multiple of ``n`` it must raise a ValueError (not send, not return empty shards)."""
     cases = _a2a_cases(rng)
     for where, n, x, swap in cases:
         shards = np.split(x, n, axis=0)
@@ -81,8 +88,8 @@ def check_seq_to_heads(seq_to_heads, rng):
         net = AllToAllNetwork(referee, n, [send], purpose="seq_to_heads", never=(
             "your seq_to_heads never called group.all_to_all: rank j can get the head groups of "
             "the other ranks only through the network",
-            "blocks[i][j] = head group j of rank i's shard; received = group.all_to_all(blocks); "
-            "rank j stacks received[j] along the token axis"))
+            "rank i sends head group j of its shard to rank j in one all_to_all; rank j keeps "
+            "what it received"))
         out = served_call(referee, "seq_to_heads", seq_to_heads, ("shards",), shards, net,
                           calls=_S2H_CALL)
         net._finish()
@@ -91,8 +98,9 @@ def check_seq_to_heads(seq_to_heads, rng):
                   for j in range(n)]
         _compare_shards("seq_to_heads", out, target, where=where,
                         what="head shard", axes=("token", "local head", "dim"), exact=True,
-                        hint="rank j returns what it received, stacked along the token axis, the "
-                             "block from rank 0 first: np.concatenate(received[j], axis=0)")
+                        hint=lambda: mistakes.all_to_all_mistake(dlv, out, axis=0) or (
+                            "rank j returns the blocks it received from ranks 0, 1, ..., one after "
+                            "the other along the token axis"))
     for n, a in ((4, 2), (2, 3)):
         shards = [rng.standard_normal((1, a, 2)) for _ in range(n)]
         where = f"N_c={n} ranks but a={a} heads"
@@ -100,21 +108,28 @@ def check_seq_to_heads(seq_to_heads, rng):
         net = AllToAllNetwork(referee, n, [], refuse=(
             f"{a} heads cannot be split into {n} equal groups, yet your function sent blocks to "
             f"all_to_all instead of raising an error",
-            "np.split(x, n, axis=1) raises a ValueError by itself; with slicing, check a % n "
-            "first and raise ValueError(...) yourself"))
+            "the exercise asks for a ValueError when the heads do not split into N_c whole "
+            "groups: raise it before anything is sent (np.split, for one, raises it itself)"))
         try:
             out = _run("seq_to_heads", seq_to_heads, ("shards",), shards, net)
-        except _StudentError:
+        except _StudentError as exc:
             referee.verdict()
-            continue                       # it raised: right
+            cause = exc.__cause__
+            if _is_value_error(cause):
+                continue                   # it raised a ValueError: right
+            _fail("seq_to_heads", where, f"{a} heads cannot be split into {n} equal groups and "
+                  f"your function raised {type(cause).__name__}: {cause}; the exercise asks for "
+                  f"a ValueError", show=False,
+                  hint="raise ValueError(...) yourself when a % n != 0 (an assert raises "
+                       "AssertionError), or let np.split raise its ValueError")
         referee.verdict()
         shapes = [np.shape(o) for o in out] if isinstance(out, (list, tuple)) else np.shape(out)
         _fail("seq_to_heads", where, f"{a} heads cannot be split into {n} equal groups, yet your "
               f"function returned (shapes {shapes}) instead of raising an error", show=False,
-              hint="np.split(x, n, axis=1) raises a ValueError by itself; with slicing, check "
-                   "a % n first and raise ValueError(...) yourself")
+              hint="slicing by a // N_c heads quietly makes short or empty groups: the exercise "
+                   "asks for a ValueError when a is not a multiple of N_c")
     return (f"{len(cases)} cases: one all-to-all of head groups, rank r holds all tokens of heads "
-            f"r a/n .. (r+1) a/n - 1; a % n != 0 raises")
+            f"r a/n .. (r+1) a/n - 1; a % n != 0 raises a ValueError")
 
 
 @_exercise("heads_to_seq", NB04, 1, "all-to-all: head shards -> sequence shards")
@@ -148,8 +163,9 @@ def check_heads_to_seq(heads_to_seq, rng):
                   for i in range(n)]
         _compare_shards("heads_to_seq", out, target, where=where,
                         what="sequence shard", axes=("local token", "head", "dim"), exact=True,
-                        hint="rank i returns what it received side by side along the head axis, "
-                             "rank 0's heads first: np.concatenate(received[i], axis=1)")
+                        hint=lambda: mistakes.all_to_all_mistake(delivered, out, axis=1) or (
+                            "rank i returns the blocks it received from ranks 0, 1, ..., side by "
+                            "side along the head axis (rank 0's heads first)"))
     return f"{len(cases)} cases: one all-to-all of token blocks; heads_to_seq undoes seq_to_heads"
 
 
@@ -198,13 +214,13 @@ def _ulysses_case(rng, referee, qs, ks, vs, swap):
                                          f"returned for head group {j}, shape {(c, a // n, d)}",
                       missing=("the attention output never went through all_to_all: each rank "
                                "must get back its own tokens with all heads",
-                               "return heads_to_seq(outputs, group), outputs[j] being what "
-                               "attention returned for head group j (its out, unchanged)")))
+                               "send what attention returned for each head group (its out, "
+                               "unchanged) back through your heads_to_seq")))
     net = AllToAllNetwork(referee, n, sends, purpose="Ulysses", never=(
         "your ulysses_attention never called group.all_to_all: the head groups of the other "
         "ranks reach a rank only through the network",
-        "seq_to_heads(q_shards, group) on Q, K and V, attention on each head group, "
-        "heads_to_seq(outputs, group)"))
+        "your seq_to_heads on Q, K and V with the group, attention on each head group, your "
+        "heads_to_seq on the outputs"))
     return net, kernel
 
 
@@ -246,9 +262,9 @@ def check_ulysses_attention(ulysses_attention, rng):
             err = max(err, _compare_shards(
                 "ulysses_attention", out, target, where=where, what="output",
                 axes=("local query", "head", "dim"),
-                hint="seq_to_heads on q, k and v; the positions of all tokens in the order "
-                     "seq_to_heads stacks them (np.concatenate(positions)); attention on each head "
-                     "group, passing causal; heads_to_seq back"))
+                hint="the kernel gets each rank's head group with the global positions of its "
+                     "rows, in the order your seq_to_heads stacked them, and causal as it was "
+                     "passed in; what it returns goes back through heads_to_seq"))
         except CheckFailed:
             full = attention(q, k, v, causal=causal_)[0]
             if swap:
@@ -260,6 +276,13 @@ def check_ulysses_attention(ulysses_attention, rng):
                                 "and return its out through heads_to_seq unchanged")
             elif causal_:    # name the classic mistakes when they are the cause
                 _diagnose("ulysses_attention", out, _mask_mistakes(q, k, v, pos, local_rows=False),
+                          where)
+            else:
+                causal_out = attention(q, k, v, causal=True)[0]
+                _diagnose("ulysses_attention", out, {
+                    "causal attention, though causal=False was passed": (
+                        [causal_out[p] for p in pos], "pass causal on to the kernel as it was "
+                                                      "passed to you (the kernel's default is False)")},
                           where)
             raise
     return (f"{len(cases)} cases (contiguous, zigzag and striped, causal and not, GQA, N_c in 1..4, "
@@ -287,6 +310,8 @@ def check_ulysses_bytes(ulysses_bytes, rng):
         passed = "" if len(args) == 5 else f" ({', '.join(('g', 'e')[len(args) - 3:])} not passed)"
         _close_number("ulysses_bytes", out, cost.comm_bytes("ulysses", s, h, n, g=g, e=e),
                       where=f"s={s}, h={h}, N_c={n}, g={g}, e={e}{passed}", what="bytes per GPU",
-                      hint="each rank holds s/N_c tokens; an all-to-all sends (N_c-1)/N_c of its "
-                           "local tensor; Q and the output have h columns, K and V h/g")
+                      hint=lambda: mistakes.ulysses_bytes_mistake(
+                          s, h, n, g, e, out, len(args) >= 4, len(args) >= 5) or (
+                          "four all-to-alls (Q, K, V, the output), each of a rank's local tensor; "
+                          "how much of it leaves the rank, and how many columns has each tensor?"))
     return f"{len(cases)} sizes (N_c = 1..256, GQA, e = 1, 2, 4) match (N_c-1)/N_c (2 + 2/g) s h e / N_c"

@@ -2,8 +2,11 @@
 number of tokens routed together (all GPUs, or one batch), as in the notebook."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from . import mistakes
 from .core import (_bool_array, _close_number, _compare, _exercise, _fail, _int_array, _log_int,
                    _pair, _run)
 
@@ -29,8 +32,8 @@ def _choices(rng, N, E, k, **kw):
 
 
 def _route_cases(rng, n_random=8):
-    """(label, logits, k): ties, +-1000, k = 1 and k = E, one token, integer logits."""
-    cases = [("ties: integer logits in 0..2", rng.integers(0, 3, size=(12, 6)), 2),
+    """(label, logits, k): ties, +-1000, k = 1 and k = E, one token, integer-valued logits."""
+    cases = [("ties: integer-valued logits in 0..2", rng.integers(0, 3, size=(12, 6)).astype(float), 2),
              ("ties: every logit equal", np.full((3, 5), 0.5), 3),
              ("ties at the k-th place", np.array([[2.0, 1.0, 1.0, 0.0], [0.0, 1.0, 2.0, 1.0],
                                                   [1.0, 1.0, 1.0, 3.0]]), 2),
@@ -49,16 +52,50 @@ def _route_cases(rng, n_random=8):
     return cases
 
 
+def _softmax_rows(z):
+    z = np.asarray(z, dtype=float)
+    w = np.exp(z - z.max(axis=1, keepdims=True))
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def _route_mistake(logits, k, experts, gates):
+    """The known mistake that this (experts, gates) answer looks like, or None."""
+    z = np.asarray(logits, dtype=float)
+    try:
+        gates = np.asarray(gates, dtype=float)
+    except (TypeError, ValueError):
+        return None
+    if gates.shape != experts.shape:
+        return None
+    chosen = np.take_along_axis(z, experts, axis=1)
+    with np.errstate(all="ignore"):
+        if np.allclose(gates, np.take_along_axis(_softmax_rows(z), experts, axis=1), atol=1e-9) \
+                and k < z.shape[1]:
+            return ("your gates look like the softmax over all E logits, taken at the chosen "
+                    "experts: the gates are a softmax over the k chosen logits only, so each row "
+                    "sums to 1")
+        if np.allclose(gates, chosen / chosen.sum(axis=1, keepdims=True), atol=1e-9):
+            return ("your gates look like the chosen logits divided by their sum: a softmax "
+                    "normalises exp(logit), not the logits")
+        raw = np.exp(chosen)
+        if not np.isfinite(gates).all() and np.abs(z).max() > 700:
+            return ("your gates are not finite where the logits are about 1000: exp(1000) "
+                    "overflows; subtract the row's largest chosen logit before exp")
+        if np.allclose(gates, raw / raw.sum(axis=1, keepdims=True), atol=1e-9, equal_nan=True) \
+                and np.abs(z).max() > 700:
+            return ("exp of logits of about 1000 overflows: subtract the row maximum first")
+    return None
+
+
 @_exercise("route_topk", NB05, 1, "top-k routing", "route_topk")
 def check_route_topk(route_topk, rng):
     """``route_topk(logits, k) -> (experts, gates)``: for ``logits (T, E)``, the ids of the
-    ``k`` experts with the largest logits per token (an integer array, best first, ties to
-    the lower id) and their gates, a softmax over the ``k`` chosen logits."""
+    ``k`` experts with the largest logits per token (an integer array, best first; experts
+    with exactly equal logits may come in any order) and their gates, a softmax over the
+    ``k`` chosen logits."""
     from ..sim.moe import route_topk as ref
     err = 0.0
     cases = _route_cases(rng)
-    hint_ids = ("np.argsort(-logits, axis=1, kind='stable')[:, :k]: largest first, and equal "
-                "logits keep their id order (the default sort does not promise that)")
     for label, logits, k in cases:
         T, E = logits.shape
         e_t, g_t = ref(logits, k)
@@ -66,33 +103,43 @@ def check_route_topk(route_topk, rng):
         where = f"{label} (T={T}, E={E}, k={k})"
         experts, gates = _pair("route_topk", out, where, "(experts, gates)")
         experts = _int_array("route_topk", experts, where, "experts",
-                             hint="expert ids are integers: return np.argsort's result as it is "
-                                  "(no float conversion)")
+                             hint="expert ids are integers: keep the integer indices that "
+                                  "sorting gives you (no float conversion)")
         if experts.shape != e_t.shape:
             _fail("route_topk", where, f"experts has shape {experts.shape}, expected {e_t.shape}",
                   show=False, hint="one row per token, k expert ids per row")
         if experts.size and (experts.min() < 0 or experts.max() >= E):
             _fail("route_topk", where, f"expert ids must lie in 0..{E - 1}",
                   show=False, hint="experts holds column indices of logits, not logit values")
-        bad = np.flatnonzero((experts != e_t).any(axis=1))
+        twice = [t for t in range(T) if len(set(experts[t].tolist())) < k]
+        if twice:
+            t = twice[0]
+            _fail("route_topk", where, f"token {t} chose an expert twice", experts[t], e_t[t],
+                  hint="a token's k experts are k different columns of its row")
+        z = np.asarray(logits, dtype=float)
+        yours_z, want_z = np.take_along_axis(z, experts, axis=1), np.take_along_axis(z, e_t, axis=1)
+        bad = np.flatnonzero((yours_z != want_z).any(axis=1))
         if bad.size:
             t = int(bad[0])
-            z = np.asarray(logits, dtype=float)[t]
-            yours_z, want_z = z[experts[t]], z[e_t[t]]
-            if np.array_equal(yours_z, want_z):
-                what = (f"token {t}: a tie: experts with equal logits must come in id order, "
-                        f"lower id first")
-            elif sorted(experts[t].tolist()) == sorted(e_t[t].tolist()):
+            if sorted(yours_z[t].tolist()) == sorted(want_z[t].tolist()):
                 what = (f"token {t}: the right experts, but not best first (their logits in your "
-                        f"order: {np.round(yours_z, 4).tolist()})")
+                        f"order: {np.round(yours_z[t], 4).tolist()})")
+                hint = "order the k experts from the largest logit down"
+            elif np.array_equal(np.sort(yours_z[t]), np.sort(z[t])[:k]):
+                what = f"token {t}: these are the experts with the {k} smallest logits"
+                hint = "your sort is ascending: the router keeps the largest logits"
             else:
                 what = f"token {t}: these are not the {k} experts with the largest logits, best first"
-            _fail("route_topk", where, what, experts[t], e_t[t], hint=hint_ids)
-        err = max(err, _compare("route_topk", gates, g_t, where=where,
-                                what="gate (in the order of your experts)", axes=("token", "choice"),
-                                hint="gates[t, j] is the gate of experts[t, j]: softmax over the k "
-                                     "chosen logits only (each row sums to 1), with the row max "
-                                     "subtracted before exp (logits can be about 1000)"))
+                hint = ("sort each token's row of logits from the largest down and keep the "
+                        "first k column indices")
+            _fail("route_topk", where, what, experts[t], e_t[t],
+                  hint=hint + " (experts with exactly equal logits may come in any order)")
+        err = max(err, _compare(
+            "route_topk", gates, g_t, where=where, what="gate (in the order of your experts)",
+            axes=("token", "choice"),
+            hint=lambda: _route_mistake(logits, k, experts, gates) or (
+                "gates[t, j] belongs to experts[t, j]: a softmax over the token's k chosen logits "
+                "(each row sums to 1), which must stay finite for logits of about 1000")))
     return (f"{len(cases)} cases (ties, logits of +-1000, k = 1 .. E): right experts best first, "
             f"gates max error {err:.1e}")
 
@@ -100,11 +147,14 @@ def check_route_topk(route_topk, rng):
 def _capacity_cases(rng, n_random=6):
     """(label, N, E, k, capacity_factor, experts)."""
     cases = []
-    fixed = [  # capacity factors where a float product lands just above an integer
+    fixed = [  # capacity factors where a float product lands just above an integer: both
+        # ceilings pass there; and exact products (1.5, 1.25, 1.0) where only C itself passes
         ("CF 1.1 * 360 / 6 = 66 exactly", 360, 6, 1, 1.1, dict(hot=80)),
         ("CF 1.1 * 50 / 5 = 11 exactly", 50, 5, 1, 1.1, dict(hot=20)),
         ("CF 1.1 * 2 * 75 / 3 = 55 exactly", 75, 3, 2, 1.1, dict(hot=75)),
         ("CF 1.35 * 2 * 20 / 6 = 9 exactly", 20, 6, 2, 1.35, dict(hot=15)),
+        ("CF 1.5 * 2 * 12 / 4 = 9, exact in floats too", 12, 4, 2, 1.5, dict(hot=12)),
+        ("CF 1.25 * 48 / 6 = 10, exact in floats too", 48, 6, 1, 1.25, dict(hot=30)),
         ("k = 3, CF < 1", 40, 4, 3, 0.75, dict(skew=1.5)),
         ("an expert nobody chooses", 24, 6, 2, 1.0, dict(hot=12, cold=1)),
         ("every token wants expert 0", 10, 4, 1, 1.0, dict(hot=10)),
@@ -121,36 +171,100 @@ def _capacity_cases(rng, n_random=6):
     return cases
 
 
+def _float_products(cf, k, N, E):
+    """CF k N / E evaluated in floats in the orders a student may write it (each order
+    rounds differently)."""
+    from itertools import permutations
+    out = set()
+    for a, b, c in permutations((float(cf), k, N)):
+        out.update({a * b * c / E, a * b / E * c, a / E * b * c, a * (b * c / E), a * (b / E) * c,
+                    a * b * (c / E)})
+    return out
+
+
+def capacities(N: int, E: int, k: int, cf) -> set:
+    """Every C that the lesson's formula ``ceil(CF k N / E)`` gives: the exact ceiling (the
+    factor read as the decimal it is written as, or as the binary number it is stored as)
+    and the ceiling of the float product, in any order of the operations. They differ only
+    where the exact product is an integer and a float product lands just above it."""
+    from fractions import Fraction
+    exact = {math.ceil(Fraction(repr(float(cf))) * k * N / E), math.ceil(Fraction(float(cf)) * k * N / E)}
+    return exact | {math.ceil(p) for p in _float_products(cf, k, N, E)}
+
+
+def _capacity_mistake(yours, experts, E, k, N, cf, kept, C):
+    """Which known mistake the kept copies look like (a text), or None."""
+    from fractions import Fraction
+    from ..sim.moe import capacity_keep as ref_keep
+    x = Fraction(repr(float(cf))) * k * N / E
+    firsts = {"floor (rounding down)": math.floor(x), "C + 1": C + 1, "round to nearest": round(x),
+              "without k": math.ceil(Fraction(repr(float(cf))) * N / E)}
+    for name, c in firsts.items():
+        if c not in capacities(N, E, k, cf) and np.array_equal(yours, ref_keep(experts, E, c)):
+            return {"floor (rounding down)": f"your experts keep {c} copies: that is CF k N / E "
+                                             f"rounded down; the capacity rounds up",
+                    "C + 1": f"your experts keep one copy more than C = {C}: a copy is kept while "
+                             f"fewer than C copies came before it (< C, not <= C)",
+                    "round to nearest": f"your experts keep {c} copies: CF k N / E rounded to the "
+                                        f"nearest integer; the capacity rounds up",
+                    "without k": "your capacity leaves out k: every token sends k copies, so the "
+                                 "mean load per expert is k N / E"}[name]
+    flat = np.asarray(experts).ravel()
+    for order, text in ((np.arange(flat.size)[::-1], "the last copies first (the queue runs from "
+                                                     "the end)"),
+                        (np.arange(flat.size).reshape(N, k).T.ravel(),
+                         "choice by choice (every token's first choice, then every token's second)")):
+        seen, keep = np.zeros(E, dtype=int), np.zeros(flat.size, dtype=bool)
+        for idx in order:
+            keep[idx] = seen[flat[idx]] < C
+            seen[flat[idx]] += 1
+        if np.array_equal(yours.ravel(), keep):
+            return (f"your queue serves {text}: it is first come, first served in token order, "
+                    f"each token's k choices together")
+    return None
+
+
 @_exercise("capacity", NB05, 2, "capacity factor: which copies are dropped", "capacity_keep")
 def check_capacity(capacity_keep, rng):
     """``capacity_keep(experts, E, capacity_factor) -> bool (N, k)``: every expert accepts at
-    most ``C = ceil(capacity_factor * k * N / E)`` copies, computed exactly (the factor read
-    as the decimal number it is written as), first come first served in token order;
-    ``capacity_factor=None`` keeps everything."""
+    most ``C = ceil(capacity_factor * k * N / E)`` copies, first come first served in token
+    order; ``capacity_factor=None`` keeps everything. Both the ceiling of the float product
+    (``math.ceil(cf * k * N / E)``, in any order) and the exact one are accepted: they differ
+    only where the float product lands just above an integer."""
     from ..sim.moe import capacity_keep as ref_keep, expert_capacity
     cases = _capacity_cases(rng)
     for label, N, E, k, cf, experts in cases:
         C = expert_capacity(N, E, k, cf)
-        target = ref_keep(experts, E, C)
+        allowed = [None] if cf is None else sorted(capacities(N, E, k, cf))
+        targets = [ref_keep(experts, E, c) for c in allowed]
         out = _run("capacity", capacity_keep, ("experts",), experts, E, cf)
-        where = f"{label} (N={N} tokens, E={E}, k={k}, capacity_factor={cf}, so C = {C})"
+        shown_c = C if len(allowed) == 1 else f"{C} (or {', '.join(str(c) for c in allowed if c != C)} " \
+                                              f"with a float product)"
+        where = f"{label} (N={N} tokens, E={E}, k={k}, capacity_factor={cf}, so C = {shown_c})"
         yours = _bool_array("capacity", out, where, "keep")
-        if yours.shape != target.shape:
-            _fail("capacity", where, f"keep has shape {yours.shape}, expected {target.shape}",
+        if yours.shape != experts.shape:
+            _fail("capacity", where, f"keep has shape {yours.shape}, expected {experts.shape}",
                   show=False, hint="one True/False per (token, choice)")
+        if any(np.array_equal(yours, t) for t in targets):
+            continue
+        target = targets[allowed.index(C)] if C in allowed else targets[0]
         kept = [int((yours & (experts == i)).sum()) for i in range(E)]
         want = [int((target & (experts == i)).sum()) for i in range(E)]
+        hint = (lambda: _capacity_mistake(yours, experts, E, k, N, cf, kept, C)) if cf is not None \
+            else None
         if kept != want:
             i = int(np.argmax(np.array(kept) != np.array(want)))
             _fail("capacity", where, f"expert {i} keeps {kept[i]} copies", kept[i], want[i],
-                  hint="C = ceil(capacity_factor * k * N / E) computed exactly: "
-                       "math.ceil(Fraction(str(capacity_factor)) * k * N / E) (in floats 1.1 * 360 "
-                       "/ 6 is 66.00000000000001, whose ceil is 67); an expert keeps a copy while "
-                       "fewer than C copies have arrived before it")
+                  hint=lambda: (hint and hint()) or (
+                      "capacity_factor=None means no limit at all" if cf is None else
+                      "an expert keeps a copy while fewer than C copies have reached it; "
+                      "C = ceil(CF k N / E) counts all N tokens and their k copies"))
         _compare("capacity", yours, target, where=where, what="keep", axes=("token", "choice"),
                  exact=True,
-                 hint="first come, first served in token order: token 0's choices, then token "
-                      "1's, ...; an expert that is full drops every later copy")
+                 hint=lambda: (hint and hint()) or (
+                     "the right number of copies per expert, but not the right ones: first come, "
+                     "first served in token order, token 0's choices, then token 1's, ...; an "
+                     "expert that is full drops every later copy"))
     return (f"{len(cases)} routings (capacity factors whose float product is off by one, "
             f"empty experts, None) drop the right copies")
 
@@ -206,18 +320,22 @@ def check_moe_stats(moe_stats, rng):
             _fail("moe_stats", where, "return a dict with keys drop_rate, bytes_per_gpu, "
                   "load_per_gpu", show=False,
                   hint='return {"drop_rate": ..., "bytes_per_gpu": ..., "load_per_gpu": ...}')
+        e_passed = len(args) == 6
+
+        def hint(key, general, _out=out, _args=(chosen, keep, Ne, E, h, e, e_passed)):
+            return lambda: mistakes.moe_stats_mistake(key, _out[key], *_args) or general
         _close_number("moe_stats", out["drop_rate"], stats["dropped"] / (Ne * T * k), where=where,
-                      what="drop_rate", hint="dropped copies / (N k), with N = Ne T tokens in total")
+                      what="drop_rate", hint=hint("drop_rate", "the fraction of all copies that "
+                                                               "were dropped"))
         _compare("moe_stats", out["load_per_gpu"], stats["load_per_gpu"], where=where,
                  what="load_per_gpu", axes=("GPU",),
-                 hint="count the kept copies whose expert lives on each GPU (expert i is on GPU "
-                      "i // (E/Ne)); dropped copies are not computed; a GPU with no copy counts 0 "
-                      "(np.bincount(..., minlength=Ne))")
+                 hint=hint("load_per_gpu", "the load of a GPU is the number of kept copies its "
+                                           "experts compute; expert i lives on GPU i // (E/Ne)"))
         _compare("moe_stats", out["bytes_per_gpu"], ledger, where=where, what="bytes_per_gpu",
                  axes=("GPU",),
-                 hint="GPU g holds tokens g T .. (g+1) T - 1; dispatch: it sends h e bytes per kept "
-                      "copy of its tokens that goes to another GPU; combine: it sends back h e bytes "
-                      "per copy it computed for another GPU; local and dropped copies cost nothing")
+                 hint=hint("bytes_per_gpu", "a GPU sends h e bytes for each kept copy of its own "
+                                            "tokens bound for another GPU (dispatch) and h e for "
+                                            "each copy it computed for another GPU (combine)"))
     return f"{len(cases)} routings (empty GPUs, drops, one GPU): drops, loads and bytes match the simulated all-to-alls"
 
 
@@ -246,8 +364,9 @@ def check_aux_loss(switch_aux_loss, rng):
         out = _run("aux_loss", switch_aux_loss, ("probs", "experts"), *args)
         _close_number("aux_loss", out, ref(probs, experts, 1e-2 if alpha is None else alpha),
                       where=f"{label} (N={N}, E={E}, k={k}, alpha={alpha})", what="loss",
-                      hint="f_i = (copies sent to expert i) / (N k) so that sum_i f_i = 1, with a 0 "
-                           "for an expert nobody chose (np.bincount(..., minlength=E)); P_i = "
-                           "probs[:, i].mean(); loss = alpha * E * sum_i f_i P_i (= alpha when "
-                           "routing is uniform)")
+                      hint=lambda: mistakes.aux_loss_mistake(
+                          probs, experts, 1e-2 if alpha is None else alpha, out, alpha is not None)
+                      or "f_i is the fraction of the N k copies routed to expert i (0 for an expert "
+                         "nobody chose), P_i the mean router probability of expert i; the loss "
+                         "equals alpha when routing is uniform")
     return f"{len(spec)} routings (k = 1..3, skewed, empty experts): matches alpha E sum f_i P_i"

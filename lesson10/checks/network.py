@@ -124,9 +124,9 @@ def substitute_blocks(rng, blocks):
 
 # --------------------------------------------------------------------------- the ring
 _KINDS = ("K", "V", "positions")
-_SHIFT_HINT = ("keep what ring_shift returns and pass it on: held = group.ring_shift(held) with "
-               "held[r] = (k, v, k_pos), the block rank r holds now (or one call for the K blocks "
-               "and one for the V blocks)")
+_SHIFT_HINT = ("what ring_shift returns to a rank is the block it holds from then on, and the one "
+               "it passes on in the next step (K, V and their positions may travel together as "
+               "one tuple per rank, or in separate calls)")
 
 
 def _entry(entry):
@@ -239,7 +239,7 @@ class RingNetwork(_Served):
                        f"the block it would receive now is its own, used in round 0, so it is "
                        f"never used",
                        "N_c rounds of attention need N_c - 1 shifts: no shift after the last "
-                       "round (e.g. `if step < n - 1:`)")
+                       "round")
         h = self._holds[kind][r]
         if j != h:
             holds = f"rank {h}'s" + (" (its own)" if h == r else f", received in step {t - 1}")
@@ -357,8 +357,8 @@ class AllToAllNetwork(_Served):
                 not isinstance(row, (list, tuple)) or len(row) != n for row in blocks):
             ref.breach(f"all_to_all got {_describe(blocks)}; it takes an N_c x N_c nested list "
                        f"(N_c = {n}): blocks[i][j] is the array rank i sends to rank j",
-                       "build it with a list per rank, e.g. blocks = [np.split(x, n, axis=...) for x "
-                       "in shards]")
+                       "blocks is a list with one entry per sending rank, each a list of N_c "
+                       "arrays, one per receiving rank")
         arrs = [[_array(b) for b in row] for row in blocks]
         for i in range(n):
             for j in range(n):
@@ -521,9 +521,9 @@ class ServedAttention:
                 if rows == {row.tobytes() for row in grp.reshape(s, -1)}:
                     ref.breach(f"q holds the tokens of head group {j} in another order than "
                                f"seq_to_heads stacks them",
-                               "pass qh[j] as seq_to_heads returned it (rank 0's tokens first) with "
-                               "the positions in that order, np.concatenate(positions): the mask "
-                               "compares positions, so any order works if they travel together")
+                               "pass the head group as seq_to_heads returned it (rank 0's tokens "
+                               "first) with the positions of its rows in that same order: the "
+                               "mask compares positions, so the rows need no sorting")
         heads = f"heads {g} j .. {g} j + {g - 1}" if g > 1 else "head j"
         ref.breach(f"q (shape {q.shape}) is not the head group of any rank as all_to_all delivered "
                    f"it: rank j's q is {heads} of all {s} tokens, shape {(s, g, d)}", hint)
