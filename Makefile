@@ -20,7 +20,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(PIP_ENV) $(BIN)/pip install -q -c constraints.txt -e ".[lab,test,frontends]"
+	$(PIP_ENV) $(BIN)/pip install -q -c constraints.txt -e ".[spmd,lab,test,frontends]"
 	touch $(STAMP)
 
 lab: $(STAMP)

@@ -224,7 +224,8 @@ def test_pointing_at_a_fork_rewrites_all_24_addresses_and_check_notices(tmp_path
 def test_hand_edited_install_cell_makes_check_fail(tmp_path, capsys):
     root = _copy_tree(tmp_path)
     path = root / "notebooks" / "05_moe_dispatch.ipynb"
-    path.write_text(path.read_text().replace("@main", "@dev"))
+    _, ref = build.repository_setting(root)
+    path.write_text(path.read_text().replace(f"@{ref}", "@dev"))
     assert build.main(["--check", "--root", str(root)]) == 1
     err = capsys.readouterr().err
     assert "notebooks/05_moe_dispatch.ipynb (its install cell disagrees" in err
