@@ -190,3 +190,24 @@ def test_run_module_under_torchrun(method):
         assert "forward: 8,192 (lesson's formula: 8,192)" in out, out
     else:
         assert "moe on N=2 ranks" in out and "routing=uniform" in out, out
+
+
+def test_backend_reason_says_why_gloo_when_there_are_fewer_gpus_than_ranks(monkeypatch):
+    import torch
+
+    from lesson10.spmd.launch import backend_reason, choose_backend
+
+    def gpus(n):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+
+    gpus(0)
+    assert backend_reason(2) == "gloo on the CPU: no GPU visible"
+    gpus(1)                                   # a one-GPU machine (Colab, the lent device): 2 ranks
+    assert choose_backend(2) == "gloo"
+    why = backend_reason(2)
+    assert why.startswith("gloo on the CPU") and "1 GPU(s) are visible" in why and "one GPU per rank" in why
+    assert backend_reason(2, "gloo") == "gloo on the CPU, as asked"
+    if torch.distributed.is_nccl_available():
+        gpus(4)
+        assert backend_reason(4).startswith("nccl: 4 ranks, one GPU each")
