@@ -90,7 +90,9 @@ def _install_lesson10(url, needs, extra=None, unless=None):
 
     have = installed()
     missing_extra = extra is not None and importlib.util.find_spec(unless) is None
-    if have is None and importlib.util.find_spec("lesson10") is not None and not missing_extra:
+    spec = importlib.util.find_spec("lesson10")      # a folder named lesson10 (a clone) is no package
+    checkout = spec is not None and (spec.origin or "").endswith("__init__.py")
+    if have is None and checkout and not missing_extra:
         print("lesson10 is importable here without being installed (a source checkout): using it as it is")
         return
     if have is not None and numbers(have) >= numbers(needs) and not missing_extra:

@@ -316,7 +316,8 @@ def version(name):
 
 def find_spec(name, *a):
     if name == "lesson10":
-        return object() if state["have"] or state.get("checkout") else None
+        origin = "/x/lesson10/__init__.py" if state["have"] or state.get("checkout") == "package" else None
+        return types.SimpleNamespace(origin=origin) if origin or state.get("checkout") else None
     if name == "torch":
         return object() if state["torch"] else None
     return real_find(name, *a)
@@ -353,8 +354,10 @@ def test_install_cell_installs_where_missing_or_older_and_nowhere_else():
     for have in ("0.2.0", "0.10.0", "1.0"):
         result, printed = _run_cell(cell, have)
         assert result["calls"] == [] and f"lesson10 {have} is installed: nothing to do" in printed
-    result, printed = _run_cell(cell, None, checkout=True)        # importable, not installed
+    result, printed = _run_cell(cell, None, checkout="package")   # importable, not installed
     assert result["calls"] == [] and "source checkout" in printed
+    result, printed = _run_cell(cell, None, checkout="folder")    # a clone named lesson10 next to it
+    assert len(result["calls"]) == 1 and "installed lesson10" in printed
     result, _ = _run_cell(cell, "0.2.0", torch=False)             # 01-05 never ask for torch
     assert result["calls"] == []
 
