@@ -303,11 +303,9 @@ def test_missing_badge_and_install_cell_are_added():
 # installed metadata and the import system replaced by fakes. The real installs (Colab-like,
 # plain Jupyter, an update over an older release) are in tests/test_colab.py.
 _CELL_PROBE = r"""
-import importlib.metadata, importlib.util, json, subprocess, sys, types
-cell, state = sys.argv[1], json.loads(sys.argv[2])
+import contextlib, importlib.metadata, importlib.util, io, json, subprocess, sys, types
+cell, states = sys.argv[1], json.loads(sys.argv[2])
 real_find = importlib.util.find_spec
-calls = []
-sys.modules["lesson10.fake_old_module"] = types.ModuleType("lesson10.fake_old_module")
 
 def version(name):
     if name == "lesson10" and state["have"] is not None:
@@ -327,50 +325,65 @@ def run(cmd, **kw):
     state["have"] = "0.2.0"
 
 importlib.metadata.version, importlib.util.find_spec, subprocess.run = version, find_spec, run
-exec(cell, {"__name__": "__main__"})
-print(json.dumps({"calls": calls, "purged": "lesson10.fake_old_module" not in sys.modules}))
+out = []
+for state in states:
+    calls = []
+    sys.modules["lesson10.fake_old_module"] = types.ModuleType("lesson10.fake_old_module")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(cell, {"__name__": "__main__"})
+    out.append({"calls": calls, "purged": "lesson10.fake_old_module" not in sys.modules,
+                "printed": printed.getvalue()})
+print(json.dumps(out))
 """
 
 
-def _run_cell(cell, have, torch=True, checkout=False):
+def _run_cell(cell, *cases):
+    """Run ``cell`` once per case ``(have, torch, checkout)`` (all in one child interpreter);
+    a ``(result, printed)`` per case."""
     import json
-    state = json.dumps({"have": have, "torch": torch, "checkout": checkout})
-    proc = subprocess.run([sys.executable, "-c", _CELL_PROBE, cell, state], capture_output=True, text=True,
-                          timeout=60)
+    states = [{"have": have, "torch": torch, "checkout": checkout} for have, torch, checkout in cases]
+    proc = subprocess.run([sys.executable, "-c", _CELL_PROBE, cell, json.dumps(states)], capture_output=True,
+                          text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    *printed, result = proc.stdout.strip().splitlines()
-    return json.loads(result), "\n".join(printed)
+    return [(r, r["printed"]) for r in json.loads(proc.stdout)]
 
 
 def test_install_cell_installs_where_missing_or_older_and_nowhere_else():
     url = "git+https://github.com/o/n@v0.2.0"
     cell = build.install_cell_source("o/n", "v0.2.0", "0.2.0")
-    for have in (None, "0.1.0", "0.1.9.dev3"):
-        result, printed = _run_cell(cell, have)
+    older, current = (None, "0.1.0", "0.1.9.dev3"), ("0.2.0", "0.10.0", "1.0")
+    runs = iter(_run_cell(cell, *[(have, True, False) for have in older + current],
+                          (None, True, "package"), (None, True, "folder"), ("0.2.0", False, False)))
+    for have in older:
+        result, printed = next(runs)
         (call,) = result["calls"]
         assert call["cmd"][1:] == ["-m", "pip", "install", "-q", url] and call["kw"] == {"check": True}
         assert result["purged"], "an older lesson10 imported earlier must not shadow the new one"
         assert "installed lesson10 0.2.0" in printed and (have is None or f"(was {have})" in printed)
-    for have in ("0.2.0", "0.10.0", "1.0"):
-        result, printed = _run_cell(cell, have)
+    for have in current:
+        result, printed = next(runs)
         assert result["calls"] == [] and f"lesson10 {have} is installed: nothing to do" in printed
-    result, printed = _run_cell(cell, None, checkout="package")   # importable, not installed
+    result, printed = next(runs)                                  # importable, not installed
     assert result["calls"] == [] and "source checkout" in printed
-    result, printed = _run_cell(cell, None, checkout="folder")    # a clone named lesson10 next to it
+    result, printed = next(runs)                                  # a clone named lesson10 next to it
     assert len(result["calls"]) == 1 and "installed lesson10" in printed
-    result, _ = _run_cell(cell, "0.2.0", torch=False)             # 01-05 never ask for torch
+    result, _ = next(runs)                                        # 01-05 never ask for torch
     assert result["calls"] == []
 
 
 def test_install_cell_of_a_torch_notebook_adds_the_extra_only_where_torch_is_missing():
     url = "git+https://github.com/o/n@v0.2.0"
     cell = build.install_cell_source("o/n", "v0.2.0", "0.2.0", extra="spmd")
-    result, _ = _run_cell(cell, None, torch=True)                 # Colab, Kaggle: torch is there
+    no_torch = (None, "0.1.0", "0.2.0")
+    runs = iter(_run_cell(cell, (None, True, False), ("0.2.0", True, False),
+                          *[(have, False, False) for have in no_torch]))
+    result, _ = next(runs)                                        # Colab, Kaggle: torch is there
     assert [c["cmd"][-1] for c in result["calls"]] == [url]
-    result, _ = _run_cell(cell, "0.2.0", torch=True)
+    result, _ = next(runs)
     assert result["calls"] == []
-    for have in (None, "0.1.0", "0.2.0"):                          # no torch: lesson10[spmd] brings it
-        result, printed = _run_cell(cell, have, torch=False)
+    for have in no_torch:                                         # no torch: lesson10[spmd] brings it
+        result, printed = next(runs)
         assert [c["cmd"][-1] for c in result["calls"]] == [f"lesson10[spmd] @ {url}"], have
         assert "the spmd extra" in printed
 

@@ -21,6 +21,9 @@ def _cases(argv, n):
 
 
 RANK_JOBS = {name: (lambda n, argv=argv: _cases(argv, n)) for name, argv in README.items()}
+#: Ulysses with one K/V head on two ranks: refused (each rank needs whole K/V heads)
+RANK_JOBS["rejected"] = lambda n: ("check_attention", [dict(method="ulysses", s=16, a=2, a_kv=1, d=4,
+                                                            dtype="float32")])
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -57,7 +60,12 @@ def test_verdict_tells_passed_failed_and_rejected_apart():
     assert "FAILED" in run.report(_res(ok=False))
 
 
-def test_rejected_case_exits_2_and_says_what(capsys):
+def test_rejected_case_exits_2_and_says_what(capsys, monkeypatch, rank_results):
+    """`run` end to end on what the ranks returned for a refused case (from the shared launch)."""
+    import importlib
+    launch_mod = importlib.import_module("lesson10.spmd.launch")   # (the package exports launch())
+    got = rank_results(2, "rejected")
+    monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: got)
     rc = run.main(["ulysses", "--nproc", "2", "--seq", "16", "--heads", "2", "--kv-heads", "1",
                    "--dim", "4"])
     out = capsys.readouterr().out
