@@ -4,7 +4,9 @@
 #                       Python 3.12 and 3.13; 06 on 3.11 with the CPU torch), via their install cell
 # make test-frontends : the figures in JupyterLab 4 (ipywidgets 8) and Notebook 6.5 (ipywidgets 7.7.1),
 #                       headless Chromium (Debian's chromium: apt-get install chromium)
-# .ci/run runs all three.
+# make test-grader    : the grader's tests on Python 3.12 and 3.13 (pyenv's), each in a venv with only
+#                       what grading needs (.venv-py312, .venv-py313; no torch); a missing Python is skipped
+# .ci/run runs all four.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -19,7 +21,14 @@ PY313   ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) 
 COLAB_NEW := .venv-colab312/.installed .venv-colab313/.installed
 SLOW    := -m "not colab and not frontends"
 
-.PHONY: lab test test-colab test-frontends demo bench build clean
+.PHONY: lab test test-colab test-frontends test-grader demo bench build clean
+
+PYENV_ROOT   ?= $(HOME)/.pyenv
+GRADER_TESTS := tests/test_grade.py tests/test_grade_redteam.py tests/test_grade_answers.py \
+                tests/test_gradebook.py tests/test_gradebook_cli.py
+GRADER_DEPS  := numpy matplotlib ipython nbformat pytest junitparser
+GRADER_PY312 ?= $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/3.12.*/bin/python)))
+GRADER_PY313 ?= $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/3.13.*/bin/python)))
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -58,6 +67,24 @@ test-colab: $(STAMP) $(COLAB_STAMP) $(COLAB_NEW)
 test-frontends: $(STAMP) $(COLAB_STAMP)
 	$(BIN)/python -m pytest -q -m frontends tests/test_frontends.py
 
+# the grader's tests where grading has no torch: the package itself with --no-deps
+.venv-py%/.installed: pyproject.toml
+	rm -rf .venv-py$*
+	$(GRADER_PY$*) -m venv .venv-py$*
+	$(PIP_ENV) .venv-py$*/bin/pip install -q $(GRADER_DEPS)
+	$(PIP_ENV) .venv-py$*/bin/pip install -q --no-deps -e .
+	touch $@
+
+test-grader: test-grader-312 test-grader-313
+
+test-grader-%:
+	@if [ -z "$(GRADER_PY$*)" ]; then \
+	    echo "test-grader: no Python 3.$(patsubst 3%,%,$*) under $(PYENV_ROOT)/versions: its grader tests are skipped"; \
+	else \
+	    $(MAKE) --no-print-directory .venv-py$*/.installed && \
+	    .venv-py$*/bin/python -m pytest -q $(GRADER_TESTS); \
+	fi
+
 demo: $(STAMP)
 	$(BIN)/python -m lesson10 demo
 
@@ -68,4 +95,4 @@ build: $(STAMP)
 	$(BIN)/python -m lesson10 build
 
 clean:
-	rm -rf $(VENV) $(COLAB) .venv-colab3* .pytest_cache
+	rm -rf $(VENV) $(COLAB) .venv-colab3* .venv-py312 .venv-py313 .pytest_cache

@@ -1,10 +1,12 @@
-"""Command line: ``python -m lesson10 {demo,run,bench,grade,build}``.
+"""Command line: ``python -m lesson10 {demo,run,bench,grade,gradescope,release,build}``.
 
     demo                      every simulated method on a small case: error and bytes vs. the lesson
     run METHOD --nproc N      one real multi-process run (sp, ring, ulysses, moe) on gloo/NCCL
     bench WHAT                benchmarks (sim, ring, ulysses, moe, sp) -> benchmarks/results/
                               (run and bench, but bench sim, need PyTorch: lesson10[spmd])
     grade NOTEBOOK...         instructors: score submitted notebooks with a judge (see README)
+    gradescope OUT.zip        instructors: write a Gradescope autograder (setup.sh, run_autograder)
+    release DIR               instructors: write the student repository (no solutions/)
     build [--check]           write notebooks/ from solutions/ (or check it is up to date)
 """
 from __future__ import annotations
@@ -28,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as run
     elif cmd == "grade":
         from .grade import main as run
+    elif cmd == "gradescope":
+        from .grade.gradescope import main_bundle as run
+    elif cmd == "release":
+        from .release import main as run
     elif cmd == "build":
         from .build import main as run
     else:

@@ -50,11 +50,23 @@ COLORS["replicated"] = COLORS["idle"]
 COLORS["dropped"] = COLORS["split"]
 
 
-def _figure(fig, size):
+#: fixed margins of each figure (fractions of the figure): a layout engine ("constrained")
+#: re-solves the layout at every redraw and costs more than the drawing itself
+_MARGINS = {
+    "ring_rounds": dict(left=0.11, right=0.98, bottom=0.24, top=0.92, wspace=0.22),
+    "sp_strip": dict(left=0.01, right=0.99, bottom=0.22, top=0.84),
+    "block_size": dict(left=0.11, right=0.97, bottom=0.12, top=0.87),
+    "ulysses_grid": dict(left=0.07, right=0.64, bottom=0.1, top=0.93, hspace=0.45),
+    "moe_capacity": dict(left=0.1, right=0.97, bottom=0.07, top=0.94, hspace=0.38),
+}
+
+
+def _figure(fig, size, name):
     if fig is None:
-        fig = Figure(figsize=size, layout="constrained")
+        fig = Figure(figsize=size)
     else:
         fig.clear()
+    fig.subplots_adjust(**_MARGINS[name])
     return fig
 
 
@@ -70,6 +82,14 @@ def _png(fig) -> bytes:
     fig.savefig(buf, format="png", dpi=90)
     return buf.getvalue()
 
+
+#: a 1 x 1 white PNG: what a figure shows while its controls make no sense together
+_BLANK = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00"
+          b"\x90wS\xde\x00\x00\x00\x0cIDATx\x9cc\xf8\xff\xff?\x00\x05\xfe\x02\xfe\r\xefF\xb8\x00\x00"
+          b"\x00\x00IEND\xaeB`\x82")
+
+#: sliders redraw when released, not at every step of a drag (a redraw is a new PNG)
+_RELEASE = {"continuous_update": False}
 
 #: controls show their whole description (ipywidgets 7 and 8 cut it at ~80 px otherwise)
 _STYLE = {"description_width": "initial"}
@@ -89,7 +109,7 @@ class _View:
     def __init__(self, draw, state, size):
         w = _widgets()
         self.draw, self.state = draw, dict(state)
-        self.fig = Figure(figsize=size, layout="constrained")
+        self.fig = Figure(figsize=size)
         self.image = w.Image(format="png")
         self.message = w.HTML()
 
@@ -97,8 +117,9 @@ class _View:
         self.state.update(changes)
         try:
             self.draw(self.fig, **self.state)
-        except ValueError as exc:          # bad combination of controls: say why, keep the old picture
+        except ValueError as exc:          # bad combination of controls: say why, show no stale picture
             self.message.value = f"<span style='color:{COLORS['split']}'>{exc}</span>"
+            self.image.value = _BLANK
             return False
         self.message.value = ""
         self.image.value = _png(self.fig)
@@ -133,7 +154,7 @@ def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contig
     if not 0 <= round < n:
         raise ValueError(f"round must be in 0..{n - 1} for n = {n} ranks, got {round}")
     owner = _owners(s, n, layout)
-    fig = _figure(fig, (9, 4.8))
+    fig = _figure(fig, (9, 4.8), "ring_rounds")
     ax, bx = fig.subplots(1, 2, width_ratios=[1.15, 1])
 
     q, kk = np.meshgrid(np.arange(s), np.arange(s), indexing="ij")
@@ -177,17 +198,39 @@ def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contig
     return fig
 
 
+def valid_tokens(n: int, layout: str, smallest: int = 4, largest: int = 64) -> list[int]:
+    """The sequence lengths ``s`` in ``smallest..largest`` that ``layout`` can split over ``n``
+    ranks: multiples of ``n`` (contiguous, striped) or of ``2n`` (zig-zag)."""
+    step = 2 * n if layouts._check_layout(layout) == "zigzag" else n
+    return [s for s in range(step, largest + 1, step) if s >= smallest] or [step]
+
+
 def ring_rounds(n: int = 4, s: int = 16, layout: str = "contiguous"):
-    """Interactive ring attention: Next round rotates the K/V blocks; switch the layout."""
+    """Interactive ring attention: Next round rotates the K/V blocks; switch the layout. The
+    tokens slider offers only the lengths the layout can split over N_c ranks."""
     w = _widgets()
     view = _View(draw_ring_rounds, dict(n=n, s=s, layout=layout, round=0), (9, 4.8))
     lay = w.ToggleButtons(options=list(layouts.LAYOUTS), value=layouts._check_layout(layout),
                           description="layout")
-    ranks = w.IntSlider(value=n, min=2, max=8, description="ranks N_c", style=_STYLE)
-    tokens = w.IntSlider(value=s, min=4, max=64, step=4, description="tokens s", style=_STYLE)
+    ranks = w.IntSlider(value=n, min=2, max=8, description="ranks N_c", style=_STYLE, **_RELEASE)
+    options = valid_tokens(n, layout)
+    tokens = w.SelectionSlider(options=options, value=s if s in options else options[0],
+                               description="tokens s", style=_STYLE, **_RELEASE)
     nxt = w.Button(description="Next round", button_style="primary")
+    busy = []                               # re-entry guard while the options are replaced
 
     def on_change(_=None):
+        if busy:
+            return
+        busy.append(1)
+        try:
+            options = valid_tokens(ranks.value, lay.value)
+            if list(tokens.options) != options:
+                keep = tokens.value
+                tokens.options = options
+                tokens.value = min(options, key=lambda x: (abs(x - keep), x))
+        finally:
+            busy.clear()
         view.update(n=ranks.value, s=tokens.value, layout=lay.value, round=0)
 
     def on_next(_=None):
@@ -196,9 +239,9 @@ def ring_rounds(n: int = 4, s: int = 16, layout: str = "contiguous"):
     for control in (lay, ranks, tokens):
         control.observe(on_change, names="value")
     nxt.on_click(on_next)
-    view.update()
+    view.update(s=tokens.value)
     box = view.box(w.VBox([w.HBox([lay, nxt]), w.HBox([ranks, tokens])]))
-    box.next_round, box.layout_toggle = on_next, lay
+    box.next_round, box.layout_toggle, box.ranks_slider, box.tokens_slider = on_next, lay, ranks, tokens
     return box
 
 
@@ -224,7 +267,7 @@ def draw_sp_strip(fig=None, *, t: int = 4, sp: bool = False, s: int = 8192, h: i
     """
     if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
         raise ValueError(f"t (TP degree) must be an integer >= 1, got {t!r}")
-    fig = _figure(fig, (11, 3.0))
+    fig = _figure(fig, (11, 3.0), "sp_strip")
     ax = fig.subplots()
     x = 0.0
     for label, kind in _STRIP:
@@ -285,7 +328,7 @@ def sp_strip(t: int = 4):
     w = _widgets()
     view = _View(draw_sp_strip, dict(t=t, sp=False), (11, 3.0))
     mode = w.ToggleButtons(options=["TP", "TP + SP"], value="TP", description="mode")
-    degree = w.IntSlider(value=t, min=1, max=16, description="TP degree t", style=_STYLE)
+    degree = w.IntSlider(value=t, min=1, max=16, description="TP degree t", style=_STYLE, **_RELEASE)
 
     def on_change(_=None):
         view.update(t=degree.value, sp=mode.value == "TP + SP")
@@ -309,11 +352,12 @@ def draw_block_size(fig=None, *, h: int = 4096, link="InfiniBand", g: int = 1, c
     F = cost.peak_flops(gpu if F is None else F)              # validates: a finite number > 0
     W = cost.link_bandwidth(link)
     c_star = cost.min_block_size(F, W, causal=causal, g=g, e=e)
-    fig = _figure(fig, (7, 4.2))
+    fig = _figure(fig, (7, 4.2), "block_size")
     ax = fig.subplots()
     cs = np.geomspace(128, 262_144, 200)
-    compute = np.array([cost.ring_round_times(x, h, F, W, causal=causal, g=g, e=e)[0] for x in cs])
-    transfer = np.array([cost.ring_round_times(x, h, F, W, causal=causal, g=g, e=e)[1] for x in cs])
+    # compute grows as c^2 and the transfer as c: scale the closed forms at one block size
+    tc0, tt0 = cost.ring_round_times(cs[0], h, F, W, causal=causal, g=g, e=e)
+    compute, transfer = tc0 * (cs / cs[0]) ** 2, tt0 * (cs / cs[0])
     ax.loglog(cs, compute * 1e3, color=COLORS["computed"], lw=2, label="compute per round")
     ax.loglog(cs, transfer * 1e3, color=COLORS["comm"], lw=2, label="K/V transfer per round")
     ax.axvline(c_star, color=COLORS["edge"], ls="--", lw=1)
@@ -339,17 +383,20 @@ def block_size(h: int = 4096, link: str = "InfiniBand", g: int = 1, causal: bool
     """Interactive minimum block size: move c, switch the link, GQA group and causal mask."""
     w = _widgets()
     view = _View(draw_block_size, dict(h=h, link=link, g=g, causal=causal, c=16_384), (7, 4.2))
-    c_slider = w.IntSlider(value=16_384, min=512, max=131_072, step=512, description="block c", style=_STYLE)
+    # block sizes span 512 .. 131072 tokens on a log axis: a log slider (base 2, quarter steps)
+    c_slider = w.FloatLogSlider(value=16_384, base=2, min=9, max=17, step=0.25, description="block c",
+                                readout_format=",.0f", style=_STYLE, **_RELEASE)
     h_slider = w.Dropdown(options=[1024, 2048, 4096, 8192, 16384], value=h, description="hidden h", style=_STYLE)
     link_toggle = w.ToggleButtons(options=[k for k, v in cost.HARDWARE.items() if v["kind"] == "link"],
                                   value=link, description="link")
     g_slider = w.Dropdown(options=[1, 2, 4, 8], value=g, description="GQA g", style=_STYLE)
     causal_box = w.Checkbox(value=causal, description="causal mask")
     peak = round(cost.peak_flops("H100") / 1e12)
-    f_slider = w.IntSlider(value=peak, min=50, max=peak, step=1, description="F (TFLOP/s)", style=_STYLE)
+    f_slider = w.IntSlider(value=peak, min=50, max=peak, step=1, description="F (TFLOP/s)", style=_STYLE,
+                           **_RELEASE)
 
     def on_change(_=None):
-        view.update(c=c_slider.value, h=h_slider.value, link=link_toggle.value, g=g_slider.value,
+        view.update(c=round(c_slider.value), h=h_slider.value, link=link_toggle.value, g=g_slider.value,
                     causal=causal_box.value, F=f_slider.value * 1e12)
 
     for control in (c_slider, h_slider, link_toggle, g_slider, causal_box, f_slider):
@@ -393,7 +440,7 @@ def draw_ulysses_grid(fig=None, *, n: int = 4, s: int = 8, heads: int = 8, kv_he
         arrived = state == "heads"
     owner = ulysses_owner(n, s, heads, state)
     before = ulysses_owner(n, s, heads, "heads" if state == "sequence" else "sequence")
-    fig = _figure(fig, (8.5, 5))
+    fig = _figure(fig, (8.5, 5), "ulysses_grid")
     ax, kx = fig.subplots(2, 1, height_ratios=[s, 1.6])
     for i in range(s):
         for j in range(heads):
@@ -438,7 +485,8 @@ def draw_ulysses_grid(fig=None, *, n: int = 4, s: int = 8, heads: int = 8, kv_he
     warning = ""
     if kv_heads < n:
         warning = (f"warning: {n} ranks but only {kv_heads} K/V heads. Each rank needs whole K/V heads, "
-                   f"so Ulysses alone scales to {kv_heads} ranks; copy K/V heads (more bytes) "
+                   f"so Ulysses alone scales to {kv_heads} rank{'s' if kv_heads > 1 else ''}; "
+                   f"copy K/V heads (more bytes) "
                    f"or combine with ring attention")
         kx.set_title(textwrap.fill(warning, 90), fontsize=8, color=COLORS["split"])
     fig.ulysses_warning = warning
@@ -451,7 +499,7 @@ def ulysses_grid(n: int = 4, s: int = 8, heads: int = 8, kv_heads: int = 8):
     view = _View(draw_ulysses_grid, dict(n=n, s=s, heads=heads, kv_heads=kv_heads, state="sequence",
                                          rank=0), (8.5, 5))
     a2a = w.Button(description="All-to-all", button_style="primary")
-    rank = w.IntSlider(value=0, min=0, max=n - 1, description="rank")
+    rank = w.IntSlider(value=0, min=0, max=n - 1, description="rank", **_RELEASE)
     kv = w.Dropdown(options=[d for d in range(1, heads + 1) if heads % d == 0], value=kv_heads,
                     description="K/V heads", style=_STYLE)
 
@@ -525,7 +573,7 @@ def draw_moe_capacity(fig=None, *, E: int = 8, Ne: int = 4, k: int = 2, T: int =
     from matplotlib.ticker import MaxNLocator
 
     r = moe_routing(E=E, Ne=Ne, k=k, T=T, skew=skew, capacity_factor=capacity_factor, seed=seed)
-    fig = _figure(fig, (8, 5.5))
+    fig = _figure(fig, (8, 5.5), "moe_capacity")
     ax, bx = fig.subplots(2, 1, height_ratios=[2.2, 1])
     flat, arrival, kept = r["experts"].ravel(), r["arrival"].ravel(), r["kept"].ravel()
     x, y = flat.astype(float), arrival                     # copy number y of its expert
@@ -564,7 +612,8 @@ def moe_capacity(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float =
     w = _widgets()
     view = _View(draw_moe_capacity, dict(E=E, Ne=Ne, k=k, T=T, skew=skew, capacity_factor=capacity_factor),
                  (8, 5.5))
-    skew_slider = w.FloatSlider(value=skew, min=0.0, max=6.0, step=0.25, description="router skew", style=_STYLE)
+    skew_slider = w.FloatSlider(value=skew, min=0.0, max=6.0, step=0.25, description="router skew",
+                                style=_STYLE, **_RELEASE)
     # labels as values: a Dropdown whose value is None shows an empty selection
     options = ["none", "1.0", "1.1", "1.25", "1.5", "2.0"]
     label = "none" if capacity_factor is None else f"{float(capacity_factor):g}"

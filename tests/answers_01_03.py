@@ -424,36 +424,121 @@ def merge_lse_no_m(o1, l1, o2, l2):      # lse = log(sum of shifted weights), + 
 
 
 # --------------------------------------------------------------------------- 02 ring_attention
-def make_ring(attend=attn_einsum, mrg=merge_where, rounds=None, source=lambda r, k, n: (r - k) % n,
-              causal_override=None, key_pos="theirs", lse0=-np.inf, stack=False):
-    def ring_attention(q_shards, k_shards, v_shards, positions, causal=True):
+# The check passes group=, a network that offers ring_shift(xs) only (rank r sends xs[r] to
+# rank r + 1). Right answers use it in different styles; wrong ones break a rule of the ring
+# or the attention.
+def make_ring(attend=attn_einsum, mrg=merge_where, rounds=None, shifts=None, causal_override=None,
+              key_pos="theirs", lse0=-np.inf, stack=False, send="held", read="received"):
+    """K and V shifted in two calls, the key positions looked up by source rank. ``send``:
+    what a rank passes on ("held": what it received; "own": its own block every time;
+    "inputs": the right block, read from k_shards). ``read``: which K/V it attends to
+    ("received", or "inputs": k_shards of the source rank)."""
+    def ring_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None):
         n = len(q_shards)
-        outs = []
-        for r in range(n):
-            o = np.zeros_like(q_shards[r], dtype=float)
-            lse = np.full(q_shards[r].shape[:2], lse0)
-            for k in range(n if rounds is None else rounds(n)):
-                j = source(r, k, n)
+        o = [np.zeros_like(q, dtype=float) for q in q_shards]
+        lse = [np.full(q.shape[:2], lse0) for q in q_shards]
+        k_held, v_held = list(k_shards), list(v_shards)
+        n_rounds = n if rounds is None else rounds(n)
+        n_shifts = n_rounds - 1 if shifts is None else shifts(n)
+        c = causal if causal_override is None else causal_override
+        for t in range(n_rounds):
+            for r in range(n):
+                j = (r - t) % n
                 kp = positions[j] if key_pos == "theirs" else positions[r]
-                c = causal if causal_override is None else causal_override
-                ob, lb = attend(q_shards[r], k_shards[j], v_shards[j], positions[r], kp, c)
-                o, lse = mrg(o, lse, np.asarray(ob, dtype=float), np.asarray(lb, dtype=float))
-            outs.append(o)
-        return np.stack(outs) if stack else outs
+                kb, vb = (k_held[r], v_held[r]) if read == "received" else (k_shards[j], v_shards[j])
+                ob, lb = attend(q_shards[r], kb, vb, positions[r], kp, c)
+                o[r], lse[r] = mrg(o[r], lse[r], np.asarray(ob, dtype=float), np.asarray(lb, dtype=float))
+            if t < n_shifts:
+                if send == "held":
+                    k_out, v_out = k_held, v_held
+                elif send == "own":
+                    k_out, v_out = list(k_shards), list(v_shards)
+                else:
+                    k_out = [k_shards[(r - t) % n] for r in range(n)]
+                    v_out = [v_shards[(r - t) % n] for r in range(n)]
+                k_held, v_held = group.ring_shift(k_out), group.ring_shift(v_out)
+        return np.stack(o) if stack else o
     return ring_attention
 
 
-def ring_rotating(q_shards, k_shards, v_shards, positions, causal=True):
+def ring_tuple(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+    """One ring_shift per step of (k, v, k_pos) tuples."""
     n = len(q_shards)
     out = [np.zeros_like(q) for q in q_shards]
     lse = [np.full(q.shape[:2], -np.inf) for q in q_shards]
-    kv = list(zip(k_shards, v_shards, positions))
-    for _ in range(n):
+    held = list(zip(k_shards, v_shards, positions))
+    for step in range(n):
         for r in range(n):
-            k, v, kp = kv[r]
+            k, v, kp = held[r]
             ob, lb = attn_matmul_heads(q_shards[r], k, v, positions[r], kp, causal)
             out[r], lse[r] = merge_logaddexp(out[r], lse[r], ob, lb)
-        kv = [kv[(r - 1) % n] for r in range(n)]
+        if step != n - 1:
+            held = group.ring_shift(held)
+    return out
+
+
+def ring_three_calls(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+    """Own block first, then N_c - 1 times: shift K, V and positions (three lists, three
+    calls), attend to what arrived."""
+    n = len(q_shards)
+    parts = [attn_einsum(q, k, v, p, p, causal) for q, k, v, p in
+             zip(q_shards, k_shards, v_shards, positions)]
+    out = [o for o, _ in parts]
+    lse = [l for _, l in parts]
+    ks, vs, ps = k_shards, v_shards, positions
+    for _ in range(n - 1):
+        ks = group.ring_shift(ks)
+        vs = group.ring_shift(vs)
+        ps = group.ring_shift(list(ps))
+        for r in range(n):
+            ob, lb = attn_einsum(q_shards[r], ks[r], vs[r], positions[r], ps[r], causal)
+            out[r], lse[r] = merge_loops(out[r], lse[r], ob, lb)
+    return out
+
+
+def ring_rotates_inputs(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+    """Shifts the caller's lists in place (k_shards[:] = ...): the caller's lists change."""
+    n = len(q_shards)
+    my_pos = list(positions)
+    out = [np.zeros_like(q, dtype=float) for q in q_shards]
+    lse = [np.full(q.shape[:2], -np.inf) for q in q_shards]
+    for rnd in range(n):
+        for r in range(n):
+            ob, lb = attn_einsum(q_shards[r], k_shards[r], v_shards[r], my_pos[r], positions[r], causal)
+            out[r], lse[r] = merge_where(out[r], lse[r], ob, lb)
+        if rnd < n - 1:
+            for lst in (k_shards, v_shards, positions):
+                lst[:] = group.ring_shift(list(lst))
+    return out
+
+
+def ring_gathers(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+    """Every rank sends all K/V blocks in one ring_shift: gathering, not a ring."""
+    n = len(q_shards)
+    everything = group.ring_shift([tuple(k_shards) + tuple(v_shards) for _ in range(n)])
+    ks, vs = everything[0][:n], everything[0][n:]
+    return make_ring(read="inputs", shifts=lambda n: 0)(q_shards, list(ks), list(vs), positions, causal)
+
+
+def ring_all_gather(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+    """Uses an all-gather, which the ring's network does not offer."""
+    ks, vs = group.all_gather(k_shards), group.all_gather(v_shards)
+    return make_ring(read="inputs", shifts=lambda n: 0)(q_shards, ks, vs, positions, causal)
+
+
+def ring_stacked_kv(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+    """Sends K and V stacked into one array (not a block the ring knows)."""
+    n = len(q_shards)
+    held = [np.stack([k, v]) for k, v in zip(k_shards, v_shards)]
+    out = [np.zeros_like(q, dtype=float) for q in q_shards]
+    lse = [np.full(q.shape[:2], -np.inf) for q in q_shards]
+    for t in range(n):
+        for r in range(n):
+            ob, lb = attn_einsum(q_shards[r], held[r][0], held[r][1], positions[r],
+                                 positions[(r - t) % n], causal)
+            out[r], lse[r] = merge_where(out[r], lse[r], ob, lb)
+        if t < n - 1:
+            held = group.ring_shift(held)
     return out
 
 
@@ -622,19 +707,3 @@ def time_sorts_input(work):              # sorts the caller's array in place
 
 def time_max_times_rounds(work):         # the busiest cell in every round
     return np.max(work) * len(work)
-
-
-def ring_rotates_inputs(q_shards, k_shards, v_shards, positions, causal=True):
-    """Rotates the caller's lists (n - 1 times: the last round needs no transfer)."""
-    n = len(q_shards)
-    my_pos = list(positions)
-    out = [np.zeros_like(q, dtype=float) for q in q_shards]
-    lse = [np.full(q.shape[:2], -np.inf) for q in q_shards]
-    for rnd in range(n):
-        for r in range(n):
-            ob, lb = attn_einsum(q_shards[r], k_shards[r], v_shards[r], my_pos[r], positions[r], causal)
-            out[r], lse[r] = merge_where(out[r], lse[r], ob, lb)
-        if rnd < n - 1:
-            for lst in (k_shards, v_shards, positions):
-                lst.insert(0, lst.pop())
-    return out

@@ -10,187 +10,309 @@ from answers_01_03 import attn_einsum
 
 
 # --------------------------------------------------------------------------- 04 seq_to_heads
-def s2h_split(shards):
+# The check passes group, a network that offers all_to_all(blocks) only (blocks[i][j] goes
+# from rank i to rank j; it returns out with out[j][i] = blocks[i][j]).
+def s2h_split(shards, group):
     n = len(shards)
-    blocks = [np.split(x, n, axis=1) for x in shards]
-    return [np.concatenate([blocks[i][j] for i in range(n)], axis=0) for j in range(n)]
+    received = group.all_to_all([np.split(x, n, axis=1) for x in shards])
+    return [np.concatenate(received[j], axis=0) for j in range(n)]
 
 
-def s2h_reshape(shards):
+def s2h_reshape(shards, group):          # blocks by reshape, the result one stacked array
     n = len(shards)
     x = np.stack(shards)                                  # (n, c, a, d)
     _, c, a, d = x.shape
     x = x.reshape(n, c, n, a // n, d)                     # raises when n does not divide a
-    return np.stack([x[:, :, j].reshape(n * c, a // n, d) for j in range(n)])
+    received = group.all_to_all([[x[i, :, j] for j in range(n)] for i in range(n)])
+    return np.stack([np.stack(received[j]).reshape(n * c, a // n, d) for j in range(n)])
 
 
-def s2h_slices(shards):
+def s2h_slices(shards, group=None):
     n, a = len(shards), shards[0].shape[1]
     if a % n:
         raise ValueError(f"{a} heads do not split over {n} ranks")
     g = a // n
-    return [np.concatenate([x[:, j * g:(j + 1) * g] for x in shards]) for j in range(n)]
+    received = group.all_to_all([[x[:, j * g:(j + 1) * g] for j in range(n)] for x in shards])
+    return [np.vstack(row) for row in received]
 
 
-def s2h_wrong_axes(shards):              # cuts tokens, stacks heads
+def s2h_wrong_axes(shards, group):       # cuts tokens, stacks heads
     n = len(shards)
-    blocks = [np.split(x, n, axis=0) for x in shards]
-    return [np.concatenate([blocks[i][j] for i in range(n)], axis=1) for j in range(n)]
+    received = group.all_to_all([np.split(x, n, axis=0) for x in shards])
+    return [np.concatenate(received[j], axis=1) for j in range(n)]
 
 
-def s2h_wrong_index(shards):             # rank j stacks its own head groups
+def s2h_wrong_index(shards, group):      # stacks received[i][j], what rank i got from j
     n = len(shards)
-    blocks = [np.split(x, n, axis=1) for x in shards]
-    return [np.concatenate([blocks[j][i] for i in range(n)], axis=0) for j in range(n)]
+    received = group.all_to_all([np.split(x, n, axis=1) for x in shards])
+    return [np.concatenate([received[i][j] for i in range(n)], axis=0) for j in range(n)]
 
 
-def s2h_strided_heads(shards):           # rank j gets heads j, j + n, ... (transposed reshape)
+def s2h_strided_heads(shards, group):    # head group j = heads j, j + n, ... (transposed reshape)
     n = len(shards)
-    x = np.concatenate(shards)
-    s, a, d = x.shape
-    return [x.reshape(s, a // n, n, d)[:, :, j] for j in range(n)]
+    _, a, d = shards[0].shape
+    blocks = [[x.reshape(len(x), a // n, n, d)[:, :, j] for j in range(n)] for x in shards]
+    return [np.concatenate(row) for row in group.all_to_all(blocks)]
 
 
-def s2h_no_check(shards):                # slicing: silently empty or short shards when n does not divide a
+def s2h_no_check(shards, group):         # slicing: empty or short head groups when n does not divide a
     n, a = len(shards), shards[0].shape[1]
     g = a // n
-    return [np.concatenate([x[:, j * g:(j + 1) * g] for x in shards]) for j in range(n)]
+    received = group.all_to_all([[x[:, j * g:(j + 1) * g] for j in range(n)] for x in shards])
+    return [np.concatenate(row) for row in received]
 
 
-def s2h_reversed_tokens(shards):
+def s2h_reversed_tokens(shards, group):
     n = len(shards)
-    blocks = [np.split(x, n, axis=1) for x in shards]
-    return [np.concatenate([blocks[i][j] for i in reversed(range(n))], axis=0) for j in range(n)]
+    received = group.all_to_all([np.split(x, n, axis=1) for x in shards])
+    return [np.concatenate(received[j][::-1], axis=0) for j in range(n)]
 
 
-def s2h_stack(shards):                   # (n, c, a/n, d) per rank
+def s2h_stack(shards, group):            # (n, c, a/n, d) per rank
     n = len(shards)
-    blocks = [np.split(x, n, axis=1) for x in shards]
-    return [np.stack([blocks[i][j] for i in range(n)]) for j in range(n)]
+    received = group.all_to_all([np.split(x, n, axis=1) for x in shards])
+    return [np.stack(received[j]) for j in range(n)]
 
 
-def s2h_array_split(shards):             # np.array_split never complains
+def s2h_array_split(shards, group):      # np.array_split never complains
     n = len(shards)
-    blocks = [np.array_split(x, n, axis=1) for x in shards]
-    return [np.concatenate([blocks[i][j] for i in range(n)], axis=0) for j in range(n)]
+    received = group.all_to_all([np.array_split(x, n, axis=1) for x in shards])
+    return [np.concatenate(received[j], axis=0) for j in range(n)]
 
 
-def s2h_interleaved_tokens(shards):      # token order c-major
+def s2h_interleaved_tokens(shards, group):   # token order c-major
     n = len(shards)
-    blocks = [np.split(x, n, axis=1) for x in shards]
+    received = group.all_to_all([np.split(x, n, axis=1) for x in shards])
     out = []
     for j in range(n):
-        st = np.stack([blocks[i][j] for i in range(n)], axis=1)     # (c, n, g, d)
+        st = np.stack(received[j], axis=1)                 # (c, n, g, d)
         out.append(st.reshape(-1, *st.shape[2:]))
     return out
 
 
-# --------------------------------------------------------------------------- 04 heads_to_seq
-def h2s_split(shards):
+def s2h_never_calls(shards, group):      # the right result, computed without the network
     n = len(shards)
-    blocks = [np.split(x, n, axis=0) for x in shards]
-    return [np.concatenate([blocks[j][r] for j in range(n)], axis=1) for r in range(n)]
+    blocks = [np.split(x, n, axis=1) for x in shards]
+    return [np.concatenate([blocks[i][j] for i in range(n)], axis=0) for j in range(n)]
 
 
-def h2s_reshape(shards):
+def s2h_for_show(shards, group):         # calls the network, then uses its own copies
+    n = len(shards)
+    blocks = [np.split(x, n, axis=1) for x in shards]
+    group.all_to_all(blocks)
+    return [np.concatenate([blocks[i][j] for i in range(n)], axis=0) for j in range(n)]
+
+
+def s2h_twice(shards, group):            # one all-to-all per head group
+    n = len(shards)
+    out = []
+    for j in range(n):
+        blocks = [[x[:, :0] for _ in range(n)] for x in shards]
+        for i in range(n):
+            blocks[i][j] = np.split(shards[i], n, axis=1)[j]
+        out.append(np.concatenate(group.all_to_all(blocks)[j]))
+    return out
+
+
+# --------------------------------------------------------------------------- 04 heads_to_seq
+def h2s_split(shards, group):
+    n = len(shards)
+    received = group.all_to_all([np.split(x, n, axis=0) for x in shards])
+    return [np.concatenate(received[i], axis=1) for i in range(n)]
+
+
+def h2s_reshape(shards, group):
     n = len(shards)
     x = np.stack(shards)                                  # (n, s, g, d)
     _, s, g, d = x.shape
     x = x.reshape(n, n, s // n, g, d)                     # [j, i]: block i of rank j
-    return [x[:, i].transpose(1, 0, 2, 3).reshape(s // n, n * g, d) for i in range(n)]
+    received = group.all_to_all([[x[j, i] for i in range(n)] for j in range(n)])
+    return [np.stack(received[i], axis=1).reshape(s // n, n * g, d) for i in range(n)]
 
 
-def h2s_slices(shards):
+def h2s_slices(shards, group=None):
     n = len(shards)
     c = shards[0].shape[0] // n
-    return [np.concatenate([x[i * c:(i + 1) * c] for x in shards], axis=1) for i in range(n)]
+    received = group.all_to_all([[x[i * c:(i + 1) * c] for i in range(n)] for x in shards])
+    return [np.hstack(row) for row in received]
 
 
-def h2s_wrong_index(shards):
+def h2s_wrong_index(shards, group):
     n = len(shards)
-    blocks = [np.split(x, n, axis=0) for x in shards]
-    return [np.concatenate([blocks[r][j] for j in range(n)], axis=1) for r in range(n)]
+    received = group.all_to_all([np.split(x, n, axis=0) for x in shards])
+    return [np.concatenate([received[j][r] for j in range(n)], axis=1) for r in range(n)]
 
 
-def h2s_is_s2h(shards):
-    return s2h_split(shards)
+def h2s_is_s2h(shards, group):
+    return s2h_split(shards, group)
 
 
-def h2s_reversed_heads(shards):
+def h2s_reversed_heads(shards, group):
     n = len(shards)
-    blocks = [np.split(x, n, axis=0) for x in shards]
-    return [np.concatenate([blocks[j][r] for j in reversed(range(n))], axis=1) for r in range(n)]
+    received = group.all_to_all([np.split(x, n, axis=0) for x in shards])
+    return [np.concatenate(received[r][::-1], axis=1) for r in range(n)]
 
 
-def h2s_interleaved_heads(shards):       # head order g-major
+def h2s_interleaved_heads(shards, group):    # head order g-major
     n = len(shards)
-    blocks = [np.split(x, n, axis=0) for x in shards]
+    received = group.all_to_all([np.split(x, n, axis=0) for x in shards])
     out = []
     for r in range(n):
-        st = np.stack([blocks[j][r] for j in range(n)], axis=2)     # (c, g, n, d)
+        st = np.stack(received[r], axis=2)                 # (c, g, n, d)
         out.append(st.reshape(st.shape[0], -1, st.shape[3]))
     return out
 
 
-def h2s_strided_tokens(shards):          # rank i gets tokens i, i + n, ...
+def h2s_strided_tokens(shards, group):   # rank i gets tokens i, i + n, ...
     n = len(shards)
-    return [np.concatenate([x[i::n] for x in shards], axis=1) for i in range(n)]
+    received = group.all_to_all([[x[i::n] for i in range(n)] for x in shards])
+    return [np.concatenate(received[i], axis=1) for i in range(n)]
 
 
-def h2s_no_exchange(shards):
+def h2s_no_exchange(shards, group):
     return [x.copy() for x in shards]
 
 
-def h2s_stack(shards):
+def h2s_stack(shards, group):
+    n = len(shards)
+    received = group.all_to_all([np.split(x, n, axis=0) for x in shards])
+    return [np.stack(received[r], axis=1) for r in range(n)]
+
+
+def h2s_for_show(shards, group):         # calls the network, then uses its own copies
     n = len(shards)
     blocks = [np.split(x, n, axis=0) for x in shards]
-    return [np.stack([blocks[j][r] for j in range(n)], axis=1) for r in range(n)]
+    group.all_to_all(blocks)
+    return [np.concatenate([blocks[j][r] for j in range(n)], axis=1) for r in range(n)]
 
 
 # --------------------------------------------------------------------------- 04 ulysses_attention
-def _gqa(q, k, v, q_pos, k_pos, causal, tile=False):
-    g = q.shape[1] // k.shape[1]
-    rep = (lambda x: np.tile(x, (1, g, 1))) if tile else (lambda x: np.repeat(x, g, axis=1))
-    return attn_einsum(q, rep(k), rep(v), q_pos, k_pos, causal)
-
-
+# The check passes group= (all_to_all only) and attention=, a kernel with the signature of
+# lesson10.sim.attention that serves one head group per call.
 def make_ulysses(s2h=s2h_split, h2s=h2s_split, pos="concat", back=True, causal_override=None,
                  tile=False):
-    def ulysses_attention(q_shards, k_shards, v_shards, positions, causal=True):
-        qh, kh, vh = s2h(q_shards), s2h(k_shards), s2h(v_shards)
+    def ulysses_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                          attention=None):
+        qh, kh, vh = s2h(q_shards, group), s2h(k_shards, group), s2h(v_shards, group)
         p = {"concat": lambda: np.concatenate(positions),
              "arange": lambda: np.arange(sum(map(len, positions))),
              "sorted": lambda: np.sort(np.concatenate(positions))}[pos]()
         c = causal if causal_override is None else causal_override
-        out = [_gqa(qh[j], kh[j], vh[j], p, p, c, tile)[0] for j in range(len(q_shards))]
-        return h2s(out) if back else out
+        out = []
+        for j in range(len(q_shards)):
+            k, v = kh[j], vh[j]
+            if tile:                                       # K/V heads copied up to the query heads
+                g = qh[j].shape[1] // k.shape[1]
+                k, v = np.tile(k, (1, g, 1)), np.tile(v, (1, g, 1))
+            out.append(attention(qh[j], k, v, causal=c, q_pos=p, k_pos=p)[0])
+        return h2s(out, group) if back else out
     return ulysses_attention
 
 
-def ulysses_sim(q_shards, k_shards, v_shards, positions, causal=True):
-    from lesson10.sim import attention
-    qh, kh, vh = s2h_reshape(q_shards), s2h_reshape(k_shards), s2h_reshape(v_shards)
+def ulysses_positional(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                       attention=None):
+    """Reshape-style all-to-alls, the kernel called with positional arguments."""
+    qh, kh, vh = (s2h_reshape(x, group) for x in (q_shards, k_shards, v_shards))
     pos = np.concatenate(positions)
-    return h2s_reshape([attention(qh[j], kh[j], vh[j], causal=causal, q_pos=pos, k_pos=pos)[0]
-                        for j in range(len(q_shards))])
+    return h2s_reshape([attention(qh[j], kh[j], vh[j], causal, pos, pos)[0]
+                        for j in range(len(q_shards))], group)
 
 
-def ulysses_sorted_tokens(q_shards, k_shards, v_shards, positions, causal=True):
-    """Puts the gathered tokens in global order, masks with row numbers, puts them back."""
-    g = q_shards[0].shape[1] // k_shards[0].shape[1]
-    kr = [np.repeat(x, g, axis=1) for x in k_shards]
-    vr = [np.repeat(x, g, axis=1) for x in v_shards]
-    qh, kh, vh = s2h_slices(q_shards), s2h_slices(kr), s2h_slices(vr)
+def ulysses_loop(q_shards, k_shards, v_shards, positions, causal=True, group=None, attention=None):
+    heads = {name: s2h_slices(x, group) for name, x in
+             (("q", q_shards), ("k", k_shards), ("v", v_shards))}
+    pos = np.hstack(positions)
+    outs = []
+    for qj, kj, vj in zip(heads["q"], heads["k"], heads["v"]):
+        o, _ = attention(qj, kj, vj, causal=causal, q_pos=pos, k_pos=pos)
+        outs.append(o)
+    return h2s_slices(outs, group)
+
+
+def _own_attention(q, k, v, q_pos, k_pos, causal):
+    """Attention computed without the served kernel (GQA by repeating K/V heads)."""
+    g = q.shape[1] // k.shape[1]
+    return attn_einsum(q, np.repeat(k, g, axis=1), np.repeat(v, g, axis=1), q_pos, k_pos, causal)
+
+
+def ulysses_whole_sequence(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                           attention=None):
+    """Calls the served attention once on the whole sequence with all heads."""
+    pos = np.concatenate(positions)
+    out, _ = attention(np.concatenate(q_shards), np.concatenate(k_shards), np.concatenate(v_shards),
+                       causal=causal, q_pos=pos, k_pos=pos)
+    c = len(positions[0])
+    return [out[r * c:(r + 1) * c] for r in range(len(positions))]
+
+
+def ulysses_per_rank(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                     attention=None):
+    """Attention on each rank's own tokens with all heads (before any all-to-all); the
+    keys of the other ranks are added from the inputs."""
+    pos = np.concatenate(positions)
+    ks, vs = np.concatenate(k_shards), np.concatenate(v_shards)
+    return [attention(q, ks, vs, causal=causal, q_pos=p, k_pos=pos)[0]
+            for q, p in zip(q_shards, positions)]
+
+
+def ulysses_own_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                          attention=None):
+    """Calls the kernel on every head group, but sends its own attention back."""
+    qh, kh, vh = (s2h_split(x, group) for x in (q_shards, k_shards, v_shards))
+    pos = np.concatenate(positions)
+    for j in range(len(qh)):
+        attention(qh[j], kh[j], vh[j], causal=causal, q_pos=pos, k_pos=pos)
+    return h2s_split([_own_attention(qh[j], kh[j], vh[j], pos, pos, causal)[0]
+                      for j in range(len(qh))], group)
+
+
+def ulysses_no_kernel(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                      attention=None):
+    """Both all-to-alls, but attention of its own instead of the one passed in."""
+    qh, kh, vh = (s2h_split(x, group) for x in (q_shards, k_shards, v_shards))
+    pos = np.concatenate(positions)
+    return h2s_split([_own_attention(qh[j], kh[j], vh[j], pos, pos, causal)[0]
+                      for j in range(len(qh))], group)
+
+
+def ulysses_local_slices(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                         attention=None):
+    """Cuts the head groups out of the inputs itself (no all-to-all on the way in)."""
+    n = len(q_shards)
+    q, k, v = (np.concatenate(x) for x in (q_shards, k_shards, v_shards))
+    pos = np.concatenate(positions)
+    g, gk = q.shape[1] // n, k.shape[1] // n
+    outs = [attention(q[:, j * g:(j + 1) * g], k[:, j * gk:(j + 1) * gk], v[:, j * gk:(j + 1) * gk],
+                      causal=causal, q_pos=pos, k_pos=pos)[0] for j in range(n)]
+    return h2s_split(outs, group)
+
+
+def ulysses_twice(q_shards, k_shards, v_shards, positions, causal=True, group=None, attention=None):
+    """Calls attention twice per head group (once for the output, once "to check")."""
+    qh, kh, vh = (s2h_split(x, group) for x in (q_shards, k_shards, v_shards))
+    pos = np.concatenate(positions)
+    outs = []
+    for j in range(len(qh)):
+        o, _ = attention(qh[j], kh[j], vh[j], causal=causal, q_pos=pos, k_pos=pos)
+        o2, _ = attention(qh[j], kh[j], vh[j], causal=causal, q_pos=pos, k_pos=pos)
+        outs.append((o + o2) / 2)
+    return h2s_split(outs, group)
+
+
+def ulysses_sorted_tokens(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                          attention=None):
+    """Puts each head group's tokens in global order and masks with row numbers: exact, but
+    the served attention takes head groups in seq_to_heads' order only."""
+    qh, kh, vh = (s2h_slices(x, group) for x in (q_shards, k_shards, v_shards))
     pos = np.concatenate(positions)
     order = np.argsort(pos)
     outs = []
     for j in range(len(q_shards)):
-        o, _ = attn_einsum(qh[j][order], kh[j][order], vh[j][order], np.arange(len(pos)),
-                           np.arange(len(pos)), causal)
+        o, _ = attention(qh[j][order], kh[j][order], vh[j][order], causal=causal)
         back = np.empty_like(o)
         back[order] = o
         outs.append(back)
-    return h2s_slices(outs)
+    return h2s_slices(outs, group)
 
 
 # --------------------------------------------------------------------------- 04 ulysses_bytes

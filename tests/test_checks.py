@@ -35,8 +35,8 @@ def _references():
         "ring_attention": lambda *a, **kw: sim.ring_attention(*a, **kw),
         "zigzag_positions": lambda s, n: layouts.shard_positions(s, n, "zigzag"),
         "ring_time": lambda w: layouts.ring_time(w),
-        "seq_to_heads": lambda xs: sim.seq_to_heads(xs),
-        "heads_to_seq": lambda xs: sim.heads_to_seq(xs),
+        "seq_to_heads": lambda xs, group: sim.seq_to_heads(xs, group),
+        "heads_to_seq": lambda xs, group: sim.heads_to_seq(xs, group),
         "ulysses_attention": lambda *a, **kw: sim.ulysses_attention(*a, **kw),
         "ulysses_bytes": lambda s, h, n, g=1, e=2: cost.comm_bytes("ulysses", s, h, n, g=g, e=e),
         "route_topk": lambda logits, k: sim.route_topk(logits, k),
@@ -254,3 +254,270 @@ def test_capacity_in_floats_is_rejected_whatever_the_order_of_the_product(order)
         return keep
     with pytest.raises(CheckFailed, match="exactly"):
         checks.check_capacity(capacity_keep)
+
+
+# --------------------------------------------------------------------------- served objects
+# The ring's network, the all-to-all network and the Ulysses kernel make the method
+# observable; each rule rejects a wrong answer with a message that names it.
+def _ring_catching(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+    """Shifts once too often, catches the network's complaint and carries on."""
+    ring = a1.make_ring(shifts=lambda n: n)
+    try:
+        return ring(q_shards, k_shards, v_shards, positions, causal, group)
+    except Exception:
+        return a1.make_ring(read="inputs", shifts=lambda n: 0)(q_shards, k_shards, v_shards,
+                                                               positions, causal)
+
+
+def _ring_short_list(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+    group.ring_shift(k_shards[:-1])                   # forgets the last rank
+    return a1.make_ring()(q_shards, k_shards, v_shards, positions, causal, group)
+
+
+@pytest.mark.parametrize("answer,pattern", [
+    (a1.make_ring(read="inputs", shifts=lambda n: 0), "never called group.ring_shift"),
+    (a1.make_ring(rounds=lambda n: n - 1), r"moved 2 time\(s\), N_c - 1 = 3 are needed: rank 0 "
+                                           r"never received the K blocks of ranks \[1\]"),
+    (a1.make_ring(shifts=lambda n: n), "for the 4th time.*never used"),
+    (_ring_catching, "for the 4th time.*never used"),
+    (a1.make_ring(send="own"), "sent the K block of rank 0, but the block it holds is rank 3's"),
+    (a1.make_ring(send="inputs"), r"as k_shards\[\d\] holds it, not the copy it received"),
+    (a1.make_ring(read="inputs"), "not as the network delivered them"),
+    (a1.ring_gathers, "sent 4 K blocks at once.*gathering"),
+    (a1.ring_stacked_kv, "none of the K, V or positions blocks"),
+    (a1.ring_all_gather, "offers only ring_shift"),
+    (_ring_short_list, "one entry per rank"),
+])
+def test_ring_rules(answer, pattern):
+    with pytest.raises(CheckFailed, match="(?s)" + pattern):
+        checks.check_ring_attention(answer)
+
+
+def _s2h_catching(shards, group):
+    """Sends its blocks twice and ignores the complaint."""
+    out = a4.s2h_split(shards, group)
+    try:
+        group.all_to_all([np.split(x, len(shards), axis=1) for x in shards])
+    except Exception:
+        pass
+    return out
+
+
+@pytest.mark.parametrize("exercise,answer,pattern", [
+    ("seq_to_heads", a4.s2h_never_calls, "never called group.all_to_all"),
+    ("seq_to_heads", a4.s2h_twice, r"blocks\[0\]\[1\] of all_to_all call 1.*has shape"),
+    ("seq_to_heads", _s2h_catching, "all_to_all was called 2 times; seq_to_heads needs exactly 1"),
+    ("seq_to_heads", a4.s2h_strided_heads, r"holds other values: it should be heads"),
+    ("seq_to_heads", a4.s2h_for_show, "network delivers other values.*head shard differs"),
+    ("seq_to_heads", a4.s2h_no_check, "sent blocks to all_to_all instead of raising"),
+    ("heads_to_seq", a4.h2s_no_exchange, "never called group.all_to_all"),
+    ("heads_to_seq", a4.h2s_strided_tokens, r"it should be tokens 0\.\.1 of rank 0's shard"),
+    ("heads_to_seq", a4.h2s_for_show, "network delivers other values.*sequence shard differs"),
+])
+def test_all_to_all_rules(exercise, answer, pattern):
+    with pytest.raises(CheckFailed, match="(?s)" + pattern):
+        getattr(checks, f"check_{exercise}")(answer)
+
+
+@pytest.mark.parametrize("answer,pattern", [
+    (a4.ulysses_whole_sequence, "all 4 heads of the whole sequence"),
+    (a4.ulysses_per_rank, "one rank's 2 tokens with all heads"),
+    (a4.ulysses_own_attention, r"all_to_all call 4.*holds other values.*what attention returned"),
+    (a4.ulysses_no_kernel, "what attention returned"),
+    (a4.ulysses_local_slices, "Q never went through all_to_all"),
+    (a4.ulysses_twice, "head group 0 a second time"),
+    (a4.ulysses_sorted_tokens, "in another order than seq_to_heads stacks them"),
+    (a4.make_ulysses(tile=True), "K/V have a_kv = 2 heads \\(GQA\\)"),
+    (a4.make_ulysses(back=False), "output never went through all_to_all"),
+    (a4.make_ulysses(s2h=a4.s2h_strided_heads), "carries none of the blocks Ulysses sends"),
+])
+def test_ulysses_rules(answer, pattern):
+    with pytest.raises(CheckFailed, match="(?s)" + pattern):
+        checks.check_ulysses_attention(answer)
+
+
+def test_a_kernel_that_is_never_called_is_named():
+    def uly(q_shards, k_shards, v_shards, positions, causal=True, group=None, attention=None):
+        qh = [a4.s2h_split(x, group) for x in (q_shards, k_shards, v_shards)]
+        pos = np.concatenate(positions)
+        return a4.h2s_split([a4._own_attention(*(t[j] for t in qh), pos, pos, causal)[0]
+                             for j in range(len(q_shards))], group)
+    body = checks.EXERCISES["ulysses_attention"].body
+    with pytest.raises(CheckFailed, match="what attention returned|never called the attention"):
+        body(uly, np.random.default_rng(0))
+
+
+def test_locally_cut_head_groups_fail_where_the_network_substitutes():
+    """Without substitution, head groups cut from the inputs look like the delivered ones;
+    with it the kernel sees the difference and says why."""
+    from lesson10.checks import network
+    from lesson10.checks.nb04_ulysses import _ulysses_case
+    rng = np.random.default_rng(1)
+    qs, ks, vs = ([rng.standard_normal((2, 4, 3)) for _ in range(2)] for _ in range(3))
+    referee = network.Referee("ulysses_attention", "a case")
+    net, kernel = _ulysses_case(rng, referee, qs, ks, vs, swap=True)
+    with pytest.raises(CheckFailed, match="as q_shards hold it, not as all_to_all delivered it"):
+        network.served_call(referee, "ulysses_attention", a4.ulysses_local_slices, (), qs, ks, vs,
+                            [np.arange(2), np.arange(2, 4)], group=net, attention=kernel)
+
+
+def test_every_random_batch_substitutes_and_the_fixed_cases_never_do():
+    from lesson10.checks.nb02_ring_attention import _ring_cases
+    from lesson10.checks.nb04_ulysses import _a2a_cases, _ulysses_cases
+    for seed in range(20):
+        for cases, fixed, flag in ((_ring_cases(np.random.default_rng(seed)), 7, -1),
+                                   (_ulysses_cases(np.random.default_rng(seed)), 7, -1),
+                                   (_a2a_cases(np.random.default_rng(seed)), 7, -1)):
+            flags = [case[flag] for case in cases]
+            assert not any(flags[:fixed])
+            assert 2 <= sum(flags[fixed:]) < len(flags) - fixed
+    for layout, causal, n, s, swap in _ring_cases(np.random.default_rng(3)):
+        assert n >= 3 or not swap                     # a substituted block is passed on
+
+
+def test_served_networks_offer_only_their_wire_methods():
+    from lesson10.checks import network
+    ref = network.Referee("ring_attention", "here")
+    net = network.RingNetwork(ref, [np.ones((1, 1, 1))] * 2, [np.zeros((1, 1, 1))] * 2,
+                              [np.arange(1), np.arange(1, 2)])
+    assert network.RingNetwork.__wire_methods__ == ("ring_shift",)
+    assert network.AllToAllNetwork.__wire_methods__ == ("all_to_all",)
+    with pytest.raises(AttributeError, match="offers only ring_shift"):
+        net.bytes_sent
+    assert [m for m in dir(net) if not m.startswith("_")] == ["ring_shift"]
+    assert "network" in repr(net)
+
+
+def test_the_simulator_group_works_in_a_students_own_cells():
+    """A student passes group=SimGroup(n): tuple entries travel, bytes are counted."""
+    from lesson10 import layouts, sim
+    rng = np.random.default_rng(0)
+    n, s, a, d = 4, 8, 2, 3
+    q, k, v = (rng.standard_normal((s, a, d)) for _ in range(3))
+    pos = layouts.shard_positions(s, n, "zigzag")
+    group = sim.SimGroup(n)
+    out = a1.ring_tuple([q[p] for p in pos], [k[p] for p in pos], [v[p] for p in pos], pos,
+                        group=group)
+    full = sim.attention(q, k, v, causal=True)[0]
+    assert max(np.abs(o - full[p]).max() for o, p in zip(out, pos)) < 1e-12
+    c = s // n
+    assert group.bytes_sent.tolist() == [(n - 1) * (2 * c * a * d + c) * 2] * n   # K, V, positions
+    g2 = sim.SimGroup(n)
+    with pytest.raises(ValueError):                    # 2 heads over 4 ranks
+        a4.s2h_slices([q[p] for p in pos], g2)
+    x = rng.standard_normal((s, 2 * n, d))
+    heads = a4.s2h_split(np.split(x, n), g2)
+    assert [np.shape(h) for h in heads] == [(s, 2, d)] * n
+    back = a4.h2s_split(heads, g2)
+    assert all(np.array_equal(b, y) for b, y in zip(back, np.split(x, n)))
+
+
+# --------------------------------------------------------------------------- the grader's wire
+def _copy(x):
+    """A deep copy of plain data, as the wire delivers it (subclasses become base types)."""
+    if isinstance(x, np.ndarray):
+        return np.array(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_copy(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _copy(y) for k, y in x.items()}
+    return x
+
+
+class _Stub:
+    """What the student's side gets for a network: stubs of its wire methods, nothing else."""
+
+    def __init__(self, obj):
+        for name in type(obj).__wire_methods__:
+            method = getattr(obj, name)
+            setattr(self, name, lambda *a, _m=method, **kw: _copy(_m(*_copy(a), **_copy(kw))))
+
+
+def _over_the_wire(fn):
+    """``fn`` called as the judge calls it: copies of the arguments, networks as stubs,
+    callables as call-backs with copied arguments; changes to the arguments are copied back."""
+    def side(x):
+        if hasattr(type(x), "__wire_methods__"):
+            return _Stub(x)
+        if callable(x):
+            return lambda *a, _f=x, **kw: _copy(_f(*_copy(a), **_copy(kw)))
+        return _copy(x)
+
+    def proxy(*args, **kwargs):
+        theirs = [side(a) for a in args]
+        out = fn(*theirs, **{k: side(v) for k, v in kwargs.items()})
+        for mine, back in zip(args, theirs):
+            if isinstance(mine, list) and isinstance(back, list):
+                mine[:] = back
+            elif isinstance(mine, np.ndarray) and isinstance(back, np.ndarray) and mine.shape == back.shape:
+                mine[...] = back
+        return _copy(out)
+    return proxy
+
+
+@pytest.mark.parametrize("exercise", ["ring_attention", "seq_to_heads", "heads_to_seq",
+                                      "ulysses_attention"])
+def test_the_verdict_is_the_same_through_the_wire(exercise):
+    from test_checks_answers import RIGHT, WRONG
+    body = checks.EXERCISES[exercise].body
+    for fn, right in [(f, True) for f in RIGHT[exercise]] + [(f, False) for f in WRONG[exercise]]:
+        verdicts = []
+        for call in (fn, _over_the_wire(fn)):
+            try:
+                with np.errstate(all="ignore"):
+                    body(call, np.random.default_rng(5))
+                verdicts.append(True)
+            except (CheckFailed, checks.core._StudentError):
+                verdicts.append(False)
+        assert verdicts == [right, right], (exercise, getattr(fn, "__qualname__", fn))
+
+
+# --------------------------------------------------------------------------- ranges
+def _inputs(exercise, seeds=range(20), fixed=0):
+    """The arguments the random batches of ``exercise`` pass, over ``seeds`` (after the
+    ``fixed`` fixed cases of each batch)."""
+    seen = []
+    for seed in seeds:
+        body = checks.EXERCISES[exercise].body
+        calls = []
+
+        def record(*args, _calls=calls):
+            _calls.append(args)
+            return _answer[exercise](*args)
+        body(record, np.random.default_rng(seed))
+        seen += calls[fixed:]
+    return seen
+
+
+_answer = {"zigzag_positions": a1.zz_concat, "sp_bytes": a1.bytes_tuple,
+           "ulysses_bytes": a4.ub_formula, "capacity": a4.cap_fraction_loops,
+           "causal_work": a1.work_loops}
+
+
+def test_few_input_exercises_draw_from_ranges_too_large_to_tabulate():
+    for seed in range(20):                      # every batch holds large cases
+        zz = _inputs("zigzag_positions", [seed], fixed=6)
+        assert sum(n >= 8 and s // (2 * n) >= 45 for s, n in zz) >= 3, zz
+        sp = _inputs("sp_bytes", [seed], fixed=7)
+        assert sum(t >= 32 and s >= 90 * t for s, _, t, _ in sp) >= 4, sp
+        ub = _inputs("ulysses_bytes", [seed], fixed=8)
+        assert sum(n >= 16 and s >= 90 * n for s, _, n, _, _ in ub) >= 4, ub
+    zz = _inputs("zigzag_positions", fixed=6)
+    assert len(set(zz)) >= 0.9 * len(zz) and max(n for _, n in zz) >= 48
+    cf = {args[2] for args in _inputs("capacity", fixed=9)}
+    assert len(cf) >= 60                                           # not a short list of factors
+    ids = [args[0] for args in _inputs("causal_work", seeds=[0], fixed=7)]
+    shuffled = [p for p in ids if not all(np.array_equal(np.sort(x), x) for x in p)]
+    assert len(shuffled) >= 3                                      # random ids in every batch
+
+
+def test_an_old_signature_without_the_network_is_explained():
+    def ring_attention(q_shards, k_shards, v_shards, positions, causal=True):
+        return q_shards
+
+    def seq_to_heads(shards):
+        return shards
+    with pytest.raises(CheckFailed, match=r"hint: the check calls it as ring_attention\(.*group=network\)"):
+        checks.check_ring_attention(ring_attention)
+    with pytest.raises(CheckFailed, match=r"hint: the check calls it as seq_to_heads\(shards, group\)"):
+        checks.check_seq_to_heads(seq_to_heads)

@@ -22,15 +22,14 @@ RIGHT = {
     "sp_bytes": [a1.bytes_tuple, a1.bytes_array, a1.bytes_int_list],
     "block_attention": [a1.attn_einsum, a1.attn_matmul_heads, a1.attn_python],
     "merge": [a1.merge_where, a1.merge_logaddexp, a1.merge_loops],
-    "ring_attention": [a1.make_ring(), a1.ring_rotating,
-                       a1.make_ring(source=lambda r, k, n: (r + k) % n, mrg=a1.merge_loops,
-                                    stack=True)],
+    "ring_attention": [a1.make_ring(), a1.ring_tuple, a1.ring_three_calls,
+                       a1.make_ring(mrg=a1.merge_loops, stack=True)],
     "zigzag_positions": [a1.zz_concat, a1.zz_reshape, a1.zz_lists],
     "causal_work": [a1.work_loops, a1.work_searchsorted, a1.work_python],
     "ring_time": [a1.time_numpy, a1.time_loop, a1.time_item],
     "seq_to_heads": [a4.s2h_split, a4.s2h_reshape, a4.s2h_slices],
     "heads_to_seq": [a4.h2s_split, a4.h2s_reshape, a4.h2s_slices],
-    "ulysses_attention": [a4.make_ulysses(), a4.ulysses_sim, a4.ulysses_sorted_tokens],
+    "ulysses_attention": [a4.make_ulysses(), a4.ulysses_positional, a4.ulysses_loop],
     "ulysses_bytes": [a4.ub_formula, a4.ub_integers, a4.ub_per_tensor],
     "route_topk": [a4.route_stable, a4.route_python, a4.route_lexsort],
     "capacity": [a4.cap_fraction_loops, a4.cap_decimal_cumsum, a4.cap_rounded_counter],
@@ -55,13 +54,21 @@ WRONG = {
               a1.merge_lse_max, a1.merge_swapped, a1.merge_into_o1, a1.merge_lse_no_m],
     "ring_attention": [a1.make_ring(attend=a1.attn_no_mask),          # ignores the causal mask
                        a1.make_ring(attend=a1.attn_row_mask),         # row numbers, not positions
-                       a1.make_ring(rounds=lambda n: 1),              # forgets the ring
+                       a1.make_ring(rounds=lambda n: 1),              # forgets the ring: no shift
                        a1.make_ring(mrg=a1.merge_average),            # averages the blocks
                        a1.make_ring(causal_override=True),            # always causal
-                       a1.make_ring(rounds=lambda n: n - 1),          # one round short
+                       a1.make_ring(rounds=lambda n: n - 1),          # one round (and shift) short
                        a1.make_ring(key_pos="mine"),                  # its own positions for the keys
                        a1.make_ring(lse0=0.0),                        # starts from lse = 0
-                       a1.ring_rotates_inputs],                       # rotates the caller's lists
+                       a1.ring_rotates_inputs,                        # shifts the caller's lists
+                       a1.make_ring(read="inputs"),                   # shifts, but reads k_shards[j]
+                       a1.make_ring(read="inputs", shifts=lambda n: 0),   # never shifts
+                       a1.make_ring(shifts=lambda n: n),              # a shift after the last round
+                       a1.make_ring(send="own"),                      # passes on its own block
+                       a1.make_ring(send="inputs"),                   # passes on k_shards[j], not what it got
+                       a1.ring_gathers,                               # all blocks in one shift
+                       a1.ring_all_gather,                            # a collective the ring lacks
+                       a1.ring_stacked_kv],                           # K and V stacked in one array
     "zigzag_positions": [a1.zz_off_by_one, a1.zz_n_plus_r, a1.zz_late_first, a1.zz_float,
                          a1.zz_chunk_s_over_n, a1.zz_mirrored_ranks, a1.zz_flat, a1.zz_linspace],
     "causal_work": [a1.work_strict, a1.work_wrong_direction, a1.work_transposed,
@@ -71,17 +78,24 @@ WRONG = {
                   a1.time_int, a1.time_sorts_input, a1.time_max_times_rounds],
     "seq_to_heads": [a4.s2h_wrong_axes, a4.s2h_wrong_index, a4.s2h_strided_heads, a4.s2h_no_check,
                      a4.s2h_reversed_tokens, a4.s2h_stack, a4.s2h_array_split,
-                     a4.s2h_interleaved_tokens],
+                     a4.s2h_interleaved_tokens, a4.s2h_never_calls, a4.s2h_for_show, a4.s2h_twice],
     "heads_to_seq": [a4.h2s_wrong_index, a4.h2s_is_s2h, a4.h2s_reversed_heads,
                      a4.h2s_interleaved_heads, a4.h2s_strided_tokens, a4.h2s_no_exchange,
-                     a4.h2s_stack],
+                     a4.h2s_stack, a4.h2s_for_show],
     "ulysses_attention": [a4.make_ulysses(pos="arange"),              # row numbers, not positions
                           a4.make_ulysses(back=False),                # no way back
                           a4.make_ulysses(causal_override=True),      # always causal
                           a4.make_ulysses(tile=True),                 # np.tile of K/V heads
                           a4.make_ulysses(pos="sorted"),              # sorted positions
                           a4.make_ulysses(s2h=a4.s2h_strided_heads, h2s=a4.h2s_interleaved_heads),
-                          a4.make_ulysses(causal_override=False)],    # never causal
+                          a4.make_ulysses(causal_override=False),     # never causal
+                          a4.ulysses_whole_sequence,                  # attention on all heads, all tokens
+                          a4.ulysses_per_rank,                        # attention before the all-to-all
+                          a4.ulysses_own_attention,                   # sends its own attention back
+                          a4.ulysses_no_kernel,                       # never calls the kernel
+                          a4.ulysses_local_slices,                    # head groups cut locally
+                          a4.ulysses_twice,                           # two calls per head group
+                          a4.ulysses_sorted_tokens],                  # rows reordered for the kernel
     "ulysses_bytes": [a4.ub_no_gqa, a4.ub_full_seq, a4.ub_no_fraction, a4.ub_one_over_n,
                       a4.ub_g_everywhere, a4.ub_fixed_e, a4.ub_kv_once, a4.ub_three,
                       a4.ub_default_g2],
@@ -148,3 +162,16 @@ def test_the_grader_path_rejects_too(exercise, i, fn):
     body = checks.EXERCISES[exercise].body
     with pytest.raises((CheckFailed, checks.core._StudentError)), np.errstate(all="ignore"):
         body(fn, np.random.default_rng(12345))
+
+
+def test_answers_use_numpy_only():
+    """The grader's sandbox holds no course code: an answer may not import lesson10."""
+    import ast
+    from pathlib import Path
+    for name in ("answers_01_03.py", "answers_04_05.py"):
+        tree = ast.parse((Path(__file__).parent / name).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                assert not any(m and m.split(".")[0] == "lesson10" for m in mods), (name, node.lineno)
+            assert not (isinstance(node, ast.Name) and node.id == "lesson10"), (name, node.lineno)

@@ -371,8 +371,52 @@ def test_figures_use_only_widgets_and_arguments_of_ipywidgets_7():
     source = inspect.getsource(figures)
     used = set(_re.findall(r"\bw\.([A-Z][A-Za-z]+)\(", source))
     ipywidgets_7_7_core = {"VBox", "HBox", "Image", "HTML", "Button", "ToggleButtons", "IntSlider",
-                           "FloatSlider", "Dropdown", "Checkbox"}
+                           "FloatSlider", "Dropdown", "Checkbox", "FloatLogSlider", "SelectionSlider"}
     assert used and used <= ipywidgets_7_7_core, used - ipywidgets_7_7_core
     kwargs = set(_re.findall(r"\bw\.[A-Z][A-Za-z]+\((?:[^()]|\([^()]*\))*?\b([a-z_]+)=", source))
     assert kwargs <= {"value", "min", "max", "step", "description", "options", "format", "button_style",
-                      "style"}, kwargs
+                      "style", "base", "readout_format"}, kwargs
+    assert "continuous_update" in source                 # sliders redraw on release
+
+
+# ---------------------------------------------------------------- issue 16: figures that follow the hand
+def test_sliders_redraw_on_release_and_c_is_logarithmic():
+    bs = figures.block_size()
+    c = next(ch for ch in bs.children[0].children[0].children if getattr(ch, "description", "") == "block c")
+    assert type(c).__name__ == "FloatLogSlider" and c.continuous_update is False
+    assert 2 ** c.min == 512 and 2 ** c.max == 131_072
+    c.value = 2 ** 15
+    assert bs.view.state["c"] == 32_768
+    for box in (figures.ring_rounds(), figures.sp_strip(), figures.moe_capacity(T=16), figures.ulysses_grid()):
+        sliders = [w for w in _walk(box) if "Slider" in type(w).__name__]
+        assert sliders and all(w.continuous_update is False for w in sliders), type(box)
+
+
+def _walk(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _walk(child)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+def test_ring_rounds_offers_only_valid_token_counts(layout):
+    box = figures.ring_rounds(n=4, s=16, layout=layout)
+    for n in (3, 5, 8, 2):
+        box.ranks_slider.value = n
+        step = 2 * n if layout == "zigzag" else n
+        assert all(s % step == 0 for s in box.tokens_slider.options), (n, box.tokens_slider.options)
+        assert box.view.state["s"] == box.tokens_slider.value and box.view.state["n"] == n
+        assert box.view.message.value == ""                 # every offered pair draws
+    box.layout_toggle.value = "zigzag" if layout != "zigzag" else "contiguous"
+    assert box.view.message.value == ""
+
+
+def test_a_bad_combination_blanks_the_picture():
+    box = figures.ring_rounds(n=4, s=8, layout="zigzag")
+    assert not box.view.update(n=3)
+    assert len(box.view.image.value) < 100                 # no picture whose title says otherwise
+
+
+def test_ulysses_warning_says_one_rank():
+    fig = figures.draw_ulysses_grid(n=4, s=8, heads=8, kv_heads=1)
+    assert "scales to 1 rank;" in fig.ulysses_warning

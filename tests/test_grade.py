@@ -1,20 +1,21 @@
-"""The grader's parts: the wire, the course's notebook ids, the worker protocol, the outputs,
-and one end-to-end run of ``python -m lesson10 grade`` (the red team is in
-test_grade_redteam.py, the CI workflow in test_grade_workflow.py)."""
+"""The grader's parts: the wire, the course's notebook ids, the stand-in package, the
+sandbox, one judged exercise, the outputs, and end-to-end runs of ``python -m lesson10
+grade`` (the red team is in test_grade_redteam.py)."""
 import json
+import os
 import re
-import time
+import socket
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import lesson10
 from lesson10 import checks
-from lesson10.grade import course, exit_status, main, reports, wire
-from lesson10.grade.judge import Worker, Lost, Violation, Missing
-from lesson10.grade.sandbox import Package
-from lesson10.grade.worker import RemoteError
+from lesson10.grade import course, exit_status, judge, main, reports, sandbox, standin, wire
 
 ROOT = Path(__file__).resolve().parent.parent
 NB = "03_load_balance.ipynb"
@@ -83,84 +84,176 @@ def test_every_exercise_notebook_carries_its_id_and_function_names_match_the_che
             assert course.function_name(ex_id) == fn, (path.name, ex_id)
 
 
-def test_check_cells_and_kernels():
-    assert course.is_check_cell("checks.check_merge(merge)\nchecks.summary()")
-    assert course.is_check_cell("check_merge(merge, seed=0)")
-    assert not course.is_check_cell("def f():\n    pass\nchecks.check_merge(f)")
-    assert not course.is_check_cell("%timeit x")                 # a magic: kept, IPython runs it
+def test_code_cells_and_kernels():
     nb = {"cells": [{"cell_type": "code", "source": ["x = 1"]},
                     {"cell_type": "markdown", "source": "check_x(y)"},
+                    {"cell_type": "code", "source": "   "},
                     {"cell_type": "code", "source": "checks.check_merge(merge)"}]}
-    assert course.worker_cells(nb) == [(0, "x = 1")]
+    assert course.code_cells(nb) == [(0, "x = 1"), (3, "checks.check_merge(merge)")]
+    assert course.called_checks(nb) == {"merge"}
     assert course.language_problem({"metadata": {"kernelspec": {"name": "julia-1.10",
                                                                  "language": "julia"}}})
     assert course.language_problem({"metadata": {"kernelspec": {"name": "python3"}}}) is None
 
 
-# ------------------------------------------------------------------ the worker protocol
+def test_wire_sends_an_object_as_its_methods_only():
+    class Net:
+        __wire_methods__ = ("ring_shift",)
+        secret = 42
+
+        def ring_shift(self, xs):
+            return xs[::-1]
+
+    calls = []
+    tree, blobs = wire.encode([Net()], calls)
+    stubs = {}
+    obj = wire.decode(tree, blobs, make_fn=lambda i, n: stubs.setdefault(n, (lambda *a: calls[i](*a))))[0]
+    assert obj.ring_shift([1, 2]) == [2, 1]
+    with pytest.raises(AttributeError, match="offers only ring_shift"):
+        obj.secret
+    with pytest.raises(wire.WireError):                       # no objects without callables
+        wire.encode(Net())
+    back, _ = wire.encode([obj], [])                          # copied back: stays where it lives
+    assert wire.decode(back, [], make_fn=lambda i, n: None) == [None]
+
+
+# ------------------------------------------------------------------ the stand-in
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("worker")
-    cells = [(0, "import numpy as np\nfrom lesson10 import layouts"),
-             (1, "def bump(x, ys):\n    x[0] = 99.0\n    ys[1][:] = -1\n    return float(x.sum())"),
-             (2, "def apply(f, x):\n    return f(x) + f(2 * x)"),
-             (3, "def broken(x):\n    raise KeyError('nope')"),
-             (4, "def stub(x):\n    raise NotImplementedError"),
-             (5, "def cheat(w):\n    return layouts.ring_time(w)"),
-             (6, "checks_would_run = True"), (7, "import os\nos._exit(1)"), (8, "after_exit = 1")]
-    w = Worker(cells, package=Package(), tmp=tmp, workdir=tmp, memory=2**31, cell_timeout=20,
-               fingerprints=[])
-    assert w.start(time.monotonic() + 60)
-    yield w
-    w.kill()
+def box(tmp_path_factory):
+    folder = standin.write(tmp_path_factory.mktemp("standin") / "box")
+    yield folder
+    for p in [folder, *folder.rglob("*")]:
+        os.chmod(p, 0o755)
 
 
-def test_worker_copies_mutations_back_and_calls_back(worker):
-    far = time.monotonic() + 30
-    x, ys = np.zeros(3), [np.ones(2), np.ones(2)]
-    assert worker.call("bump", (x, ys), {}, (), far) == 99.0
-    assert x[0] == 99.0 and (ys[1] == -1).all() and (ys[0] == 1).all()
-    seen = []
-
-    def op(v):
-        seen.append(v.shape)
-        return v + 1
-    out = worker.call("apply", (op, np.arange(3.0)), {}, (), far)
-    assert np.allclose(out, np.arange(3.0) * 3 + 2) and seen == [(3,), (3,)]
+def _inside(box, code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` with only the stand-in (and NumPy) importable, as the sandbox does."""
+    boot = f"import sys; sys.path.insert(0, {str(box)!r}); " + code
+    return subprocess.run([sys.executable, "-I", "-c", boot], capture_output=True, text=True,
+                          timeout=60, cwd=box)
 
 
-def test_worker_errors_missing_and_reference_calls(worker):
-    far = time.monotonic() + 30
-    with pytest.raises(RemoteError) as err:
-        worker.call("broken", (1,), {}, (), far)
-    assert type(err.value).__name__ == "KeyError" and "nope" in str(err.value)
-    with pytest.raises(NotImplementedError):
-        worker.call("stub", (1,), {}, (), far)
-    with pytest.raises(Missing):
-        worker.call("after_exit", (), {}, (), far)             # not a function
-    with pytest.raises(Violation, match="lesson10.layouts.ring_time"):
-        worker.call("cheat", (np.ones((2, 2)),), {}, (), far)
-    assert worker.call("cheat", (np.ones((2, 2)),), {}, ("lesson10.layouts.ring_time",), far) == 2
-    assert "cell 7 killed the grading worker: skipped" in worker.notes
+def test_standin_has_the_names_and_none_of_the_code(box):
+    source = Path(lesson10.__file__).parent
+    real = (source / "sim" / "ring.py").read_text()
+    fake = (box / "lesson10" / "sim" / "ring.py").read_text()
+    assert "ring_attention" in fake and "def " not in fake and len(fake) < len(real) / 3
+    for path in (box / "lesson10").rglob("*.py"):        # names and literals, no code
+        if path.name == "_standin.py" or path.parent.name == "checks" and path.stem == "__init__":
+            continue
+        text = path.read_text()
+        assert not re.search(r"\bdef |\breturn\b|\bnp\.|\bfor\b.*\bin\b", text), path
+    proc = _inside(box, "from lesson10 import checks, cost, figures, layouts\n"
+                        "from lesson10.sim import SimGroup, attention, ring_attention as ref\n"
+                        "import lesson10.spmd\n"
+                        "print(sorted(n for n in dir(checks) if n.startswith('check_')))\n"
+                        "figures.ring_rounds(n=4)\n"
+                        "try:\n    ref([], [], [], [])\nexcept Exception as e:\n"
+                        "    print(type(e).__name__, e)\n"
+                        "try:\n    SimGroup(4)\nexcept Exception as e:\n    print(type(e).__name__)\n"
+                        "print(issubclass(checks.CheckFailed, AssertionError), cost.__name__)")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert eval(lines[0]) == sorted(f"check_{e}" for e in checks.EXERCISES)
+    assert "interactive figure" in lines[1]
+    assert lines[2].startswith("NotAvailable lesson10.sim.ring_attention is not available")
+    assert lines[3] == "NotAvailable" and lines[4] == "True lesson10.cost"
 
 
-def test_worker_timeout_kills_it(tmp_path):
-    w = Worker([(0, "def spin():\n    while True:\n        pass")], package=Package(), tmp=tmp_path,
-               workdir=tmp_path, memory=2**31, cell_timeout=20, fingerprints=[])
-    try:
-        assert w.start(time.monotonic() + 60)
-        pid = w.proc.pid
-        with pytest.raises(Lost) as lost:
-            w.call("spin", (), {}, (), time.monotonic() + 1)
-        assert lost.value.status == "timed out" and not w.alive()
-        with pytest.raises(ProcessLookupError):
-            import os
-            os.kill(pid, 0)
-    finally:
-        w.kill()
+def test_standin_refuses_by_exercise_name_while_judging(box):
+    proc = _inside(box, "import lesson10._standin as s\nfrom lesson10 import layouts\n"
+                        "s.JUDGING = ('ring_time', 'write it yourself')\n"
+                        "try:\n    layouts.ring_time([[1]])\nexcept Exception as e:\n    print(e)")
+    assert proc.stdout.strip() == ("exercise ring_time may not call lesson10.layouts.ring_time; "
+                                   "write it yourself")
 
 
-# ------------------------------------------------------------------ outputs
+# ------------------------------------------------------------------ the sandbox
+needs_bwrap = pytest.mark.skipif(sandbox.probe() is not None,
+                                 reason=f"no sandbox here: {sandbox.probe()}")
+
+
+@needs_bwrap
+def test_sandbox_sees_no_package_no_network_no_other_process(box):
+    argv = sandbox.bwrap_argv(box, sandbox.Limits(), {"PATH": "/usr/bin:/bin"})
+    code = ("import os, socket, pathlib\n"
+            f"print(os.getpid(), len([p for p in os.listdir('/proc') if p.isdigit()]))\n"
+            f"print(pathlib.Path({str(Path(lesson10.__file__))!r}).exists())\n"
+            "try:\n    socket.create_connection(('127.0.0.1', 1), timeout=2)\n"
+            "except OSError as e:\n    print('no network', type(e).__name__)\n"
+            "for d in ('/usr', os.path.dirname(os.__file__), '/opt/lesson10'):\n"
+            "    try:\n        open(os.path.join(d, 'x'), 'w')\n        print('wrote', d)\n"
+            "    except OSError:\n        print('read-only')\n"
+            "open('/tmp/work/ok', 'w').write('fine'); print('tmp ok')")
+    proc = subprocess.run(argv + [sys.executable, "-I", "-c", code], capture_output=True,
+                          text=True, timeout=60)
+    lines = proc.stdout.splitlines()
+    pid, nprocs = map(int, lines[0].split())
+    assert pid <= 3 and nprocs <= 3, proc.stdout            # its own PID namespace
+    assert lines[1] == "False"                               # the package's files are not there
+    assert lines[2].startswith("no network")
+    assert lines[3:6] == ["read-only"] * 3 and lines[6] == "tmp ok", proc.stdout + proc.stderr
+
+
+@needs_bwrap
+def test_the_real_package_is_hidden_where_a_bound_folder_holds_it(monkeypatch, tmp_path):
+    pkg = Path(lesson10.__file__).resolve().parent
+    assert sandbox.hidden_paths([str(pkg.parent)]) == [str(pkg)] + (
+        [str(pkg.parent / "solutions")] if (pkg.parent / "solutions").is_dir() else [])
+    assert sandbox.hidden_paths([str(tmp_path)]) == []
+
+
+def test_no_sandbox_is_refused_unless_asked(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sandbox._PROBE, "result", "bubblewrap (bwrap) is not installed")
+    assert main([str(ROOT / "notebooks" / NB)]) == 2
+    assert "--no-sandbox" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ one judged call
+class _Fork:
+    """A stand-in for the runner's fork: serves ``fn`` on a socket in a thread."""
+
+    def __init__(self, fn, tmp_path, box):
+        self.judge_end, inside = socket.socketpair()
+        sys.path.insert(0, str(box))
+        try:
+            import _lesson10_runner as r
+        finally:
+            sys.path.remove(str(box))
+        import threading
+        self.thread = threading.Thread(target=r.Serve(r.wire.Conn(inside.fileno(), inside.fileno())).serve,
+                                       args=(fn,), daemon=True)
+        self.inside = inside
+        self.thread.start()
+
+
+def test_a_judged_exercise_passes_fails_and_sees_mutations(box, tmp_path):
+    ex = checks.EXERCISES["ring_time"]
+
+    def right(work):
+        return np.asarray(work).max(axis=1).sum()
+
+    def sorts(work):
+        work.sort(axis=1)                                    # changes its input
+        return work.max(axis=1).sum()
+
+    rng = np.random.default_rng(0)
+    got = {}
+    for name, fn in (("right", right), ("sorts", sorts), ("stub", None)):
+        if fn is None:
+            def fn(work):
+                raise NotImplementedError
+        fork = _Fork(fn, tmp_path, box)
+        ch = judge.Channel(fork.judge_end, "ring_time")
+        got[name] = judge.judge_exercise(ch, ex, rng, __import__("time").monotonic() + 30, 30)
+        ch.close()
+        fork.thread.join(5)
+        fork.inside.close()
+    assert got["right"]["status"] == "passed" and got["right"]["points"] == 1
+    assert got["sorts"]["status"] == "failed" and "in place" in got["sorts"]["message"]
+    assert got["stub"]["status"] == "not attempted"
+
+
 def _fake(student, notebook, entries, ok=True):
     return {"notebook": f"subs/{student}/{notebook}.ipynb", "student": student,
             "course_notebook": notebook, "ok": ok, "error": None, "feedback": [],
@@ -170,32 +263,22 @@ def _fake(student, notebook, entries, ok=True):
             "points": sum(p for _, p, _ in entries), "max_points": sum(m for _, _, m in entries)}
 
 
-def test_reports_csv_gradescope_junit_and_exit_status():
+def test_exit_status():
+    """(The CSV, Gradescope, JUnit and Markdown outputs are tested in test_gradebook*.py.)"""
     reps = [_fake("alice", "03_load_balance", [("zigzag_positions", 1, 1), ("causal_work", 2, 2),
                                                ("ring_time", 0, 1)]),
             _fake("bob", "02_ring_attention", [("merge", 1, 1)])]
-    rows = reports.class_csv(reps).splitlines()
-    assert rows[0] == "student,merge,zigzag_positions,causal_work,ring_time,total,max"
-    assert rows[1:] == ["alice,0,1,2,0,3,5", "bob,1,0,0,0,1,5"]
-    gs = json.loads(reports.gradescope(reps))
-    assert (gs["score"], gs["max_score"], len(gs["tests"])) == (4, 5, 4)
-    assert set(gs["tests"][2]) >= {"name", "score", "max_score", "output", "visibility"}
-    root = ET.fromstring(reports.junit(reps))                    # valid XML despite \x01 and <
-    cases = root.findall(".//testcase")
-    assert len(cases) == 4 and len(root.findall(".//failure")) == 1
-    assert "wrong <here>" in root.find(".//failure").text
     assert exit_status(reps) == 1 and exit_status(reps, fail_under=80) == 0
     assert exit_status(reps, fail_under=81) == 1
     assert exit_status(reps + [_fake("carl", "01", [], ok=False)]) == 2
     assert exit_status([_fake("dan", "02", [("merge", 1, 1)])]) == 0
-    assert "| subs/alice/03_load_balance.ipynb | ring_time | failed | 0/1 |" in reports.markdown(reps)
 
 
 # ------------------------------------------------------------------ end to end
 def test_grade_solution_and_blank_notebook_end_to_end(tmp_path, capsys):
-    out, gs, ju = tmp_path / "r.json", tmp_path / "gs.json", tmp_path / "j.xml"
+    out, ju = tmp_path / "r.json", tmp_path / "j.xml"
     status = main([str(ROOT / "solutions" / NB), str(ROOT / "notebooks" / NB), "--json", "-j", "2",
-                   "--output", str(out), "--gradescope", str(gs), "--junit", str(ju),
+                   "--output", str(out), "--junit", str(ju),
                    "--timeout", "60", "--save-executed", str(tmp_path / "runs")])
     report = json.loads(capsys.readouterr().out)
     assert json.loads(out.read_text()) == report
@@ -205,11 +288,26 @@ def test_grade_solution_and_blank_notebook_end_to_end(tmp_path, capsys):
     assert {e["status"] for e in blank["exercises"]} == {"not attempted"}
     assert blank["feedback"] == []                              # the exercise notebook runs clean
     assert status == 1
-    assert json.loads(gs.read_text())["score"] == 4
-    assert len(ET.parse(ju).getroot().findall(".//failure")) == 3
+    root = ET.parse(ju).getroot()              # every course exercise of both "students"
+    assert len(root.findall(".//testcase")) == 2 * len(checks.EXERCISES)
+    assert len(root.findall(".//failure")) == 2 * len(checks.EXERCISES) - 3
     ran = json.loads((tmp_path / "runs" / "solutions" / NB).read_text())   # the student's outputs
     outs = [o.get("text", "") for c in ran["cells"] for o in c.get("outputs", [])]
-    assert any("check_ring_time passed" in "".join(t) for t in outs)
+    assert any("[grader] check_ring_time: passed (1/1)" in "".join(t) for t in outs)
+    assert solved["sandboxed"] is (sandbox.probe() is None) and isinstance(report["seed"], int)
+
+
+def test_seed_replays_and_no_sandbox_says_so(tmp_path, capsys):
+    nb = str(ROOT / "solutions" / NB)
+    main([nb, "--json", "--seed", "7", "--no-sandbox"])
+    first = json.loads(capsys.readouterr().out)
+    main([nb, "--json", "--seed", "7", "--no-sandbox"])
+    again = json.loads(capsys.readouterr().out)
+    assert first["seed"] == again["seed"] == 7 and first["sandboxed"] is False
+    assert [e["message"] for e in first["notebooks"][0]["exercises"]] == \
+        [e["message"] for e in again["notebooks"][0]["exercises"]]
+    assert first["points"] == 4
+    assert "not sandboxed: graded with --no-sandbox" in first["notebooks"][0]["feedback"]
 
 
 def test_missing_file_and_bad_options_are_status_2(tmp_path, capsys):
@@ -225,3 +323,6 @@ def test_wire_plain_python_extras_and_copy_back_through_tuples():
     a, b = np.zeros(2), [np.zeros(1), 5]
     _copy_back([(a,), b], [(np.ones(2),), [np.full(1, 7.0), 6]])
     assert (a == 1).all() and b[0][0] == 7 and b[1] == 6
+    shards = [np.zeros(2), np.zeros(2)]                     # the answer put other arrays in
+    _copy_back([shards], [[np.ones(4), np.zeros(2)]])
+    assert shards[0].shape == (4,)

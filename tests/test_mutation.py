@@ -31,9 +31,6 @@ KILL_RATE = 0.95
 
 # mutant id -> why it computes the same thing as the solution
 EQUIVALENT = {
-    "ring_attention: Sub->Add: r - 1 (line 10)":
-        "turns the ring the other way: every rank still meets every K/V block once, and the "
-        "merge is commutative, so the output is the same (up to rounding)",
     "causal_work: drop dtype=: np.zeros((n, n), dtype=int) (line 2)":
         "W as floats holding the same counts; the spec asks for the counts, not a dtype",
     "causal_work: .zeros->.ones: np.zeros (line 2)":

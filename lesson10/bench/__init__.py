@@ -1,10 +1,12 @@
 """Benchmarks: timing only.
-``python -m lesson10 bench {sim,ring,ulysses,compare,moe,sp,cstar,memory,all}``.
+``python -m lesson10 bench {sim,grade,figures,ring,ulysses,compare,moe,sp,cstar,memory,all}``.
 
 :mod:`.harness` (interleaved reps, slowest rank, tables) and one module per benchmark:
 :mod:`.attention` (ring, Ulysses), :mod:`.moe`, :mod:`.sp`, :mod:`.cstar` (when the ring's
 transfer hides), :mod:`.memory` (a rank's peak memory as N_c grows) on real ranks, and
-:mod:`.sim` (the NumPy simulation, no torch). Tables land in ``benchmarks/results/``.
+:mod:`.sim` (the NumPy simulation, no torch), :mod:`.figures` (one redraw of each interactive
+figure), :mod:`.grade` (what the autograder costs next to
+one nbclient run of the notebooks, no torch). Tables land in ``benchmarks/results/``.
 """
 from __future__ import annotations
 
@@ -17,15 +19,22 @@ __all__ = ["main", "RESULTS_DIR"]
 
 
 def main(argv=None) -> int:
-    """``python -m lesson10 bench {sim,ring,ulysses,moe,sp,all} [--nproc 2 4] [--seq ...]``."""
+    """``python -m lesson10 bench {sim,grade,figures,ring,ulysses,moe,sp,all} [--nproc 2 4] [--seq ...]``."""
     argv = list(argv or [])
     if argv[:1] == ["sim"]:
         from .sim import main as sim_main
         return sim_main(argv[1:])
+    if argv[:1] == ["figures"]:
+        from .figures import main as figures_main
+        return figures_main(argv[1:])
+    if argv[:1] == ["grade"]:
+        from .grade import main as grade_main
+        return grade_main(argv[1:])
     from ..run import add_size_args
     p = argparse.ArgumentParser(prog="python -m lesson10 bench",
                                 description="benchmarks of the real multi-process methods "
-                                            "('bench sim' times the NumPy simulation)")
+                                            "('bench sim' times the NumPy simulation, 'bench "
+                                            "grade' the autograder)")
     p.add_argument("what", choices=["ring", "ulysses", "compare", "moe", "sp", "cstar", "memory",
                                     "all"])
     p.add_argument("--nproc", type=int, nargs="+", default=[2, 4])

@@ -11,7 +11,15 @@ student's function on two sets of cases and compares the results with the refere
   generator to :attr:`Exercise.body` instead.
 
 Besides the values it checks the types the exercise asks for (integer ids, boolean masks)
-and that the function left its inputs unchanged. The outcome:
+and that the function left its inputs unchanged.
+
+Where an exercise uses something of the course (the ``op`` of SP, the ring's
+``ring_shift``, the all-to-all, the attention kernel of Ulysses), the check passes it in as
+an argument that it serves and watches (:mod:`.network`), so the method is checked, not
+only the output; in some random cases what it serves is substituted, so that only an
+answer that uses it gets the target. Where an exercise has few possible inputs (sizes of
+a formula, a layout), the random batch comes from a range too large to tabulate. The
+outcome:
 
 * right: prints one line saying what was verified (for example the max error);
 * wrong: raises :class:`CheckFailed` (an ``AssertionError``) saying what differs
@@ -216,15 +224,22 @@ def _exercise(exercise: str, notebook: str, points: int, title: str, function: s
 
 
 # --------------------------------------------------------------------------- comparing
-def _fail(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
-          show: bool = True):
+def _message(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
+             show: bool = True) -> str:
+    """The text of a failure: ``check_X failed: where: what``, then yours / target (when
+    ``show``) and the hint."""
     lines = [f"check_{exercise} failed: {where + ': ' if where else ''}{what}"]
     if show:
         lines.append(f"  yours : {_fmt(yours)}")
         lines.append(f"  target: {_fmt(target)}")
     if hint:
         lines.append(f"hint: {hint}")
-    raise CheckFailed("\n".join(lines))
+    return "\n".join(lines)
+
+
+def _fail(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
+          show: bool = True):
+    raise CheckFailed(_message(exercise, where, what, yours, target, hint, show))
 
 
 def _fmt(x) -> str:
@@ -415,6 +430,15 @@ def _bool_array(exercise, x, where, what, hint="") -> np.ndarray:
               show=False, hint=hint or "start from np.zeros(shape, dtype=bool) or compare (a < b); "
                                        "a 0/1 integer array used as a mask picks rows 0 and 1 instead")
     return arr
+
+
+def _log_int(rng, lo: int, hi: int, upper: bool = False) -> int:
+    """An integer in ``lo..hi`` drawn log-uniformly: small and large sizes alike, from a range
+    far too large to tabulate the answers of. ``upper``: from the upper half of the range on
+    a log scale only (``sqrt(lo hi) .. hi``), so that a batch surely holds large cases."""
+    if upper:
+        lo = int(math.ceil(math.sqrt(lo * hi)))
+    return int(min(hi, max(lo, math.floor(float(np.exp(rng.uniform(np.log(lo), np.log(hi + 1))))))))
 
 
 def _is_number(x) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import _close_number, _compare_shards, _exercise, _fail, _pair, _run
+from .core import _close_number, _compare_shards, _exercise, _fail, _log_int, _pair, _run
 
 
 NB01 = "01_sequence_parallel"
@@ -138,8 +138,11 @@ def check_sp_bytes(sp_bytes, rng):
     from .. import cost
     cases = [(8192, 4096, 8, 2), (12, 5, 1, 2), (6, 7, 2, 1), (40, 3, 4, 4), (64, 16, 16, 2),
              (9, 2, 3, 1), (30, 10, 5, None)]      # None: called without e, the default is 2
-    for t, e in zip(rng.choice([2, 3, 4, 6, 8, 16], size=8), rng.choice([1, 2, 4], size=8)):
-        cases.append((int(t) * int(rng.integers(1, 64)), int(rng.integers(1, 512)), int(t), int(e)))
+    for i in range(8):       # t up to 1024, s up to ~8M, h up to 16K: no table covers them
+        big = i % 2 == 1
+        t = _log_int(rng, 2, 1024, big)
+        cases.append((t * _log_int(rng, 1, 8192, big), _log_int(rng, 1, 16384, big), t,
+                      int(rng.choice([1, 2, 4]))))
     for s, h, t, e in cases:
         args = (s, h, t) if e is None else (s, h, t, e)
         e = 2 if e is None else e
@@ -154,4 +157,4 @@ def check_sp_bytes(sp_bytes, rng):
                       what="TP + SP bytes (2 RS + 2 AG)",
                       hint="each reduce-scatter or all-gather of the s x h activation (n = s h e "
                            "bytes) sends (t-1)/t n per GPU; there are two of each")
-    return f"{len(cases)} sizes (t = 1..16, e = 1, 2, 4): TP and TP + SP both send 4 (t-1)/t s h e"
+    return f"{len(cases)} sizes (t = 1..1024, e = 1, 2, 4): TP and TP + SP both send 4 (t-1)/t s h e"

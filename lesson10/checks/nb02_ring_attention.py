@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .core import CheckFailed, _compare, _compare_shards, _exercise, _fail, _pair, _run
+from .network import Referee, RingNetwork, served_call, substituted
 
 
 NB02 = "02_ring_attention"
@@ -187,51 +188,95 @@ def _mask_mistakes(q, k, v, pos, local_rows: bool):
     return out
 
 
-def _ring_cases(rng, n_random=4):
-    """(layout, causal, N_c, s): fixed cases (every layout, causal and not, N_c = 1, c > 1,
-    causal not passed = None), then random ones."""
+def _ring_cases(rng, n_random=6):
+    """(layout, causal, N_c, s, substitute): fixed cases (every layout, causal and not,
+    N_c = 1, c > 1, causal not passed = None), then random ones; in at least two random
+    cases the network substitutes the K/V blocks of other ranks."""
     cases = [("contiguous", True, 4, 8), ("zigzag", True, 3, 12), ("striped", True, 4, 12),
              ("contiguous", False, 3, 6), ("zigzag", False, 2, 8), ("contiguous", True, 1, 3),
              ("zigzag", None, 4, 8)]
-    for _ in range(n_random):
+    cases = [case + (False,) for case in cases]
+    swapped = substituted(rng, n_random)
+    for i in range(n_random):
         layout = str(rng.choice(["contiguous", "zigzag", "striped"]))
-        n = int(rng.integers(2, 5))
-        cases.append((layout, bool(rng.random() < 0.7), n, 2 * n * int(rng.integers(1, 3))))
+        n = int(rng.integers(3 if i in swapped else 2, 6))   # N_c >= 3: a block is passed on
+        cases.append((layout, bool(rng.random() < 0.7), n, 2 * n * int(rng.integers(1, 3)),
+                      i in swapped))
     return cases
+
+
+_RING_CALL = "ring_attention(q_shards, k_shards, v_shards, positions[, causal], group=network)"
 
 
 @_exercise("ring_attention", NB02, 2, "the ring loop")
 def check_ring_attention(ring_attention, rng):
-    """``ring_attention(q_shards, k_shards, v_shards, positions, causal=True) -> list`` of
-    output shards; ``positions[r]`` are the global token ids of rank r. Must equal
-    full attention on the whole sequence."""
+    """``ring_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None) ->
+    list`` of output shards; ``positions[r]`` are the global token ids of rank r. The check
+    passes ``group=``, a network with ``ring_shift(xs)`` only (rank r sends ``xs[r]`` to rank
+    r + 1; ``xs[r]`` an array or a tuple such as ``(k, v, k_pos)``), and watches it: N_c - 1
+    steps, one K and one V block per rank and step, each rank passing on the block it holds.
+    The output must equal attention of each rank's queries over every K/V block, taken as
+    the network delivered it: in some random cases it delivers other values for the blocks
+    of other ranks, which only a ring that uses what it receives gets right."""
     from ..layouts import shard_positions
     from ..sim.attention import attention
-    err = 0.0
+    err, n_swapped = 0.0, 0
     cases = _ring_cases(rng)
-    for layout, causal, n, s in cases:
+    for layout, causal, n, s, swap in cases:
         a, d = int(rng.integers(1, 4)), int(rng.integers(1, 5))
         q, k, v = _qkv(rng, s, a, d, scale=1.5)
         pos = shard_positions(s, n, layout)
         causal_ = causal is not False
-        out_full, _ = attention(q, k, v, causal=causal_)
-        target = [out_full[p] for p in pos]
-        args = ([q[p] for p in pos], [k[p] for p in pos], [v[p] for p in pos], [p.copy() for p in pos])
-        out = _run("ring_attention", ring_attention, ("q_shards", "k_shards", "v_shards", "positions"),
-                   *args, *(() if causal is None else (causal,)))
         where = (f"{layout} layout, causal={causal_}{' (not passed: the default)' if causal is None else ''}"
-                 f", N_c={n}, s={s}, a={a}, d={d}")
+                 f", N_c={n}, s={s}, a={a}, d={d}"
+                 + (", the network delivers other values for the other ranks' K/V blocks" if swap else ""))
+        ks, vs = [k[p] for p in pos], [v[p] for p in pos]
+        fakes = ([rng.standard_normal(x.shape) * 1.5 for x in ks],
+                 [rng.standard_normal(x.shape) for x in vs]) if swap else (None, None)
+        n_swapped += swap
+        referee = Referee("ring_attention", where)
+        net = RingNetwork(referee, ks, vs, pos, *fakes)
+        args = ([q[p] for p in pos], ks, vs, [p.copy() for p in pos])
+        out = served_call(referee, "ring_attention", ring_attention,
+                          ("q_shards", "k_shards", "v_shards", "positions"),
+                          *args, *(() if causal is None else (causal,)), group=net, calls=_RING_CALL)
+        net._finish()
+        target = net._target(args[0], causal_)
         try:
             err = max(err, _compare_shards(
                 "ring_attention", out, target, where=where, what="output",
                 axes=("local query", "head", "dim"),
-                hint="n rounds; in round k rank r uses the K/V block of rank (r - k) mod n with the "
-                     "global positions of both blocks (the mask compares positions), then merges "
-                     "(out, lse) into its running result, starting from out = 0, lse = -inf; pass "
-                     "causal on to block_attention"))
+                hint="N_c rounds; in round t rank r attends with its queries to the K/V block it "
+                     "holds (that of rank (r - t) mod N_c) with the global positions of both blocks "
+                     "(the mask compares positions), merges (out, lse) into its running result, "
+                     "starting from out = 0, lse = -inf, and passes the block on; pass causal on "
+                     "to block_attention"))
         except CheckFailed:
-            if causal_:      # name the classic mistakes when they are the cause
+            full = attention(q, k, v, causal=causal_)[0]
+            if swap:
+                _diagnose_plain("ring_attention", out, [full[p] for p in pos], where,
+                                "your output is attention over the K/V blocks as k_shards and "
+                                "v_shards hold them, not as the network delivered them (here they "
+                                "differ)",
+                                "a rank may use only its own k_shards[r], v_shards[r] and what "
+                                "ring_shift returned to it: reading k_shards[j] of another rank "
+                                "means reading another GPU's memory")
+            elif causal_:    # name the classic mistakes when they are the cause
                 _diagnose("ring_attention", out, _mask_mistakes(q, k, v, pos, local_rows=True), where)
             raise
-    return (f"{len(cases)} cases (contiguous/zigzag/striped, causal and not, N_c in 1..4) "
-            f"match full attention, max error {err:.1e}")
+    return (f"{len(cases)} cases (contiguous/zigzag/striped, causal and not, N_c in 1..5, "
+            f"{n_swapped} with substituted blocks): N_c - 1 shifts, each rank passing on the block "
+            f"it holds, and the output matches, max error {err:.1e}")
+
+
+def _diagnose_plain(exercise, out, plain, where, what, hint):
+    """In a substituted case: does the answer equal the plain output, computed from the
+    inputs alone (``plain``, one array per rank)? Then it bypassed what it was served: say
+    ``what`` instead of a wrong number."""
+    try:
+        yours = [np.asarray(o, dtype=float) for o in out]
+    except (TypeError, ValueError):
+        return
+    if len(yours) == len(plain) and all(y.shape == p.shape and np.allclose(y, p, atol=1e-9)
+                                        for y, p in zip(yours, plain)):
+        _fail(exercise, where, what, show=False, hint=hint)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import _as_list, _close_number, _compare, _compare_shards, _exercise, _int_array, _run
+from .core import (_as_list, _close_number, _compare, _compare_shards, _exercise, _int_array,
+                   _log_int, _run)
 
 
 NB03 = "03_load_balance"
@@ -15,8 +16,10 @@ def check_zigzag_positions(zigzag_positions, rng):
     chunk 2n-1-r of the 2n chunks of s/(2n) tokens, in increasing order."""
     from ..layouts import shard_positions
     cases = [(2, 1), (4, 1), (8, 4), (24, 3), (16, 2), (12, 6)]       # n = 1, m = 1, m > 1
-    cases += [(2 * int(n) * int(m), int(n)) for n, m in zip(rng.integers(2, 9, size=6),
-                                                            rng.integers(1, 5, size=6))]
+    for i in range(6):       # N_c up to 64, chunks up to 2048 tokens: no table covers them
+        big = i % 2 == 1
+        n = _log_int(rng, 2, 64, big)
+        cases.append((2 * n * _log_int(rng, 1, 2048, big), n))
     for s, n in cases:
         target = shard_positions(s, n, "zigzag")
         out = _run("zigzag_positions", zigzag_positions, (), s, n)
@@ -30,7 +33,8 @@ def check_zigzag_positions(zigzag_positions, rng):
                             "np.linspace and / give floats")
         _compare_shards("zigzag_positions", out, target, where=where, what="token id",
                         axes=("slot",), exact=True, hint=hint)
-    return f"{len(cases)} cases (N_c in 1..8, chunks of 1..4 tokens): every rank holds chunks r and 2N_c-1-r"
+    return (f"{len(cases)} cases (N_c in 1..64, chunks of 1..2048 tokens): every rank holds chunks r "
+            f"and 2N_c-1-r")
 
 
 def _pair_counts(positions) -> np.ndarray:
@@ -51,9 +55,9 @@ def _work_cases(rng, n_random=6):
                   np.split(ids, 3)))
     ids = rng.permutation(8)
     cases.append(("uneven sizes: 2, 5 and 1 tokens", [ids[:2], ids[2:7], ids[7:]]))
-    for _ in range(n_random):
-        n, c = int(rng.integers(2, 7)), int(rng.integers(1, 4))
-        if rng.random() < 0.5:
+    for i in range(n_random):    # half of them (at least) random ids: no table covers them
+        n, c = int(rng.integers(2, 13)), int(rng.integers(1, 7))
+        if i % 2 and rng.random() < 0.5:
             lay = str(rng.choice(["contiguous", "zigzag", "striped"]))
             s = 2 * n * c if lay == "zigzag" else n * c
             cases.append((f"{lay} layout, s={s}, N_c={n}", shard_positions(s, n, lay)))
@@ -74,7 +78,7 @@ def check_causal_work(causal_work, rng):
                  hint="rows are rounds, columns are ranks; in round k rank r holds the K/V of "
                       "rank (r - k) mod N_c; count pairs with key <= query (the diagonal counts), "
                       "comparing the token ids, not the row numbers")
-    return f"{len(cases)} cases (every layout, shuffled ids, uneven sizes, N_c in 1..6) match pair counts"
+    return f"{len(cases)} cases (every layout, shuffled ids, uneven sizes, N_c in 1..12) match pair counts"
 
 
 @_exercise("ring_time", NB03, 1, "ring time")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import (_bool_array, _close_number, _compare, _exercise, _fail, _int_array, _pair,
-                   _run)
+from .core import (_bool_array, _close_number, _compare, _exercise, _fail, _int_array, _log_int,
+                   _pair, _run)
 
 
 NB05 = "05_moe_dispatch"
@@ -112,11 +112,11 @@ def _capacity_cases(rng, n_random=6):
         ("CF 4: nothing dropped", 16, 8, 2, 4.0, dict(skew=1.0))]
     for label, N, E, k, cf, kw in fixed:
         cases.append((label, N, E, k, cf, _choices(rng, N, E, k, **kw)))
-    for i in range(n_random):
-        E = int(rng.choice([4, 6, 8, 16]))
-        k = int(rng.integers(1, 4))
-        N = int(rng.integers(2, 12)) * 4
-        cf = float(rng.choice([0.5, 0.75, 1.0, 1.1, 1.25, 1.5, 2.0]))
+    for i in range(n_random):    # any 2-decimal factor and size: no table of C covers them
+        E = _log_int(rng, 2, 64)
+        k = int(rng.integers(1, min(E, 4) + 1))
+        N = _log_int(rng, 1, 300, upper=i % 2 == 1)
+        cf = round(float(rng.uniform(0.25, 4.0)), 2)
         cases.append((f"random {i}, skewed router", N, E, k, cf, _choices(rng, N, E, k, skew=1.5)))
     return cases
 

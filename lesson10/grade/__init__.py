@@ -1,21 +1,20 @@
 """The autograder: ``python -m lesson10 grade submissions/*/*.ipynb``.
 
-The score comes from a judge that no student code runs in (:mod:`.judge`): it draws the
-hidden cases from a secret seed, sends only plain data (:mod:`.wire`) to a sandboxed
-worker process that runs the student's cells (:mod:`.worker`), compares the results
-itself, and fails an exercise whose function runs the course's reference code
-(:mod:`.guard`). Each notebook is also executed for its outputs and feedback
-(:mod:`.runner`). Which exercises count comes from the course (:mod:`.course`). No
-process that runs student code imports the package from a file another one could edit
-(:mod:`.sandbox`). Outputs: :mod:`.reports`; command line and exit status: :mod:`.cli`
+Each notebook's cells run once, top to bottom, in an operating-system sandbox
+(:mod:`.sandbox`: bubblewrap, no network, read-only files, limits) that holds a stand-in
+``lesson10`` with the course's names and none of its code (:mod:`.standin`). The runner
+there (:mod:`.runner`) reports each cell's output; at each check cell it forks, and the
+judge outside (:mod:`.judge`) runs the course's check on hidden cases, calling the
+student's function in the fork over a plain-data wire (:mod:`.wire`) and serving what the
+exercise may use (an op, a ring network, an attention kernel) as callbacks it counts.
+Which exercises count comes from the course (:mod:`.course`); one notebook's report:
+:mod:`.notebook`; outputs: :mod:`.reports`; command line and exit status: :mod:`.cli`
 (0 all passed, 1 points lost, 2 the grader or the environment failed).
 """
 import importlib
 
-#: public name -> submodule; imported on first use, so that a worker (which imports
-#: ``lesson10.grade.worker``) does not load the command line, nbclient and the reports
-_LAZY = {"main": "cli", "exit_status": "cli", "grade_notebook": "notebook", "Options": "notebook",
-         "Package": "sandbox"}
+#: public name -> submodule, imported on first use
+_LAZY = {"main": "cli", "exit_status": "cli", "grade_notebook": "notebook", "Options": "notebook"}
 
 __all__ = list(_LAZY)
 

@@ -19,11 +19,22 @@ NOTEBOOKS_WITHOUT_EXERCISES = ("06_multiprocess",)
 #: the function the judge calls for an exercise, where its name differs from the id
 FUNCTION_NAMES = {"capacity": "capacity_keep", "aux_loss": "switch_aux_loss"}
 
-#: course functions an exercise may call (with everything they call): the reference
-#: attention is a building block of Ulysses, not its answer
-ALLOWED_CALLS = {"ulysses_attention": ("lesson10.sim.attention.attention",)}
+#: what an exercise should use instead of the course's code (said when it calls some)
+USE_INSTEAD = {
+    "sp_forward": "use your reduce_scatter and all_gather and the op the check passes in",
+    "ring_attention": "use the block_attention and merge you wrote and the group the check "
+                      "passes in",
+    "seq_to_heads": "split with NumPy and move the blocks with the group the check passes in",
+    "heads_to_seq": "split with NumPy and move the blocks with the group the check passes in",
+    "ulysses_attention": "use your seq_to_heads and heads_to_seq with the group, and the "
+                         "attention kernel, that the check passes in",
+    "causal_work": "count the visible pairs with NumPy",
+}
 
-_CHECK_CALL = re.compile(r"^(check_\w+|summary)$")
+
+def use_instead(exercise_id: str) -> str:
+    return USE_INSTEAD.get(exercise_id, "write it with NumPy and the functions you wrote")
+
 
 
 def course_notebooks() -> list[str]:
@@ -53,19 +64,47 @@ def full_marks(notebook_id: str | None) -> int:
     return sum(ex.points for ex in chosen)
 
 
+#: what copying a notebook adds to its name: Colab's "Save a copy in Drive" ("Copy of X", and
+#: its translations), Jupyter's "Duplicate" ("X-Copy1"), a browser's second download ("X (1)"),
+#: the macOS Finder ("X copy", "X copy 2")
+_COPY_PREFIX = re.compile(r"^(?:(?:copy of|copia de|copie de|c\u00f3pia de|kopie von|kopie van|"
+                          r"kopia av|kopio:|copia di)\s+)+", re.IGNORECASE)
+_COPY_SUFFIX = re.compile(r"(?:-copy\d*|\s*\(\d+\)|\s+copy(?:\s+\d+)?)+$", re.IGNORECASE)
+
+
+def copy_base(name: str) -> str:
+    """The name a copy was made from, without its ``.ipynb``: ``"Copy of 01_x (1).ipynb"``
+    and ``"01_x-Copy2.ipynb"`` are copies of ``"01_x"``."""
+    stem = name[:-len(".ipynb")] if name.lower().endswith(".ipynb") else name
+    stem = _COPY_PREFIX.sub("", stem.strip())
+    return _COPY_SUFFIX.sub("", stem).strip()
+
+
+def is_copy_name(name: str) -> bool:
+    """Whether the file name carries a copy's decoration (see :func:`copy_base`)."""
+    stem = name[:-len(".ipynb")] if name.lower().endswith(".ipynb") else name
+    return copy_base(name) != stem.strip()
+
+
 def identify(nb: dict, path: Path) -> tuple[str | None, str]:
     """``(notebook id or None, how it was found)``: the id ``build`` wrote into the
-    metadata, else the course notebook whose id starts the file name."""
+    metadata, else the course notebook whose id starts the file name, once a copy's
+    decoration is taken off it (``Copy of 01_sequence_parallel.ipynb``,
+    ``01_sequence_parallel-Copy1.ipynb``: see :func:`copy_base`), else the one course
+    notebook id the name contains (``alice_4711_03_load_balance.ipynb``)."""
     known = course_notebooks()
     meta = nb.get("metadata", {}) if isinstance(nb, dict) else {}
     claimed = (meta.get("lesson10") or {}).get("notebook") if isinstance(meta.get("lesson10"),
                                                                           dict) else None
     if isinstance(claimed, str) and claimed in known:
         return claimed, "metadata"
-    stem = path.stem
-    for nid in sorted(known, key=len, reverse=True):
-        if stem.startswith(nid):
-            return nid, "file name"
+    for stem in dict.fromkeys((path.stem, copy_base(path.name))):
+        for nid in sorted(known, key=len, reverse=True):
+            if stem.startswith(nid):
+                return nid, "file name"
+    inside = [nid for nid in known if nid in copy_base(path.name)]
+    if len(inside) == 1:                   # an LMS download: "alice_12345_03_load_balance"
+        return inside[0], "file name"
     why = (f"metadata names {claimed!r}, not a course notebook" if claimed is not None else
            "no lesson10 notebook id in its metadata")
     return None, (f"{why}, and the file name {path.name!r} does not start with a course "
@@ -81,23 +120,6 @@ def language_problem(nb: dict) -> str | None:
     if str(lang).lower() != "python" or not str(name).lower().startswith(("python", "py")):
         return f"not a Python notebook (kernel {name!r}, language {lang!r})"
     return None
-
-
-def _is_check_call(node) -> bool:
-    if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
-        return False
-    f = node.value.func
-    name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-    return bool(_CHECK_CALL.match(name))
-
-
-def is_check_cell(source: str) -> bool:
-    """A cell that only calls ``check_*`` functions (or ``checks.summary()``)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return False
-    return bool(tree.body) and all(_is_check_call(node) for node in tree.body)
 
 
 def called_checks(nb: dict) -> set[str]:
@@ -120,14 +142,15 @@ def called_checks(nb: dict) -> set[str]:
     return found
 
 
-def worker_cells(nb: dict) -> list[tuple[int, str]]:
-    """``(cell index, source)`` of the code cells the worker runs: all but the check cells."""
+def code_cells(nb: dict) -> list[tuple[int, str]]:
+    """``(cell index, source)`` of every non-empty code cell, check cells included: the
+    sandbox runs them all, and each check call is where its exercise is judged."""
     out = []
     for i, cell in enumerate(nb.get("cells", [])):
         if cell.get("cell_type") != "code":
             continue
         src = cell.get("source", "")
         src = "".join(src) if isinstance(src, list) else str(src)
-        if src.strip() and not is_check_cell(src):
+        if src.strip():
             out.append((i, src))
     return out

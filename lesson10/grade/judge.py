@@ -1,204 +1,111 @@
-"""The judge: scores a submission without running any of its code in this process.
+"""The judge: runs one notebook's cells in a sandbox and scores each exercise at its check cell.
 
-For every exercise of the course notebook, the judge runs the exercise's check logic
-itself, ``EXERCISES[id].body(proxy, rng)``, with ``rng`` seeded from ``os.urandom`` (the
-worker never sees it). ``proxy(*args)`` sends the arguments to the worker
-(:mod:`.worker`), which calls the student's function of that name under the reference
-guard and sends back the result and the arguments as the call left them (copied back
-into the judge's arrays, so a check can verify its inputs were not changed). A callable
-argument (the ``op`` of ``sp_forward``) stays here: the worker calls it back.
+No student code runs in this process. The sandbox's runner (:mod:`.runner`) runs the
+cells and reports each one's output; when a cell calls ``checks.check_<exercise>(fn)``
+the judge gives it a private channel, the runner forks, and the judge runs the course's
+check itself, ``EXERCISES[id].body(proxy, rng)``, where ``proxy(*args)`` calls ``fn``
+in the fork (:class:`Channel`) and ``rng`` comes from the batch's seed (secret unless
+``--seed``). What the check passes in (an ``op``, a ring network, an attention kernel)
+stays here and is called back, so the judge sees and counts how the method works.
 
-Each exercise has its own time limit and the notebook a total one. A hang or a crash
-costs that exercise only: the worker is killed (its whole process group) and a new one
-starts for the next exercise. A cell that kills or hangs a worker while the cells run is
-skipped by the next worker, so the exercises around it still count.
+Time: each cell has a limit, each judged call one, the notebook a total. A cell that
+hangs or kills the runner is skipped and the sandbox started again; exercises already
+judged keep their verdict, so only what the broken cell itself breaks is lost.
 """
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import time
-from pathlib import Path
+import zlib
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..checks import CheckFailed
 from ..checks.core import _StudentError
 from . import course, sandbox, wire
-from .guard import reference_fingerprints
-from .worker import RemoteError, remote_error
+
+MAX_JUDGED = 3                 # judged calls per exercise (the last one counts)
+_OUTPUT_LIMIT = 200_000        # characters of one cell's reported output we keep
+_NOTEBOOK_OUTPUT = 2_000_000   # ... and of a whole notebook's
+MAX_CALLBACKS = 20_000         # callbacks one judged exercise may make ...
+MAX_CALLBACK_BYTES = 512 * 2**20   # ... and bytes it may send through them
 
 
 class Lost(BaseException):
-    """The worker hung or died during a call (BaseException: passes through the checks)."""
+    """The judged process hung or died (BaseException: passes through the checks)."""
 
     def __init__(self, status: str, message: str):
         super().__init__(message)
         self.status, self.message = status, message
 
 
-class Violation(BaseException):
-    """The student's function called the course's reference or switched off the guard."""
+class RemoteError(Exception):
+    """Base of the exceptions that stand for one raised in the sandbox."""
 
 
-class Missing(BaseException):
-    """The notebook defines no function of that name."""
+def remote_error(type_name: str, message: str) -> BaseException:
+    """An exception standing for one raised on the other side (never unpickled)."""
+    if type_name == "NotImplementedError":
+        return NotImplementedError(message)
+    cls = type(str(type_name)[:80] or "Error", (RemoteError,), {})
+    return cls(message)
 
 
-class WorkerFailure(Exception):
-    """The worker could not be started at all: the grader's or the machine's fault."""
+class Failure(Exception):
+    """The sandbox could not be started at all: the grader's or the machine's fault."""
 
 
-class Worker:
-    """One worker process and its pipes; ``start()`` runs the notebook's cells in it."""
+# --------------------------------------------------------------------------- one judged call
+class Channel:
+    """The judge's end of the channel to one judged fork."""
 
-    def __init__(self, cells, *, package: sandbox.Package, tmp: Path, workdir: Path,
-                 memory: int, cell_timeout: float, fingerprints: list[str], tag: str = ""):
-        self.cells, self.package, self.tmp, self.workdir = cells, package, tmp, workdir
-        self.tag = tag
-        self.memory, self.cell_timeout, self.fingerprints = memory, cell_timeout, fingerprints
-        self.skip: set[int] = set()
-        self.gave_up = False
-        self.proc = None
-        self.conn = None
-        self.notes: list[str] = []
+    def __init__(self, sock, name: str):
+        self.sock, self.name = sock, name
+        self.conn = wire.Conn(sock.fileno(), sock.fileno(), nonblocking_write=True)
+        self.dead = False
+        self.callbacks, self.callback_bytes = 0, 0
 
-    def start(self, deadline: float) -> bool:
-        """A fresh worker with the cells run (skipping those that broke earlier ones).
-        False when the notebook's time ran out first."""
-        while not self.gave_up:
-            self.kill()
-            bad = self._start_once(deadline)
-            if bad is None:
-                return True
-            if bad == "deadline" or bad in self.skip:      # no progress: give up
-                self.kill()
-                self.gave_up = True
-            self.skip.add(bad)
-        return False
-
-    def _start_once(self, deadline: float):
-        j_read, w_write = os.pipe()
-        w_read, j_write = os.pipe()
-        argv = sandbox.memory_bootstrap() + [str(w_read), str(w_write), str(self.memory)]
-        try:
-            self.proc = subprocess.Popen(argv, pass_fds=(w_read, w_write), cwd=self.workdir,
-                                         env=sandbox.child_env({sandbox.TAG_ENV: self.tag}),
-                                         start_new_session=True,
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL)
-        finally:
-            os.close(w_read)
-            os.close(w_write)
-        self.conn = wire.Conn(j_read, j_write, nonblocking_write=True)
-        blob = self.package.modules()
-        try:
-            self.conn._write(len(blob).to_bytes(8, "big") + blob, time.monotonic() + 60)
-            hello, _ = self.conn.recv(time.monotonic() + 60)
-        except (wire.Timeout, wire.Closed, wire.WireError) as exc:
-            raise WorkerFailure(f"the grading worker did not start ({exc})") from None
-        if hello.get("op") != "hello" or hello.get("package") != sandbox.MEMORY_ROOT:
-            raise WorkerFailure(f"the grading worker imported lesson10 from the wrong place: "
-                                f"{hello.get('package')!r}")
-        cells = [(i, src) for i, src in self.cells if i not in self.skip]
-        roots = [sandbox.MEMORY_ROOT, str(self.package.source)]
-        self.conn.send({"op": "setup", "cells": cells, "roots": roots,
-                        "fingerprints": self.fingerprints}, deadline=time.monotonic() + 30)
-        current, started = None, 0.0
-        while True:
-            limit = deadline if current is None else min(deadline, started + self.cell_timeout)
-            try:
-                msg, _ = self.conn.recv(limit)
-            except wire.Timeout:
-                if current is None or time.monotonic() >= deadline:
-                    return "deadline"
-                self.notes.append(f"cell {current} ran over {self.cell_timeout:g} s in the "
-                                  f"grading worker: skipped")
-                return current
-            except (wire.Closed, wire.WireError):
-                if current is None:
-                    raise WorkerFailure("the grading worker died before running any cell") from None
-                self.notes.append(f"cell {current} killed the grading worker: skipped")
-                return current
-            if msg.get("op") == "cell":
-                current, started = msg.get("index"), time.monotonic()
-            elif msg.get("op") == "ready":
-                return None
-            elif msg.get("op") == "fatal":
-                if current is None:            # before any student code: the grader's fault
-                    raise WorkerFailure(f"the grading worker failed: {msg.get('message')}")
-                self.notes.append(f"cell {current} broke the grading worker: skipped")
-                return current
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-            self.proc = None
-        if self.conn is not None:
-            for fd in (self.conn.rfd, self.conn.wfd):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            self.conn = None
-
-    # ----------------------------------------------------------------- one call
-    def call(self, name: str, args, kwargs, allowed, deadline: float):
+    def call(self, args, kwargs, deadline: float):
+        if self.dead:
+            raise Lost("crashed", f"the process running {self.name} is gone")
         callables: list = []
-        token = os.urandom(16).hex()        # a reply without it was not written by the worker
         try:
             tree, blobs = wire.encode([list(args), dict(kwargs)], callables)
-            self.conn.send({"op": "call", "name": name, "args": tree, "allowed": list(allowed),
-                            "token": token}, blobs, deadline)
+            self.conn.send({"op": "call", "args": tree}, blobs, deadline)
             while True:
                 msg, blobs = self.conn.recv(deadline)
-                op = msg.get("op")
-                if op == "callback":
-                    self._callback(callables, msg, blobs, deadline)
-                    continue
-                break
+                if msg.get("op") != "callback":
+                    break
+                self._callback(callables, msg, blobs, deadline)
         except wire.Timeout:
-            self.kill()
-            raise Lost("timed out", f"{name} did not finish within the exercise's time "
+            self.dead = True
+            raise Lost("timed out", f"{self.name} did not finish within the exercise's time "
                                     f"limit") from None
         except (wire.Closed, wire.WireError) as exc:
-            self.kill()
-            raise Lost("crashed", f"the process running {name} died or broke the protocol "
+            self.dead = True
+            raise Lost("crashed", f"the process running {self.name} died or broke the protocol "
                                   f"({exc}): os._exit, a signal, or out of memory") from None
-        if msg.get("token") != token:
-            self.kill()
-            raise Lost("crashed", f"the process running {name} answered out of turn (something "
-                                  f"wrote to the grader's pipe)")
-        if msg.get("violation"):
-            raise Violation(f"{name} {msg['violation']}")
-        if op == "missing":
-            raise Missing(f"the notebook defines no function named {name}")
+        op = msg.get("op")
         if op == "error":
             raise remote_error(str(msg.get("type", "Error")), str(msg.get("message", "")))
         if op != "result":
-            self.kill()
-            raise Lost("crashed", f"unexpected answer from the worker: {op!r}")
+            self.dead = True
+            raise Lost("crashed", f"unexpected answer from the sandbox: {str(op)[:40]!r}")
         try:
             result, (new_args, new_kwargs) = wire.decode(msg["value"], blobs,
                                                          make_fn=lambda i, n: None)
-        except (wire.WireError, ValueError, TypeError) as exc:
+        except (wire.WireError, ValueError, TypeError, KeyError) as exc:
             raise remote_error("ValueError", f"the grader cannot read the result: {exc}") from None
         _copy_back(list(args), new_args)
         _copy_back(kwargs, new_kwargs)
         return result
 
     def _callback(self, callables, msg, blobs, deadline) -> None:
+        self.callbacks += 1
+        self.callback_bytes += sum(len(b) for b in blobs)
+        if self.callbacks > MAX_CALLBACKS or self.callback_bytes > MAX_CALLBACK_BYTES:
+            raise wire.WireError(f"more than {MAX_CALLBACKS} callbacks or "
+                                 f"{MAX_CALLBACK_BYTES // 2**20} MiB through them")
         try:
             fn = callables[int(msg["id"])]
             args, kwargs = wire.decode(msg["args"], blobs)
@@ -214,9 +121,18 @@ class Worker:
             self.conn.send({"op": "raise", "type": type(exc).__name__,
                             "message": str(exc)[:2000]}, (), deadline)
 
+    def close(self) -> None:
+        try:
+            if not self.dead:
+                self.conn.send({"op": "end"}, (), time.monotonic() + 1)
+        except (wire.Timeout, wire.Closed, wire.WireError):
+            pass
+        self.sock.close()
+
 
 def _copy_back(orig, new) -> None:
-    """Write the worker's view of the arguments after the call into the judge's objects."""
+    """Write the sandbox's view of the arguments after the call into the judge's objects
+    (so a check sees an input its function changed in place)."""
     if isinstance(orig, np.ndarray):
         if isinstance(new, np.ndarray) and new.shape == orig.shape and orig.flags.writeable:
             try:
@@ -225,7 +141,10 @@ def _copy_back(orig, new) -> None:
                 pass
     elif isinstance(orig, (list, tuple)) and isinstance(new, (list, tuple)):
         for i, (o, n) in enumerate(zip(list(orig), new)):
-            if isinstance(o, (np.ndarray, list, tuple, dict)):
+            if isinstance(orig, list) and isinstance(o, np.ndarray) and not (
+                    isinstance(n, np.ndarray) and n.shape == o.shape):
+                orig[i] = n                    # the caller's list now holds something else
+            elif isinstance(o, (np.ndarray, list, tuple, dict)):
                 _copy_back(o, n)
             elif isinstance(orig, list) and type(o) in (int, float, str, bool, type(None)) \
                     and o != n:
@@ -238,71 +157,243 @@ def _copy_back(orig, new) -> None:
                 _copy_back(orig[k], n)
 
 
-def judge(nb: dict, notebook_id: str, *, package: sandbox.Package, tmp: Path, workdir: Path,
-          memory: int, cell_timeout: float, exercise_timeout: float, deadline: float,
-          fingerprints: list[str], tag: str = "") -> tuple[list[dict], list[str]]:
-    """``(one entry per exercise, notes)`` for a notebook known to be ``notebook_id``."""
-    worker = Worker(course.worker_cells(nb), package=package, tmp=tmp, workdir=workdir,
-                    memory=memory, cell_timeout=cell_timeout, fingerprints=fingerprints, tag=tag)
-    entries = []
-    try:
-        for ex in course.exercises(notebook_id):
-            entries.append(_judge_one(worker, ex, exercise_timeout, deadline))
-    finally:
-        worker.kill()
-    return entries, worker.notes
-
-
-def _entry(ex, status: str, message: str) -> dict:
+def entry(ex, status: str, message: str) -> dict:
     passed = status == "passed"
     return {"exercise": ex.id, "status": status, "passed": passed,
             "points": ex.points if passed else 0, "max_points": ex.points, "message": message}
 
 
-def _judge_one(worker: Worker, ex, exercise_timeout: float, deadline: float) -> dict:
+def judge_exercise(channel: Channel, ex, rng, limit: float, timeout: float) -> dict:
+    """Run the course's check of ``ex`` with ``proxy`` calling the student's function."""
     name = course.function_name(ex.id)
-    if time.monotonic() >= deadline or (not worker.alive() and not worker.start(deadline)):
-        return _entry(ex, "timed out", "the notebook's total time limit ran out (or its cells "
-                                       "kept breaking the worker) before this exercise was "
-                                       "judged")
-    limit = min(deadline, time.monotonic() + exercise_timeout)
-    allowed = course.ALLOWED_CALLS.get(ex.id, ())
 
     def proxy(*args, **kwargs):
-        return worker.call(name, args, kwargs, allowed, limit)
+        return channel.call(args, kwargs, limit)
 
     proxy.__name__ = proxy.__qualname__ = name
-    rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
     try:
         verified = ex.body(proxy, rng)
     except NotImplementedError:
-        return _entry(ex, "not attempted", f"{name} still raises NotImplementedError")
+        return entry(ex, "not attempted", f"{name} still raises NotImplementedError")
     except CheckFailed as exc:
-        return _entry(ex, "failed", str(exc))
+        return entry(ex, "failed", str(exc))
     except _StudentError as exc:
-        return _entry(ex, "failed", f"check_{ex.id} failed: {exc}")
-    except Violation as exc:
-        return _entry(ex, "failed", f"{exc}: not allowed, write your own")
-    except Missing as exc:
-        return _entry(ex, "missing", str(exc))
+        return entry(ex, "failed", f"check_{ex.id} failed: {exc}")
     except Lost as exc:
-        limit_note = f" ({exercise_timeout:g} s)" if exc.status == "timed out" else ""
-        return _entry(ex, exc.status, exc.message + limit_note)
+        note = f" ({timeout:g} s)" if exc.status == "timed out" else ""
+        return entry(ex, exc.status, exc.message + note)
     except RemoteError as exc:
-        return _entry(ex, "failed", f"{name} raised {type(exc).__name__}: {exc}")
-    except (wire.WireError, WorkerFailure):
-        raise
+        return entry(ex, "failed", f"{name} raised {type(exc).__name__}: {exc}")
     except Exception as exc:  # noqa: BLE001 - a check that choked on a strange answer
-        return _entry(ex, "failed", f"check_{ex.id} could not use the answer: "
-                                    f"{type(exc).__name__}: {str(exc)[:300]}")
-    return _entry(ex, "passed", str(verified))
+        return entry(ex, "failed", f"check_{ex.id} could not use the answer: "
+                                   f"{type(exc).__name__}: {str(exc)[:300]}")
+    return entry(ex, "passed", str(verified))
 
 
-_FINGERPRINTS: dict[str, list[str]] = {}
+def verdict_text(e: dict) -> str:
+    """What the check cell shows in the graded run."""
+    head = {"passed": "passed", "not attempted": "not attempted"}.get(e["status"], e["status"])
+    return (f"[grader] check_{e['exercise']}: {head} ({e['points']}/{e['max_points']})\n"
+            f"{e['message']}")
 
 
-def fingerprints_of(package: sandbox.Package) -> list[str]:
-    key = str(package.source)
-    if key not in _FINGERPRINTS:
-        _FINGERPRINTS[key] = reference_fingerprints(key)
-    return _FINGERPRINTS[key]
+# --------------------------------------------------------------------------- one notebook
+@dataclass
+class Settings:
+    standin: object                      # the stand-in folder (Path)
+    limits: sandbox.Limits
+    cell_timeout: float
+    exercise_timeout: float
+    sandboxed: bool
+    seed: int
+
+
+@dataclass
+class Run:
+    """What a notebook's runs produced: verdicts, outputs per cell, notes."""
+    verdicts: dict = field(default_factory=dict)     # exercise -> entry (latest judged)
+    judged: dict = field(default_factory=dict)       # exercise -> times judged
+    asked: set = field(default_factory=set)          # exercises whose check call ran
+    outputs: dict = field(default_factory=dict)      # cell index -> {"outputs", "error"}
+    notes: list = field(default_factory=list)
+    skip: set = field(default_factory=set)
+    output_size: int = 0
+    sandbox_cpu: float = 0.0         # CPU seconds the sandboxed runner reported (see runner.main)
+
+
+def run_notebook(cells, notebook_id: str, settings: Settings, deadline: float, workdir,
+                 files=()) -> Run:
+    """Run ``cells`` (``[(index, source)]``, every code cell) and judge each exercise of
+    ``notebook_id`` at its check cell. Raises :class:`Failure` if no sandbox starts."""
+    run = Run()
+    exercises = {ex.id: ex for ex in course.exercises(notebook_id)}
+    while True:
+        bad = _one_run(cells, exercises, settings, deadline, workdir, files, run)
+        if bad is None:
+            return run
+        if bad == "deadline" or bad in run.skip:
+            run.notes.append("the notebook's total time limit ran out" if bad == "deadline" else
+                             f"cell {bad} kept breaking the sandbox: grading stopped there")
+            return run
+        run.skip.add(bad)
+
+
+def _one_run(cells, exercises, settings: Settings, deadline: float, workdir, files, run: Run):
+    """One sandbox, the cells run in it. None when they all ran, else the index of the cell
+    that broke it (skipped next time), or "deadline"."""
+    box = sandbox.Sandbox(settings.standin, settings.limits, sandboxed=settings.sandboxed,
+                          workdir=workdir)
+    conn = wire.Conn(box.main.fileno(), box.main.fileno(), nonblocking_write=True)
+    next_channel = 0
+    current, started = None, 0.0
+    replay = set(run.verdicts)          # judged in an earlier run: keep those verdicts
+    try:
+        try:
+            hello, _ = conn.recv(min(deadline, time.monotonic() + 60))
+            if hello.get("op") != "hello":
+                raise wire.WireError("no hello")
+            conn.send({"op": "setup", "cells": [[i, s] for i, s in cells if i not in run.skip],
+                       "files": [list(f) for f in files],
+                       "exercise_timeout": settings.exercise_timeout},
+                      deadline=time.monotonic() + 30)
+            ready, _ = conn.recv(min(deadline, time.monotonic() + 120))
+            if ready.get("op") != "ready":
+                raise wire.WireError(f"the runner failed to start: {str(ready)[:300]}")
+        except (wire.Timeout, wire.Closed, wire.WireError) as exc:
+            raise Failure(f"the sandbox did not start ({exc})") from None
+        expected = [i for i, _ in cells if i not in run.skip]    # the order cells must come in
+        last = None                              # the cell that ran last (blamed between cells)
+        while True:
+            limit = deadline if current is None else min(deadline, started + settings.cell_timeout)
+            try:
+                msg, _ = conn.recv(limit)
+            except wire.Timeout:
+                if current is None or time.monotonic() >= deadline:
+                    return "deadline"
+                run.notes.append(f"cell {current} ran over {settings.cell_timeout:g} s: skipped")
+                return current
+            except (wire.Closed, wire.WireError):
+                if current is None and last is None:
+                    run.notes.append("the sandbox ended before the first cell")
+                    return None
+                bad = current if current is not None else last
+                run.notes.append(f"cell {bad} ended the notebook's process: skipped")
+                return bad
+            # nothing the sandbox says is trusted: a message out of turn is its cell's fault
+            op = msg.get("op") if isinstance(msg, dict) else None
+            blame = current if current is not None else last
+            if op == "cell" and current is None and expected and msg.get("index") == expected[0]:
+                current, started = expected.pop(0), time.monotonic()
+                last = current
+            elif op == "done" and current is not None and msg.get("index") == current:
+                outs = _outputs(msg.get("outputs"))
+                run.output_size += sum(len(o["text"]) for o in outs)
+                if run.output_size > _NOTEBOOK_OUTPUT:
+                    outs = [{"name": "stderr", "text": "[grader: the notebook's output is over "
+                                                       "its limit; not kept]\n"}]
+                run.outputs[current] = {"outputs": outs, "error": _error(msg.get("error"))}
+                current = None
+            elif op == "check" and current is not None:
+                try:
+                    next_channel = _check(msg, conn, box, next_channel, exercises, settings,
+                                          deadline, run, replay)
+                except (wire.Timeout, wire.Closed, wire.WireError):
+                    run.notes.append(f"cell {current} ended the notebook's process while it was "
+                                     f"checked: skipped")
+                    return current
+                started = time.monotonic()          # judging does not count against the cell
+            elif op == "finished" and current is None and not expected:
+                cpu = box.finish(conn)
+                if settings.sandboxed:
+                    run.sandbox_cpu += cpu
+                return None
+            elif blame is None:
+                run.notes.append("the notebook's process broke the grader's protocol before "
+                                 "its first cell")
+                return None
+            else:
+                run.notes.append(f"cell {blame} broke the grader's protocol "
+                                 f"({str(op)[:20]!r} out of turn): skipped")
+                return blame
+    finally:
+        box.kill()
+
+
+def _check(msg, conn, box, next_channel, exercises, settings, deadline, run: Run,
+           replay: set) -> int:
+    """Answer one ``check`` request: judge the exercise in a fork, send the verdict."""
+    ex = exercises.get(str(msg.get("exercise")))
+    reply = None
+    if ex is not None and ex.id in replay:
+        replay.discard(ex.id)
+        e = run.verdicts[ex.id]
+        reply = {"op": "verdict", **e, "text": verdict_text(e)}
+    elif ex is None:
+        reply = {"op": "verdict", "text": f"[grader] check_{msg.get('exercise')} is not an "
+                                          f"exercise of this notebook: not judged"}
+    elif not msg.get("callable"):
+        e = entry(ex, "failed", f"check_{ex.id} takes your function itself, e.g. "
+                                f"check_{ex.id}({course.function_name(ex.id)}), not the result "
+                                f"of calling it")
+        run.verdicts[ex.id] = e
+        run.asked.add(ex.id)
+        reply = {"op": "verdict", **e, "text": verdict_text(e)}
+    elif run.judged.get(ex.id, 0) >= MAX_JUDGED or next_channel >= sandbox.CHANNELS:
+        e = run.verdicts.get(ex.id)
+        text = f"[grader] check_{ex.id} was judged {MAX_JUDGED} times already: the last verdict counts"
+        reply = {"op": "verdict", **(e or {}), "text": text}
+    if reply is not None:
+        conn.send(reply, deadline=time.monotonic() + 10)
+        return next_channel
+    k = next_channel
+    left = max(0.0, deadline - time.monotonic())
+    timeout = min(settings.exercise_timeout, left)
+    conn.send({"op": "judge", "channel": k, "timeout": timeout + 1.0,
+               "instead": course.use_instead(ex.id)}, deadline=time.monotonic() + 10)
+    count = run.judged.get(ex.id, 0)
+    rng = np.random.default_rng([settings.seed, zlib.crc32(ex.id.encode()), count])
+    channel = Channel(box.channels[k], course.function_name(ex.id))
+    box.channels[k] = _Closed()
+    started = time.monotonic()
+    try:
+        e = judge_exercise(channel, ex, rng, time.monotonic() + timeout, settings.exercise_timeout)
+    finally:
+        channel.close()
+    e["seconds"] = round(time.monotonic() - started, 3)
+    run.judged[ex.id] = count + 1
+    run.asked.add(ex.id)
+    run.verdicts[ex.id] = e
+    # the runner reports that its fork ended (it kills one that outlives the limit)
+    try:
+        done, _ = conn.recv(min(deadline, time.monotonic() + timeout + 15))
+        if done.get("op") != "checked":
+            raise wire.WireError("expected 'checked'")
+        conn.send({"op": "verdict", **e, "text": verdict_text(e)}, deadline=time.monotonic() + 10)
+    except (wire.Timeout, wire.Closed, wire.WireError):
+        raise wire.Closed("the runner did not come back from a check") from None
+    return k + 1
+
+
+class _Closed:
+    def close(self):
+        pass
+
+
+def _outputs(outs) -> list[dict]:
+    kept, size = [], 0
+    for o in outs if isinstance(outs, list) else []:
+        if not isinstance(o, dict):
+            continue
+        name = "stderr" if o.get("name") == "stderr" else "stdout"
+        text = str(o.get("text", ""))[:max(0, _OUTPUT_LIMIT - size)]
+        size += len(text)
+        kept.append({"name": name, "text": text})
+    return kept
+
+
+def _error(err):
+    if not isinstance(err, dict):
+        return None
+    tb = err.get("traceback") if isinstance(err.get("traceback"), list) else []
+    return {"ename": str(err.get("ename", "Error"))[:100], "evalue": str(err.get("evalue", ""))[:2000],
+            "traceback": [str(t)[:2000] for t in tb[:5]]}

@@ -1,24 +1,25 @@
-"""Grade one submitted notebook: identify it, run it for feedback, judge its exercises.
+"""Grade one submitted notebook: identify it, run its cells in a sandbox, judge each exercise.
 
 The report of a notebook::
 
-    {"notebook": path as given, "student": parent folder name, "course_notebook": id or None,
+    {"notebook": path as given, "student": who handed it in (the batch decides, see
+     :mod:`.gradebook`; the parent folder's name when graded alone),
+     "course_notebook": id or None,
      "exercises": [{"exercise", "status", "passed", "points", "max_points", "message"}],
-     "points", "max_points", "feedback": [lines], "ok": bool, "error": message or None}
+     "points", "max_points", "feedback": [lines], "ok": bool, "error": message or None,
+     "sandboxed": bool}
 
-``ok`` is False only when the grader or the machine failed (no kernel, no worker);
+``ok`` is False only when the grader or the machine failed (no sandbox could start);
 a broken submission (unreadable, not Python, unknown notebook) is ``ok`` with 0 points.
 """
 from __future__ import annotations
 
-import json
-import tempfile
-import threading
+import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import course, judge, runner, sandbox
+from . import course, judge, sandbox
 
 
 @dataclass
@@ -27,18 +28,22 @@ class Options:
     exercise_timeout: float = 30.0
     notebook_timeout: float = 600.0
     memory: int = 4 * 2**30
-    execute: bool = True
     #: folder to write each executed notebook to (``<student>/<file name>``), or None
     save_executed: Path | None = None
+    sandboxed: bool = True
+    seed: int = 0
+    standin: Path | None = None          # the stand-in folder (:func:`lesson10.grade.standin.write`)
+    limits: sandbox.Limits = field(default_factory=sandbox.Limits)
 
 
-def _report(path: Path, notebook_id, entries=(), *, feedback=(), ok=True, error=None) -> dict:
+def _report(path: Path, notebook_id, entries=(), *, feedback=(), ok=True, error=None,
+            sandboxed=True, student: str | None = None) -> dict:
     entries = list(entries)
-    return {"notebook": str(path), "student": path.resolve().parent.name,
+    return {"notebook": str(path), "student": student or path.resolve().parent.name,
             "course_notebook": notebook_id, "exercises": entries,
             "points": sum(e["points"] for e in entries),
             "max_points": sum(e["max_points"] for e in entries),
-            "feedback": list(feedback), "ok": ok, "error": error}
+            "feedback": list(feedback), "ok": ok, "error": error, "sandboxed": sandboxed}
 
 
 def _zero(notebook_id, status: str, message: str) -> list[dict]:
@@ -51,28 +56,27 @@ def _zero(notebook_id, status: str, message: str) -> list[dict]:
              "max_points": ex.points, "message": message} for ex in course.exercises(notebook_id)]
 
 
-def _zero_removed_checks(nb, entries: list[dict]) -> None:
-    """An exercise whose check cell was deleted scores 0 (of its full marks): the check
-    cell is part of the assignment, and the course, not the submission, says what counts."""
-    called = course.called_checks(nb)
-    for e in entries:
-        if e["exercise"] not in called and e["points"] > 0:
-            e.update(points=0, passed=False, status="check removed",
-                     message=f"the check cell check_{e['exercise']}(...) is missing from the "
-                             f"notebook; restore it (it is part of the assignment)")
-
-
 def _read(path: Path, content: bytes | None):
     """``(notebook dict, None)`` or ``(None, why not)``."""
     try:
+        import warnings
         import nbformat
         text = (path.read_bytes() if content is None else content).decode("utf-8")
-        nb = nbformat.reads(text, as_version=4)
+        with warnings.catch_warnings():          # cells without ids: normal in old files
+            warnings.simplefilter("ignore")
+            nb = nbformat.reads(text, as_version=4)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the submission's fault
         return None, f"cannot read the notebook: {type(exc).__name__}: {str(exc)[:200]}"
     if not isinstance(nb.get("cells"), list):
         return None, "cannot read the notebook: it has no list of cells"
     return nb, None
+
+
+def executed_path(folder, student: str, path: Path) -> Path:
+    """Where ``--save-executed`` writes a graded notebook: ``folder/<student>/<file name>``
+    (a student named ``sec1/s01`` gets nested folders)."""
+    from .gradebook import safe_parts
+    return Path(folder).joinpath(*safe_parts(student), Path(path).name)
 
 
 def _save(nb, target: Path) -> None:
@@ -81,70 +85,117 @@ def _save(nb, target: Path) -> None:
     nbformat.write(nb, str(target))
 
 
-def grade_notebook(path, package: sandbox.Package, opts: Options | None = None,
-                   content: bytes | None = None) -> dict:
+#: files beside a notebook that the sandbox's working folder gets (helper modules)
+MAX_HELPERS, MAX_HELPER_BYTES = 20, 1_000_000
+
+
+def helper_files(path: Path) -> list[tuple[str, str]]:
+    """``(name, text)`` of the ``*.py`` files beside ``path`` (a student's helper modules)."""
+    out = []
+    try:
+        for p in sorted(Path(path).resolve().parent.glob("*.py"))[:MAX_HELPERS]:
+            if p.is_file() and p.stat().st_size <= MAX_HELPER_BYTES:
+                out.append((p.name, p.read_text(encoding="utf-8", errors="replace")))
+    except OSError:
+        pass
+    return out
+
+
+def _entries(notebook_id: str, nb, run: judge.Run) -> list[dict]:
+    """One entry per course exercise: the last judged verdict, else why it has none."""
+    called = course.called_checks(nb)
+    out = []
+    for ex in course.exercises(notebook_id):
+        if ex.id not in called:
+            out.append(judge.entry(ex, "check removed", f"the check cell check_{ex.id}(...) is "
+                                   f"missing from the notebook; restore it (it is part of the "
+                                   f"assignment, and the exercise is judged there)"))
+        elif ex.id in run.verdicts:
+            out.append(dict(run.verdicts[ex.id]))
+        else:
+            out.append(judge.entry(ex, "not judged", f"check_{ex.id}(...) never ran: the "
+                                   f"notebook stopped before it, or its cell failed first "
+                                   f"(see the feedback)"))
+    return out
+
+
+def _executed(nb, run: judge.Run):
+    """The notebook with the outputs of the graded run (check cells show the verdicts)."""
+    import nbformat
+    out = copy.deepcopy(nb)
+    for i, cell in enumerate(out.cells):
+        if cell.get("cell_type") != "code":
+            continue
+        got = run.outputs.get(i)
+        outs = []
+        if got is None and cell.get("source", "").strip():
+            outs.append(nbformat.v4.new_output("stream", name="stderr",
+                                               text="[grader: this cell did not run]\n"))
+        for o in (got or {}).get("outputs", []):
+            outs.append(nbformat.v4.new_output("stream", name=o["name"], text=o["text"]))
+        err = (got or {}).get("error")
+        if err:
+            outs.append(nbformat.v4.new_output("error", ename=err["ename"], evalue=err["evalue"],
+                                               traceback=err["traceback"]))
+        cell["outputs"] = outs
+        cell["execution_count"] = None
+    return out
+
+
+def grade_notebook(path, opts: Options, content: bytes | None = None,
+                   files: list | None = None, student: str | None = None) -> dict:
     """Grade the notebook at ``path``; ``content``: its bytes, read before any student code
-    ran (the command line reads every file first, so no submission can change another)."""
-    opts = opts or Options()
+    ran (the command line reads every file first); ``files``: its helper modules;
+    ``student``: the report's student (default: the parent folder's name)."""
     path = Path(path)
+    sandboxed = opts.sandboxed
     if content is None and not path.is_file():
-        return _report(path, None, ok=False, error="no such file")
+        return _report(path, None, ok=False, error="no such file", sandboxed=sandboxed,
+                       student=student)
     nb, why = _read(path, content)
     guess = course.identify({}, path)[0]
     if nb is None:
-        return _report(path, guess, _zero(guess, "unreadable", why), feedback=[why])
+        return _report(path, guess, _zero(guess, "unreadable", why), feedback=[why],
+                       sandboxed=sandboxed, student=student)
     notebook_id, how = course.identify(nb, path)
     if notebook_id is None:
         msg = f"cannot tell which course notebook this is: {how}; it scores 0"
-        return _report(path, None, _zero(None, "unknown notebook", msg), feedback=[msg])
+        return _report(path, None, _zero(None, "unknown notebook", msg), feedback=[msg],
+                       sandboxed=sandboxed, student=student)
     problem = course.language_problem(nb)
     if problem:
         return _report(path, notebook_id, _zero(notebook_id, "not python", problem),
-                       feedback=[problem])
+                       feedback=[problem], sandboxed=sandboxed, student=student)
     if not course.exercises(notebook_id):
-        return _report(path, notebook_id, feedback=[f"{notebook_id} has no exercises to grade"])
+        return _report(path, notebook_id, feedback=[f"{notebook_id} has no exercises to grade"],
+                       sandboxed=sandboxed, student=student)
 
+    import tempfile
+    settings = judge.Settings(standin=opts.standin, limits=opts.limits,
+                              cell_timeout=opts.cell_timeout, exercise_timeout=opts.exercise_timeout,
+                              sandboxed=sandboxed, seed=opts.seed)
     deadline = time.monotonic() + opts.notebook_timeout
-    tag = sandbox.new_tag()             # marks every process this notebook starts
-    feedback: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="lesson10-grade-") as tmp:
-        tmp = Path(tmp)
-        workdir = tmp / "work"           # an empty folder, not the submissions' folder
-        workdir.mkdir()
-        run = {}
-        thread = None
-        if opts.execute:
-            run_nb = json.loads(json.dumps(nb))          # its own copy, outputs go there
-            import nbformat
-            run_nb = nbformat.from_dict(run_nb)
-
-            def execute():
-                run.update(runner.execute(run_nb, workdir=workdir, tmp=tmp, package=package,
-                                          cell_timeout=opts.cell_timeout, deadline=deadline,
-                                          memory=opts.memory, tag=tag))
-            thread = threading.Thread(target=execute, daemon=True)
-            thread.start()
+    with tempfile.TemporaryDirectory(prefix="lesson10-grade-", ignore_cleanup_errors=True) as tmp:
+        workdir = Path(tmp)              # used only without the sandbox (its own /tmp inside)
         try:
-            entries, notes = judge.judge(
-                nb, notebook_id, package=package, tmp=tmp, workdir=workdir, memory=opts.memory,
-                cell_timeout=opts.cell_timeout, exercise_timeout=opts.exercise_timeout,
-                deadline=deadline, fingerprints=judge.fingerprints_of(package), tag=tag)
-        except judge.WorkerFailure as exc:
-            if thread is not None:
-                thread.join()
-            sandbox.reap(tag)
+            run = judge.run_notebook(course.code_cells(nb), notebook_id, settings, deadline,
+                                     workdir, files if files is not None else helper_files(path))
+        except judge.Failure as exc:
             return _report(path, notebook_id, _zero(notebook_id, "grader error", str(exc)),
-                           ok=False, error=str(exc))
-        if thread is not None:
-            thread.join()
-        left = sandbox.reap(tag)
-        if opts.execute and opts.save_executed is not None and run:
-            _save(run_nb, Path(opts.save_executed) / path.resolve().parent.name / path.name)
-        feedback += run.get("errors", []) + notes
-        _zero_removed_checks(nb, entries)
-        if left:
-            feedback.append(f"{left} process(es) the notebook left running were killed")
-        if run.get("environment"):
-            return _report(path, notebook_id, entries, feedback=feedback, ok=False,
-                           error=run["environment"])
-    return _report(path, notebook_id, entries, feedback=feedback)
+                           ok=False, error=str(exc), sandboxed=sandboxed, student=student)
+    entries = _entries(notebook_id, nb, run)
+    feedback = list(run.notes)
+    for i, got in sorted(run.outputs.items()):
+        err = got.get("error")
+        if err and err["ename"] not in ("CheckFailed", "NotAvailable"):
+            feedback.append(f"cell {i}: {err['ename']}: {err['evalue'][:200]}")
+    if not sandboxed:
+        feedback.append("not sandboxed: graded with --no-sandbox")
+    if opts.save_executed is not None:
+        _save(_executed(nb, run), executed_path(opts.save_executed, student or
+                                                path.resolve().parent.name, path))
+    report = _report(path, notebook_id, entries, feedback=feedback, sandboxed=sandboxed,
+                     student=student)
+    if sandboxed:
+        report["sandbox_cpu_seconds"] = round(run.sandbox_cpu, 3)
+    return report

@@ -1,22 +1,43 @@
-"""Outputs of a graded batch: the table, JSON, a class CSV, Gradescope's results.json,
-JUnit XML and a Markdown table (for a CI job summary)."""
+"""Outputs of a graded batch: the table, JSON, the class CSV, Gradescope's results.json,
+JUnit XML and a Markdown summary (a CI job's summary).
+
+Each takes the per-notebook reports (:mod:`.notebook`) and, where it speaks of students,
+their gradebook rows (:func:`lesson10.grade.gradebook.rows`; computed from the reports when
+not given). GitHub Classroom's runner JSON is in :mod:`.classroom`, the feedback files in
+:mod:`.feedback`.
+"""
 from __future__ import annotations
 
 import csv
 import io
 import json
 import re
-from xml.sax.saxutils import quoteattr, escape
+from xml.sax.saxutils import escape, quoteattr
+
+from ..checks import EXERCISES
+from . import gradebook
 
 
-def summary(reports: list[dict]) -> dict:
-    """The ``--json`` document: ``points``, ``max_points``, ``notebooks``."""
+def summary(reports: list[dict], students: list[dict] | None = None) -> dict:
+    """The ``--json`` document: ``points`` and ``max_points`` of the notebooks graded,
+    ``notebooks`` (their reports) and ``students`` (the gradebook rows: every course
+    exercise, missing notebooks at 0, the course maximum)."""
     return {"points": sum(r["points"] for r in reports),
             "max_points": sum(r["max_points"] for r in reports),
-            "notebooks": reports}
+            "notebooks": reports,
+            "students": gradebook.rows(reports) if students is None else students}
 
 
-def table(reports: list[dict]) -> str:
+def _seed_line(seed, sandboxed) -> str:
+    parts = []
+    if seed is not None:
+        parts.append(f"seed {seed} (`--seed {seed}` repeats this grading exactly)")
+    if sandboxed is False:
+        parts.append("NOT sandboxed (--no-sandbox)")
+    return "; ".join(parts)
+
+
+def table(reports: list[dict], students: list[dict] | None = None, seed=None) -> str:
     w = max([28] + [len(str(rep["notebook"])) for rep in reports])
     head = f"{'notebook':<{w}s} {'exercise':<20s} {'result':<16s} {'points':>7s}"
     lines = [head, "-" * len(head)]
@@ -35,66 +56,151 @@ def table(reports: list[dict]) -> str:
     total = sum(r["max_points"] for r in reports)
     lines.append("-" * len(head))
     lines.append(f"{'total':<{w}s} {'':<20s} {'':<16s} {got:>3d}/{total:<3d}")
+    rows = gradebook.rows(reports) if students is None else students
+    if rows:
+        sw = max([7] + [len(r["student"]) for r in rows])
+        lines += ["", f"{'student':<{sw}s} {'points':>9s}  notes", "-" * (sw + 30)]
+        for r in rows:
+            notes = []
+            if r["missing"]:
+                notes.append("missing: " + ", ".join(r["missing"]))
+            if r["ignored"]:
+                notes.append(f"{len(r['ignored'])} copies not graded")
+            if r["unknown"]:
+                notes.append(f"{len(r['unknown'])} unknown notebooks")
+            if r.get("on_roster") is False:
+                notes.append("not on the roster")
+            if not r["ok"]:
+                notes.append("GRADER ERROR")
+            lines.append(f"{r['student']:<{sw}s} {r['points']:>4d}/{r['max_points']:<4d}  "
+                         f"{'; '.join(notes)}")
+    if seed is not None:
+        lines.append(f"\nseed: {seed} (replay with --seed {seed})")
     return "\n".join(lines)
 
 
-def markdown(reports: list[dict]) -> str:
-    """The score table in Markdown (GitHub's job summary)."""
-    got = sum(r["points"] for r in reports)
-    total = sum(r["max_points"] for r in reports)
-    lines = [f"## Score: {got} / {total}", "", "| notebook | exercise | result | points |",
-             "|---|---|---|---|"]
+def _md_cell(text, limit: int = 700) -> str:
+    text = str(text or "")
+    if len(text) > limit:
+        text = text[:limit] + " ..."
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
+
+
+def markdown(reports: list[dict], students: list[dict] | None = None, *, seed=None,
+             sandboxed=None) -> str:
+    """The scores in Markdown (GitHub's job summary): per student the total, then a row per
+    course exercise with its result, points and the judge's message (hint included)."""
+    rows = gradebook.rows(reports) if students is None else students
+    got = sum(r["points"] for r in rows)
+    total = sum(r["max_points"] for r in rows)
+    lines = [f"## Score: {got} / {total}", ""]
+    note = _seed_line(seed, sandboxed)
+    if note:
+        lines += [note, ""]
+    paths = {(r["student"], n): p for r in rows for n, p in r["notebooks"].items()}
+    for r in rows:
+        if len(rows) > 1:
+            lines += [f"### {_md_cell(r['student'])}: {r['points']} / {r['max_points']}", ""]
+        lines += ["| notebook | exercise | result | points | message |", "|---|---|---|---|---|"]
+        for e in r["exercises"]:
+            where = paths.get((r["student"], e["notebook"]), f"{e['notebook']} (not handed in)")
+            lines.append(f"| {_md_cell(where)} | {e['exercise']} | {e['status']} | "
+                         f"{e['points']}/{e['max_points']} | {_md_cell(e['message'])} |")
+        extra = [f"not graded: {i['path']} (another copy of {i['notebook']}; graded: "
+                 f"{i['graded']})" for i in r["ignored"]]
+        extra += [f"not a course notebook: {p}" for p in r["unknown"]]
+        if extra:
+            lines += [""] + [f"- {_md_cell(x)}" for x in extra]
+        lines.append("")
     for rep in reports:
-        for e in rep["exercises"]:
-            lines.append(f"| {rep['notebook']} | {e['exercise']} | {e['status']} | "
-                         f"{e['points']}/{e['max_points']} |")
         if rep.get("error"):
-            lines.append(f"| {rep['notebook']} | | grader error: {rep['error']} | |")
-    return "\n".join(lines) + "\n"
+            lines.append(f"- **grader error** in {_md_cell(rep['notebook'])}: "
+                         f"{_md_cell(rep['error'])}")
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def _columns(reports: list[dict]) -> list[tuple[str, int]]:
-    """``(exercise, points)`` in the course's order, for every exercise in the batch."""
-    from ..checks import EXERCISES
-    seen = {e["exercise"]: e["max_points"] for r in reports for e in r["exercises"]}
-    return [(ex, EXERCISES[ex].points) for ex in EXERCISES if ex in seen]
-
-
-def class_csv(reports: list[dict]) -> str:
-    """One row per student (the notebook's parent folder): ``student``, one column per
-    exercise in the batch, ``total``, ``max`` (the same max for every student: an
-    exercise a student did not hand in, or handed in a notebook the grader could not
-    identify, counts 0)."""
-    cols = _columns(reports)
-    students: dict[str, dict] = {}
-    for rep in reports:
-        row = students.setdefault(rep["student"], {})
-        for e in rep["exercises"]:
-            row[e["exercise"]] = max(row.get(e["exercise"], 0), e["points"])
+def class_csv(reports: list[dict], students: list[dict] | None = None, seed=None) -> str:
+    """One row per student: ``student``, a column of points per course exercise (in the
+    course's order, every exercise whatever the batch holds), then ``<exercise> status`` per
+    exercise (passed, failed, not attempted, check removed, missing, ...:
+    :data:`lesson10.grade.gradebook.STATUSES`), ``missing`` (the notebooks not handed in),
+    ``seed``, and last ``total`` and ``max`` (the course maximum, the same in every row)."""
+    rows = gradebook.rows(reports) if students is None else students
+    cols = list(EXERCISES)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["student"] + [c for c, _ in cols] + ["total", "max"])
-    full = sum(p for _, p in cols)
-    for student in sorted(students):
-        row = students[student]
-        values = [row.get(c, 0) for c, _ in cols]
-        writer.writerow([student] + values + [sum(values), full])
+    writer.writerow(["student"] + cols + [f"{c} status" for c in cols]
+                    + ["missing", "seed", "total", "max"])
+    for r in rows:
+        got = {e["exercise"]: e for e in r["exercises"]}
+        writer.writerow([r["student"]] + [got[c]["points"] for c in cols]
+                        + [got[c]["status"] for c in cols]
+                        + [" ".join(r["missing"]), "" if seed is None else seed,
+                           r["points"], r["max_points"]])
     return out.getvalue()
 
 
-def gradescope(reports: list[dict]) -> str:
-    """Gradescope's ``results.json``: ``score``, ``max_score``, one test per exercise."""
+def gradescope(reports: list[dict], students: list[dict] | None = None, *, seed=None,
+               sandboxed=None, notes=()) -> str:
+    """Gradescope's ``results.json`` for ONE student: a test per course exercise (missing
+    notebooks at 0), the course maximum, a top-level ``output`` that says what was graded,
+    what is missing and any grader error. Raises ValueError for more than one student."""
+    rows = gradebook.rows(reports) if students is None else students
+    if len(rows) != 1:
+        raise ValueError(f"Gradescope's results.json is one student's; this batch has "
+                         f"{len(rows)} students ({', '.join(r['student'] for r in rows[:5])}"
+                         f"{', ...' if len(rows) > 5 else ''})")
+    row = rows[0]
+    numbers = {nid: i for i, nid in enumerate(gradebook.graded_notebooks(), start=1)}
+    counts: dict[str, int] = {}
     tests = []
-    for rep in reports:
-        for e in rep["exercises"]:
-            output = e["status"] + (f": {e['message']}" if e["message"] else "")
-            tests.append({"name": f"{rep['course_notebook'] or rep['notebook']}: {e['exercise']}",
-                          "score": e["points"], "max_score": e["max_points"],
-                          "output": output, "visibility": "visible"})
-    doc = {"score": sum(r["points"] for r in reports),
-           "max_score": sum(r["max_points"] for r in reports), "tests": tests,
-           "visibility": "visible"}
+    for e in row["exercises"]:
+        counts[e["notebook"]] = counts.get(e["notebook"], 0) + 1
+        body, hints = gradebook.split_message(e["message"])
+        text = e["status"] + (f"\n\n{body}" if body else "")
+        text += "".join(f"\n\nHint: {h}" for h in hints)
+        tests.append({"name": f"{e['notebook']}: {e['exercise']}",
+                      "number": f"{numbers.get(e['notebook'], 0)}.{counts[e['notebook']]}",
+                      "score": e["points"], "max_score": e["max_points"],
+                      "status": "passed" if e["passed"] else "failed",
+                      "output": text, "visibility": "visible"})
+    doc = {"score": row["points"], "max_score": row["max_points"],
+           "output": overview(reports, row, seed=seed, sandboxed=sandboxed, notes=notes),
+           "visibility": "visible", "stdout_visibility": "hidden", "tests": tests,
+           "extra_data": {"seed": seed, "sandboxed": sandboxed, "student": row["student"],
+                          "notebooks": row["notebooks"], "missing": row["missing"]}}
     return json.dumps(doc, indent=1) + "\n"
+
+
+def overview(reports: list[dict], row: dict, *, seed=None, sandboxed=None, notes=()) -> str:
+    """What a student is told about the whole submission (Gradescope's top-level output,
+    Classroom's summary): the score, what was graded, what is missing, any grader error."""
+    lines = [f"Score: {row['points']} / {row['max_points']}"]
+    lines += list(notes)
+    if not reports:
+        lines.append("Nothing graded: no notebook found in the submission. Hand in the "
+                     "course's .ipynb files (any folder; their names start with the notebook's "
+                     "number, e.g. 01_sequence_parallel.ipynb).")
+    for nid, path in row["notebooks"].items():
+        lines.append(f"Graded {path} as {nid}.")
+    for i in row["ignored"]:
+        lines.append(f"Not graded: {i['path']} (another copy of {i['notebook']}; the one "
+                     f"graded is {i['graded']}, chosen as {gradebook.COPY_RULE}).")
+    for p in row["unknown"]:
+        lines.append(f"Not a course notebook (scores nothing): {p}.")
+    if row["missing"]:
+        lines.append("Missing (0 points each): " + ", ".join(row["missing"]) + ".")
+    for rep in reports:
+        if rep.get("error"):
+            lines.append(f"GRADER ERROR in {rep['notebook']}: {rep['error']}. This is not your "
+                         f"score: the course staff will grade it again.")
+        for f in rep.get("feedback", [])[:10]:
+            lines.append(f"{rep['notebook']}: {f}")
+    seedline = _seed_line(seed, sandboxed)
+    if seedline:
+        lines.append(seedline.replace("`", "") + ".")
+    return "\n".join(lines)
 
 
 def _xml(text) -> str:
@@ -102,24 +208,76 @@ def _xml(text) -> str:
     return re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]", "?", str(text))
 
 
-def junit(reports: list[dict]) -> str:
-    """JUnit XML: a testsuite per notebook, a testcase per exercise; the failure message
-    is the check's message."""
-    parts = ['<?xml version="1.0" encoding="utf-8"?>', "<testsuites>"]
+#: exercise statuses that are the grader's failure, not the student's (JUnit <error>)
+ERROR_STATUSES = ("grader error",)
+
+
+def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
+          timestamp: str | None = None) -> str:
+    """JUnit XML: a testsuite per graded notebook (and, with ``students``, one per missing
+    notebook), a testcase per exercise with a ``time`` (the exercise's own seconds where the
+    report has them, else an equal share of its notebook's); a lost exercise is a
+    ``<failure>``, a grader error an ``<error>``, and ``failures``/``errors`` count exactly
+    those. The attributes and elements are those the common JUnit schemas ask for."""
+    suites = []
     for rep in reports:
-        cases = rep["exercises"]
-        failed = sum(not e["passed"] for e in cases)
-        parts.append(f"  <testsuite name={quoteattr(_xml(rep['notebook']))} tests=\"{len(cases)}\" "
-                     f"failures=\"{failed}\" errors=\"{0 if rep['ok'] else 1}\">")
-        for e in cases:
-            parts.append(f"    <testcase classname={quoteattr(_xml(rep['student']))} "
-                         f"name={quoteattr(_xml(e['exercise']))}>")
-            if not e["passed"]:
-                parts.append(f"      <failure message={quoteattr(_xml(e['status']))}>"
-                             f"{escape(_xml(e['message']))}</failure>")
+        cases = [(e, None) for e in rep["exercises"]]
+        if not cases and not rep["ok"]:
+            cases = [({"exercise": "(notebook)", "status": "grader error", "passed": False,
+                       "message": rep.get("error") or "the grader failed"}, None)]
+        suites.append((f"{rep['student']}: {rep.get('course_notebook') or rep['notebook']}",
+                       rep["student"], rep.get("course_notebook"), rep["notebook"], cases,
+                       float(rep.get("seconds", 0.0)), rep))
+    for row in students or []:
+        for nid in row["missing"]:
+            cases = [(e, None) for e in row["exercises"] if e["notebook"] == nid]
+            suites.append((f"{row['student']}: {nid}", row["student"], nid, "", cases, 0.0, None))
+    import socket
+    import time as _time
+    timestamp = timestamp or _time.strftime("%Y-%m-%dT%H:%M:%S", _time.localtime())
+    host = quoteattr(_xml(socket.gethostname() or "localhost"))
+    parts = []
+    n_tests = n_fail = n_err = 0
+    total_time = 0.0
+    for number, (name, student, nid, path, cases, seconds, rep) in enumerate(suites):
+        fails = sum(1 for e, _ in cases if not e["passed"] and e["status"] not in ERROR_STATUSES)
+        errs = sum(1 for e, _ in cases if e["status"] in ERROR_STATUSES)
+        n_tests, n_fail, n_err = n_tests + len(cases), n_fail + fails, n_err + errs
+        total_time += seconds
+        attrs = (f"name={quoteattr(_xml(name))} tests=\"{len(cases)}\" failures=\"{fails}\" "
+                 f"errors=\"{errs}\" skipped=\"0\" time=\"{seconds:.3f}\" "
+                 f"timestamp={quoteattr(timestamp)} hostname={host} id=\"{number}\" "
+                 f"package=\"lesson10\"")
+        parts.append(f"  <testsuite {attrs}>")
+        props = [("student", student), ("notebook", path), ("course_notebook", nid or "")]
+        if seed is not None:
+            props.append(("seed", seed))
+        if rep is not None:
+            props.append(("sandboxed", str(bool(rep.get("sandboxed", True))).lower()))
+        parts.append("    <properties>")
+        parts += [f"      <property name={quoteattr(k)} value={quoteattr(_xml(v))}/>"
+                  for k, v in props]
+        parts.append("    </properties>")
+        share = seconds / len(cases) if cases else 0.0
+        for e, _ in cases:
+            t = float(e.get("seconds", share))
+            parts.append(f"    <testcase classname={quoteattr(_xml(f'{student}.{nid or path}'))} "
+                         f"name={quoteattr(_xml(e['exercise']))} time=\"{t:.3f}\">")
+            msg = escape(_xml(e.get("message", "")))
+            if e["status"] in ERROR_STATUSES:
+                parts.append(f"      <error message={quoteattr(_xml(e['status']))} "
+                             f"type=\"GraderError\">{msg}</error>")
+            elif not e["passed"]:
+                kind = re.sub(r"\W", "", e["status"].title()) or "Failed"
+                parts.append(f"      <failure message={quoteattr(_xml(e['status']))} "
+                             f"type={quoteattr(kind)}>{msg}</failure>")
             parts.append("    </testcase>")
-        if rep.get("error"):
-            parts.append(f"    <system-err>{escape(_xml(rep['error']))}</system-err>")
+        out = "\n".join(rep.get("feedback", [])) if rep is not None else ""
+        err = (rep.get("error") or "") if rep is not None else ""
+        parts.append(f"    <system-out>{escape(_xml(out))}</system-out>")
+        parts.append(f"    <system-err>{escape(_xml(err))}</system-err>")
         parts.append("  </testsuite>")
-    parts.append("</testsuites>")
-    return "\n".join(parts) + "\n"
+    head = (f'<testsuites name="lesson10" tests="{n_tests}" failures="{n_fail}" '
+            f'errors="{n_err}" time="{total_time:.3f}">')
+    return "\n".join(['<?xml version="1.0" encoding="utf-8"?>', head, *parts,
+                      "</testsuites>"]) + "\n"

@@ -1,129 +1,310 @@
-"""A private, read-only copy of the package for every process that runs student code.
+"""The operating-system sandbox that a submission's cells run in: bubblewrap (``bwrap``).
 
-At the grader's start :class:`Package` reads the package's files once (with their
-compiled bytecode) into memory and imports, in the judge, every module the checks use,
-so nothing the judge runs is read from disk later. Each worker receives the compiled
-package over its pipe and imports it from memory (:func:`memory_bootstrap`): no file
-that another process could edit. Each notebook kernel (feedback only) gets its own
-fresh copy of the snapshot in a temporary folder (files 0444, folders 0555), first on
-its ``sys.path``. Both start with ``python -I`` (no ``PYTHONPATH``, no current folder on
-the path). A submission that rewrites the package
-on disk, wherever it finds it, changes neither the judge nor any later process.
+One sandbox per run of a notebook's cells::
+
+    bwrap --unshare-all --die-with-parent --new-session --cap-drop ALL --clearenv
+          --ro-bind /usr /usr ... (the system, Python, its site-packages: read-only)
+          --proc /proc --dev /dev --size N --tmpfs /tmp (private, capped; the working folder)
+          --ro-bind STANDIN /opt/lesson10 (the stand-in package and the runner)
+          --tmpfs <the real package's folder, where a bound path holds it>
+          python -I /opt/lesson10/_lesson10_runner.py FD CHANNELS MEMORY CPU FSIZE NPROC
+
+* own PID namespace: nothing outside is visible or can be signalled, and when the
+  runner's tree ends (or the grader dies) every process left inside is killed;
+* own network namespace (no interface but a down loopback), IPC, UTS and user namespaces;
+* a read-only file system but a private tmpfs, gone when the sandbox ends;
+* rlimits (set by the runner before any student code): address space, CPU seconds,
+  file size, processes.
+
+On a machine without user namespaces (macOS, or Ubuntu 24.04 with AppArmor's
+restriction, see the README) :func:`probe` says why, and the grader refuses to grade
+unless ``--no-sandbox`` is given: then the runner is a plain child process with the same
+rlimits, its own session and a tag in its environment that :func:`reap` kills by, and
+every report says "not sandboxed".
 """
 from __future__ import annotations
 
-import compileall
-import importlib
-import marshal
 import os
-import pkgutil
-import py_compile
+import shlex
 import shutil
 import signal
-import stat
+import site
+import socket
+import subprocess
 import sys
+import sysconfig
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import lesson10
 
-#: modules the judge imports up front (the checks' references); spmd (torch) is not needed
-_JUDGE_MODULES = ("lesson10.checks", "lesson10.sim", "lesson10.layouts", "lesson10.cost")
-
-
-def import_judge_modules() -> None:
-    for name in _JUDGE_MODULES:
-        mod = importlib.import_module(name)
-        for info in pkgutil.walk_packages(getattr(mod, "__path__", []), prefix=name + "."):
-            importlib.import_module(info.name)
-
-
-class Package:
-    """The package as it was when grading started."""
-
-    def __init__(self, source: Path | None = None):
-        import_judge_modules()
-        self.source = Path(source or Path(lesson10.__file__).parent).resolve()
-        self.files: dict[str, bytes] = {}
-        self._modules = None
-        with tempfile.TemporaryDirectory(prefix="lesson10-snapshot-") as tmp:
-            dst = Path(tmp) / "lesson10"
-            shutil.copytree(self.source, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-            compileall.compile_dir(str(dst), quiet=2, workers=1,
-                                   invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
-            for path in sorted(dst.rglob("*")):
-                if path.is_file():
-                    self.files[path.relative_to(dst).as_posix()] = path.read_bytes()
-
-    def modules(self) -> bytes:
-        """Every module of the package, compiled, as one ``marshal`` blob for
-        :func:`memory_bootstrap`: ``{name: (is_package, file name, marshalled code)}``.
-        The file names lie under :data:`MEMORY_ROOT`, which exists on no disk."""
-        if self._modules is None:
-            mods = {}
-            for rel, data in self.files.items():
-                if not rel.endswith(".py"):
-                    continue
-                parts = rel[:-3].split("/")
-                is_pkg = parts[-1] == "__init__"
-                name = ".".join(["lesson10"] + (parts[:-1] if is_pkg else parts))
-                origin = f"{MEMORY_ROOT}/{rel}"
-                code = compile(data.decode("utf-8"), origin, "exec", dont_inherit=True)
-                mods[name] = (is_pkg, origin, marshal.dumps(code))
-            self._modules = marshal.dumps(mods)
-        return self._modules
-
-    def copy(self, parent: Path) -> Path:
-        """Write a read-only copy under ``parent``; returns the folder to put on sys.path."""
-        root = Path(tempfile.mkdtemp(prefix="pkg-", dir=parent))
-        for rel, data in self.files.items():
-            path = root / "lesson10" / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-            path.chmod(0o444)
-        for folder in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
-            folder.chmod(0o555)
-        return root
-
-
-def remove(path: Path) -> None:
-    """Remove a copy, read-only folders (and whatever a submission changed) included."""
-    def make_writable(func, p, _exc):
-        try:
-            os.chmod(os.path.dirname(p), 0o755)
-            os.chmod(p, stat.S_IWUSR | stat.S_IRUSR | stat.S_IXUSR)
-            func(p)
-        except OSError:
-            pass
-    if path.exists():
-        for p in [path, *path.rglob("*")]:
-            try:
-                if p.is_dir() and not p.is_symlink():
-                    p.chmod(0o755)
-            except OSError:
-                pass
-        shutil.rmtree(path, onerror=make_writable)
-
-
-def bootstrap(pkg_root: Path, module: str) -> list[str]:
-    """``python -I -c ...`` that imports ``module`` from the copy and runs its ``main``."""
-    code = (f"import sys; sys.path.insert(0, {str(pkg_root)!r}); "
-            f"import {module} as m; m.main()")
-    return [sys.executable, "-I", "-c", code]
-
-
+CHANNELS = 12                  # judged calls a sandbox can serve (exercises x re-checks)
+MOUNT = "/opt/lesson10"        # where the stand-in folder appears inside
 TAG_ENV = "LESSON10_GRADE_TAG"
 
 
-def new_tag() -> str:
-    """A random tag for the environment of one notebook's processes (see :func:`reap`)."""
-    return os.urandom(12).hex()
+@dataclass
+class Limits:
+    memory: int = 4 * 2**30      # bytes of address space per process
+    cpu: int = 660               # CPU seconds per process
+    fsize: int = 64 * 2**20      # bytes per file written
+    nproc: int = 64              # processes (in the sandbox's user namespace)
+    tmp: int = 256 * 2**20       # bytes of the private /tmp
+
+
+def _system_binds() -> list[str]:
+    args = []
+    for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    return args
+
+
+def python_paths() -> list[str]:
+    """Folders this Python needs: its prefixes and every site-packages folder."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        paths.add(sysconfig.get_paths().get(key, ""))
+    try:
+        paths.update(site.getsitepackages())
+    except AttributeError:
+        pass
+    out = []
+    for p in sorted(p for p in paths if p and os.path.isdir(p)):
+        if not p.startswith(("/usr/", "/etc/")) and not any(p.startswith(q + os.sep) for q in out):
+            out.append(os.path.realpath(p) if os.path.islink(p) else p)
+    return out
+
+
+def hidden_paths(binds: list[str]) -> list[str]:
+    """The real package's folder (and a checkout's solutions/) wherever a bound folder holds
+    them: covered by an empty tmpfs inside."""
+    pkg = Path(lesson10.__file__).resolve().parent
+    out = []
+    for p in (pkg, pkg.parent / "solutions"):
+        if p.is_dir() and any(str(p).startswith(b.rstrip("/") + "/") for b in binds + ["/usr", "/etc"]):
+            out.append(str(p))
+    return out
+
+
+def bwrap_argv(standin: Path, limits: Limits, env: dict[str, str]) -> list[str]:
+    """The bwrap command line (without the command). Only ``/tmp`` (capped) and a small
+    ``/dev/shm`` are writable: bwrap's own root, the folders it makes for mount points,
+    ``/dev`` and the covers of hidden folders are remounted read-only at the end."""
+    bwrap = shutil.which("bwrap")
+    binds = python_paths()
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--clearenv"]
+    argv += _system_binds()
+    for p in binds:
+        argv += ["--ro-bind", p, p]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(16 * 2**20), "--tmpfs", "/dev/shm",
+             "--size", str(limits.tmp), "--tmpfs", "/tmp",
+             "--dir", "/tmp/work", "--dir", "/tmp/mpl", "--chdir", "/tmp/work",
+             "--ro-bind", str(standin), MOUNT]
+    hidden = hidden_paths(binds)
+    for p in hidden:
+        argv += ["--size", "4096", "--tmpfs", p]
+    for key, value in env.items():
+        argv += ["--setenv", key, value]
+    for p in hidden + ["/dev", "/"]:
+        argv += ["--remount-ro", p]
+    return argv
+
+
+class Cgroups:
+    """A pids and a memory cgroup for one sandbox, where this process may make them (as root,
+    or in a delegated cgroup v2 subtree); best effort, and :attr:`made` says what holds.
+
+    They matter where rlimits do not: the kernel does not count processes against
+    ``RLIMIT_NPROC`` for root (CI and containers grade as root), and ``RLIMIT_AS`` limits each
+    process, not a sandbox's processes together (nor its tmpfs). ``wrap(argv)`` starts the
+    command inside them; :meth:`kill` ends every process in them, :meth:`remove` deletes them.
+    """
+
+    def __init__(self, tag: str, pids_max: int, memory_max: int):
+        self.dirs: list[Path] = []
+        self.made: list[str] = []
+        own = {}
+        try:
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                _, ctrls, path = line.split(":", 2)
+                for c in ctrls.split(",") if ctrls else [""]:
+                    own[c] = path
+        except (OSError, ValueError):
+            return
+        root = Path("/sys/fs/cgroup")
+        if (root / "cgroup.controllers").exists():                       # v2, unified
+            self._make(root / own.get("", "/").lstrip("/") / f"lesson10-{tag}",
+                       {"pids.max": pids_max, "memory.max": memory_max}, ("pids", "memory"))
+        else:                                                            # v1, per controller
+            for ctrl, key, value in (("pids", "pids.max", pids_max),
+                                     ("memory", "memory.limit_in_bytes", memory_max)):
+                if ctrl in own:
+                    self._make(root / ctrl / own[ctrl].lstrip("/") / f"lesson10-{tag}",
+                               {key: value}, (ctrl,))
+
+    def _make(self, folder: Path, settings: dict, names) -> None:
+        try:
+            folder.mkdir()
+        except OSError:
+            return
+        self.dirs.append(folder)
+        for key, value in settings.items():
+            try:
+                (folder / key).write_text(str(value))
+                self.made.append(key.split(".")[0])
+            except OSError:
+                pass
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        if not self.dirs:
+            return argv
+        procs = " ".join(shlex.quote(str(d / "cgroup.procs")) for d in self.dirs)
+        return ["/bin/sh", "-c", f'for f in {procs}; do echo $$ > "$f" || exit 97; done; exec "$@"',
+                "sh", *argv]
+
+    def kill(self) -> None:
+        for d in self.dirs:
+            try:
+                for pid in (d / "cgroup.procs").read_text().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except OSError:
+                        pass
+            except OSError:
+                pass
+
+    def remove(self) -> None:
+        import time
+        for d in self.dirs:
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:                  # its last processes are still exiting
+                    self.kill()
+                    time.sleep(0.02)
+        self.dirs = []
+
+
+_PROBE: dict[str, str | None] = {}
+
+
+def probe() -> str | None:
+    """None when bubblewrap works here, else why not (and what to do)."""
+    if "result" in _PROBE:
+        return _PROBE["result"]
+    why = None
+    if not sys.platform.startswith("linux"):
+        why = f"bubblewrap needs Linux namespaces; this is {sys.platform}"
+    elif shutil.which("bwrap") is None:
+        why = "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            argv = bwrap_argv(Path(tmp), Limits(), {}) + [sys.executable, "-I", "-c", "print('ok')"]
+            try:
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+                if proc.stdout.strip() != "ok":
+                    why = (f"bubblewrap cannot start a sandbox here ({proc.stderr.strip()[:300]}); "
+                           f"on Ubuntu 23.10+ allow unprivileged user namespaces: sudo sysctl -w "
+                           f"kernel.apparmor_restrict_unprivileged_userns=0")
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                why = f"bubblewrap did not start: {exc}"
+    _PROBE["result"] = why
+    return why
+
+
+def _env(tag: str) -> dict[str, str]:
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp/work", "LANG": "C.UTF-8",
+            "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/mpl", "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": "0", "TMPDIR": "/tmp", TAG_ENV: tag,
+            # grader development: a judged fork that fails writes its traceback to /tmp
+            **({"LESSON10_GRADE_DEBUG": "1"} if os.environ.get("LESSON10_GRADE_DEBUG") else {})}
+
+
+class Sandbox:
+    """One running sandbox: the runner's process, its main socket and its channels."""
+
+    def __init__(self, standin: Path, limits: Limits, *, sandboxed: bool, workdir: Path):
+        self.tag = os.urandom(12).hex()
+        main_judge, main_box = socket.socketpair()
+        pairs = [socket.socketpair() for _ in range(CHANNELS)]
+        self.main = main_judge
+        self.channels = [a for a, _ in pairs]
+        inside = [main_box] + [b for _, b in pairs]
+        fds = [s.fileno() for s in inside]
+        for fd in fds:
+            os.set_inheritable(fd, True)
+        env = _env(self.tag)
+        args = [str(fds[0]), ",".join(map(str, fds[1:])), str(limits.memory), str(limits.cpu),
+                str(limits.fsize), str(limits.nproc)]
+        self.cgroups = Cgroups(self.tag, limits.nproc, limits.memory) if sandboxed else None
+        if sandboxed:
+            argv = self.cgroups.wrap(bwrap_argv(standin, limits, env) + [
+                sys.executable, "-I", f"{MOUNT}/_lesson10_runner.py", *args])
+            cwd = None
+        else:
+            env = dict(env, HOME=str(workdir), MPLCONFIGDIR=str(workdir / ".mpl"),
+                       TMPDIR=str(workdir))
+            argv = [sys.executable, "-I", str(standin / "_lesson10_runner.py"), *args]
+            cwd = str(workdir)
+        try:
+            self.proc = subprocess.Popen(argv, pass_fds=fds, cwd=cwd, env=env if not sandboxed else
+                                         {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                                         start_new_session=True, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        finally:
+            for s in inside:
+                s.close()
+
+    def finish(self, conn) -> float:
+        """Let the runner exit by itself; returns the CPU seconds it says it used (0 if it
+        does not say)."""
+        import time
+        cpu = 0.0
+        try:
+            conn.send({"op": "exit"}, deadline=time.monotonic() + 5)
+            bye, _ = conn.recv(time.monotonic() + 5)
+            cpu = max(0.0, min(float(bye.get("cpu", 0.0)), 1e6))
+            self.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - kill() follows in any case
+            pass
+        return cpu
+
+    def kill(self) -> None:
+        """End the sandbox and everything in it (its PID namespace dies with the runner)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            reap(self.tag)
+            self.proc = None
+        if getattr(self, "cgroups", None) is not None:
+            self.cgroups.kill()
+            self.cgroups.remove()
+        for s in [self.main] + self.channels:
+            try:
+                s.close()
+            except OSError:
+                pass
 
 
 def reap(tag: str) -> int:
-    """SIGKILL every process still carrying ``tag`` in its environment: what a submission
-    left running, including a daemon that left its process group (``setsid``). Linux only
-    (``/proc``); returns how many were killed."""
+    """SIGKILL every process still carrying ``tag`` in its environment (what a run
+    without the sandbox left behind, a daemon that left its session included). Linux
+    only (``/proc``); returns how many were killed."""
     marker = f"{TAG_ENV}={tag}".encode()
     killed = 0
     try:
@@ -145,57 +326,3 @@ def reap(tag: str) -> int:
             except OSError:
                 pass
     return killed
-
-
-#: where the worker's in-memory package claims to live (no such folder exists)
-MEMORY_ROOT = "/__lesson10_grader__/lesson10"
-
-_MEMORY_BOOT = r"""
-import importlib.abc, importlib.util, marshal, os, sys
-def _read(fd, n):
-    out = b""
-    while len(out) < n:
-        chunk = os.read(fd, n - len(out))
-        if not chunk:
-            raise SystemExit(3)
-        out += chunk
-    return out
-_fd = int(sys.argv[1])
-_mods = marshal.loads(_read(_fd, int.from_bytes(_read(_fd, 8), "big")))
-class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path=None, target=None):
-        if name not in _mods:
-            return None
-        spec = importlib.util.spec_from_loader(name, self, origin=_mods[name][1],
-                                               is_package=_mods[name][0])
-        spec.has_location = True
-        return spec
-    def create_module(self, spec):
-        return None
-    def exec_module(self, module):
-        is_pkg, origin, code = _mods[module.__name__]
-        if is_pkg:
-            module.__path__ = [os.path.dirname(origin)]
-        exec(marshal.loads(code), module.__dict__)
-sys.meta_path.insert(0, _Finder())
-import lesson10.grade.worker as _w
-_w.main()
-"""
-
-
-def memory_bootstrap() -> list[str]:
-    """``python -I -c ...`` that first reads the package (:meth:`Package.modules`, an
-    8-byte length then the blob) from the pipe named by its first argument, imports
-    ``lesson10`` from that (nothing from disk that a submission could have edited) and
-    runs the worker."""
-    return [sys.executable, "-I", "-c", _MEMORY_BOOT]
-
-
-def child_env(extra: dict | None = None) -> dict:
-    """The environment of a process that runs student code: no grade file, one BLAS thread."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LESSON10_GRADE_FILE", "PYTHONPATH", "PYTHONSTARTUP")}
-    env.update({"MPLBACKEND": "Agg", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-                "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"})
-    env.update(extra or {})
-    return env

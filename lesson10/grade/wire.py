@@ -6,8 +6,13 @@ numeric, boolean or text dtype (object and structured arrays are refused), and
 ``list`` / ``tuple`` / ``dict`` of those (nested at most :data:`MAX_DEPTH` deep).
 Subclasses (of ``list``, ``float``, ``np.ndarray`` ...) arrive as the plain base type,
 so nothing the sender defines runs in the receiver. On the judge's side a Python
-callable may be sent too: it travels as a number, and the worker gets a stub that asks
-the judge to call it (see :mod:`.worker`).
+callable may be sent too: it travels as a number, and the sandbox gets a stub that asks
+the judge to call it. So may an object whose class names the methods it offers in
+``__wire_methods__`` (the network a check serves to a ring, say): it arrives as an
+object holding only stubs of those methods, its state stays with the judge.
+
+This file runs on both sides: the judge imports it as ``lesson10.grade.wire``, and the
+sandbox gets a copy of it (``_lesson10_wire``), since no course package is there.
 
 Framing over a pipe: an 8-byte big-endian length, the JSON header (``{"msg": ...,
 "blobs": [len, ...]}``), then the blobs. A message over :data:`MAX_BYTES` is refused.
@@ -87,6 +92,15 @@ def _enc(x, blobs, callables, depth):
         return {"$": "dict", "items": [[_enc(k, blobs, callables, depth + 1),
                                         _enc(v, blobs, callables, depth + 1)]
                                        for k, v in list(dict.items(x))]}
+    if callables is not None and isinstance(x, Served):
+        # a served object going back (an argument copied back): it stays where it lives
+        return {"$": "fn", "id": -1, "name": type(x).__name__}
+    if callables is not None and getattr(type(x), "__wire_methods__", None):
+        methods = []
+        for name in type(x).__wire_methods__:
+            callables.append(getattr(x, name))
+            methods.append([str(name), len(callables) - 1])
+        return {"$": "obj", "name": type(x).__name__, "methods": methods}
     if callables is not None and callable(x):
         callables.append(x)
         return {"$": "fn", "id": len(callables) - 1, "name": str(getattr(x, "__name__", "fn"))}
@@ -137,7 +151,30 @@ def _dec(t, blobs, make_fn, depth):
         return out
     if kind == "fn" and make_fn is not None:
         return make_fn(int(t["id"]), str(t.get("name", "fn")))
+    if kind == "obj" and make_fn is not None:
+        try:
+            methods = {str(name): make_fn(int(i), str(name)) for name, i in t["methods"]}
+            cls = type(str(t.get("name", "Served"))[:60] or "Served", (Served,), {})
+        except (TypeError, ValueError, KeyError) as exc:
+            raise WireError(f"malformed object: {exc}") from None
+        return cls(methods)
     raise WireError(f"refused value of kind {kind!r}")
+
+
+class Served:
+    """What an object with ``__wire_methods__`` becomes on the other side: its methods
+    only, each a stub that calls the original where it lives."""
+
+    def __init__(self, methods: dict):
+        self.__dict__.update(methods)
+        self._names = tuple(methods)
+
+    def __getattr__(self, name):
+        raise AttributeError(f"{type(self).__name__} offers only "
+                             f"{', '.join(self._names) or 'nothing'} (it has no {name!r})")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} offering {', '.join(self._names)}>"
 
 
 # --------------------------------------------------------------------------- framing
@@ -146,7 +183,7 @@ class Conn:
 
     def __init__(self, rfd: int, wfd: int, nonblocking_write: bool = False):
         self.rfd, self.wfd = rfd, wfd
-        self._buf = b""
+        self._buf = bytearray()
         if nonblocking_write:
             os.set_blocking(wfd, False)
 
@@ -191,13 +228,15 @@ class Conn:
                 if not ready:
                     continue
             try:
-                chunk = os.read(self.rfd, max(65536, n - len(self._buf)))
+                # exactly what is missing: nothing of the next message is read ahead
+                chunk = os.read(self.rfd, n - len(self._buf))
             except OSError as exc:
                 raise Closed(str(exc)) from None
             if not chunk:
                 raise Closed("the other side closed the pipe")
             self._buf += chunk
-        data, self._buf = self._buf[:n], self._buf[n:]
+        data = bytes(self._buf[:n])
+        del self._buf[:n]
         return data
 
     def recv(self, deadline: float | None = None):

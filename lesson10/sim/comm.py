@@ -13,7 +13,7 @@ all_reduce          ``2 (n-1)/n * M * e``
 reduce_scatter      ``(n-1)/n * M * e``   (M = size of each input)
 all_gather          ``(n-1)/n * M * e``   (M = size of the gathered output)
 all_to_all          the blocks a rank sends to *other* ranks
-ring_shift          the whole block a rank sends to its neighbour
+ring_shift          the whole entry (one array or a tuple of them) a rank sends to its neighbour
 ==================  ====================================
 
 The module also has :func:`shard_sequence` / :func:`gather_sequence`, which cut
@@ -165,14 +165,41 @@ class SimGroup:
         self._record("all_to_all", sent)
         return [[arrs[i][j].copy() for i in range(n)] for j in range(n)]
 
-    def ring_shift(self, xs) -> list[np.ndarray]:
-        """Rank ``r`` sends its block to rank ``r+1`` (mod n); returns what each rank
-        receives: ``out[r] = xs[r-1]``. Sends ``xs[r].size * e`` bytes per rank."""
+    def ring_shift(self, xs) -> list:
+        """Rank ``r`` sends its entry to rank ``r+1`` (mod n); returns what each rank
+        receives: ``out[r] = xs[r-1]`` (a copy).
+
+        An entry is an array, or a tuple (or a list of arrays) of several, such as
+        ``(k, v, k_pos)``: they travel together and arrive in a tuple (list) of the same
+        length. Every rank's entry must have the same shapes. Sends the elements of all
+        arrays of its entry, times ``e`` bytes, per rank.
+        """
+        if not isinstance(xs, (list, tuple)) or len(xs) == 0:
+            raise ValueError("ring_shift: pass a non-empty list with one entry per rank")
+        if isinstance(xs[0], tuple) or (isinstance(xs[0], list) and xs[0]
+                                        and all(isinstance(x, np.ndarray) for x in xs[0])):
+            return self._ring_shift_many(xs)
         xs = self._per_rank(xs, "ring_shift")
         n = self.n
         sent = np.full(n, xs[0].size * self.e if n > 1 else 0)
         self._record("ring_shift", sent)
         return [xs[(r - 1) % n].copy() for r in range(n)]
+
+    def _ring_shift_many(self, xs) -> list:
+        """:meth:`ring_shift` of entries that hold several arrays each."""
+        n = self.n
+        if len(xs) != n:
+            raise ValueError(f"ring_shift: got {len(xs)} entries for a group of n = {n} ranks; "
+                             "pass exactly one entry per rank")
+        box = type(xs[0])
+        if any(not isinstance(x, (list, tuple)) or len(x) != len(xs[0]) for x in xs):
+            raise ValueError(f"ring_shift: every rank's entry must be a tuple of {len(xs[0])} "
+                             f"arrays, like rank 0's")
+        parts = [check_shards([x[i] for x in xs], f"ring_shift: item {i} of the entries", n)
+                 for i in range(len(xs[0]))]            # parts[i][r]: item i of rank r
+        size = sum(p[0].size for p in parts)
+        self._record("ring_shift", np.full(n, size * self.e if n > 1 else 0))
+        return [box(p[(r - 1) % n].copy() for p in parts) for r in range(n)]
 
 
 def shard_sequence(x, n: int, layout: str = "contiguous"):
@@ -239,13 +266,17 @@ def _numeric(x, where: str) -> np.ndarray:
     return arr
 
 
-def check_group(group, n: int, where: str):
+def check_group(group, n: int, where: str, needs: tuple = ()):
     """``group`` or a new ``SimGroup(n)`` when it is None; a ValueError unless it is a
-    :class:`SimGroup` of ``n`` ranks."""
+    :class:`SimGroup` of ``n`` ranks, or another object that has the collectives named in
+    ``needs`` (a network that a check serves, say, which offers only those)."""
     if group is None:
         return SimGroup(n)
     if not isinstance(group, SimGroup):
-        raise ValueError(f"{where}: group must be a SimGroup (or None), got {type(group).__name__}")
+        if needs and all(callable(getattr(group, name, None)) for name in needs):
+            return group
+        also = f" (or an object with {', '.join(needs)})" if needs else ""
+        raise ValueError(f"{where}: group must be a SimGroup{also}, or None; got {type(group).__name__}")
     if group.n != n:
         raise ValueError(f"{where}: {n} shards for a group of {group.n} ranks")
     return group

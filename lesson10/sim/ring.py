@@ -33,7 +33,8 @@ class RingStats:
     (equals ``layouts.causal_work(N_c, layout, s)`` for a causal mask);
     ``ring_time``: ``sum_k max_r work[k, r]``; ``lse``: per-rank logsumexp ``(c, a)``;
     ``sources[k, r]``: the rank whose K/V block rank ``r`` used in round ``k``;
-    ``bytes_sent``: bytes each rank sent during this call; ``skipped[k, r]``: True where the
+    ``bytes_sent``: bytes each rank sent during this call (None with a group that keeps no
+    byte ledger); ``skipped[k, r]``: True where the
     block had no visible pair and was not computed (``n_skipped`` of them).
     """
     work: np.ndarray
@@ -45,8 +46,9 @@ class RingStats:
     n_skipped: int = 0
 
 
-def _prepare(q_shards, k_shards, v_shards, positions, group, name):
-    """Validate the per-rank inputs shared by ring and Ulysses attention."""
+def _prepare(q_shards, k_shards, v_shards, positions, group, name, needs=()):
+    """Validate the per-rank inputs shared by ring and Ulysses attention; ``needs``: the
+    collectives a group other than a SimGroup must offer (see ``comm.check_group``)."""
     q = check_shards(q_shards, f"{name}: q_shards")
     n = len(q)
     k = check_shards(k_shards, f"{name}: k_shards", n)
@@ -68,7 +70,7 @@ def _prepare(q_shards, k_shards, v_shards, positions, group, name):
         if p.shape != (c,):
             raise ValueError(f"{name}: rank {r} holds {c} tokens but positions[{r}] has shape {p.shape}")
     _check_permutation(np.concatenate(positions), name)
-    group = check_group(group, n, name)
+    group = check_group(group, n, name, needs)
     return q, k, v, positions, group
 
 
@@ -84,10 +86,11 @@ def ring_attention(q_shards, k_shards, v_shards, positions, causal: bool = True,
     with ``return_stats=True`` returns ``(out_shards, RingStats)``.
     """
     q, k, v, positions, group = _prepare(q_shards, k_shards, v_shards, positions, group,
-                                          "ring_attention")
+                                          "ring_attention", needs=("ring_shift",))
     n = len(q)
     doc_ids = check_doc_ids(doc_ids, n * q[0].shape[0], "ring_attention")
-    start = group.bytes_sent.copy()
+    start = getattr(group, "bytes_sent", None)          # a served network keeps no ledger
+    start = None if start is None else np.array(start, dtype=float)
     out = [np.zeros(x.shape[:2] + (v[0].shape[2],)) for x in q]
     lse = [np.full(x.shape[:2], -np.inf) for x in q]
     work = np.zeros((n, n), dtype=np.int64)
@@ -110,6 +113,7 @@ def ring_attention(q_shards, k_shards, v_shards, positions, causal: bool = True,
     if not return_stats:
         return out
     stats = RingStats(work=work, ring_time=int(work.max(axis=1).sum()), lse=lse,
-                      sources=sources, bytes_sent=group.bytes_sent - start, skipped=skipped,
+                      sources=sources, skipped=skipped,
+                      bytes_sent=None if start is None else group.bytes_sent - start,
                       n_skipped=int(skipped.sum()))
     return out, stats

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .attention import attention, check_doc_ids
+from .attention import attention as _attention, check_doc_ids
 from .comm import check_group, check_shards
 from .ring import _prepare
 
@@ -25,7 +25,7 @@ __all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "kv_replication"
 
 
 def _group(n, group):
-    return check_group(group, n, "shards")
+    return check_group(group, n, "shards", needs=("all_to_all",))
 
 
 def seq_to_heads(shards, group=None):
@@ -84,7 +84,7 @@ def kv_replication(a: int, a_kv: int, n: int) -> int:
 
 
 def ulysses_attention(q_shards, k_shards, v_shards, positions, causal: bool = True, group=None,
-                      replicate_kv: bool = False, doc_ids=None):
+                      attention=None, replicate_kv: bool = False, doc_ids=None):
     """Ulysses attention over ``N_c = len(q_shards)`` simulated ranks.
 
     Same inputs and output as :func:`lesson10.sim.ring_attention`: ``q_shards[r]``
@@ -93,9 +93,13 @@ def ulysses_attention(q_shards, k_shards, v_shards, positions, causal: bool = Tr
     and ``a_kv % N_c == 0``; with ``replicate_kv=True`` the K/V heads are copied (``rep``
     times, see :func:`kv_replication`) so that fewer K/V heads than ranks also work.
     ``doc_ids`` (length ``s``): the document of each global position (document mask).
+    ``attention``: the kernel each rank runs on its head group, with the signature of
+    :func:`lesson10.sim.attention` (None: that one); it is called once per head group, with
+    ``doc_ids=`` only when a document mask is given.
     """
     q, k, v, positions, group = _prepare(q_shards, k_shards, v_shards, positions, group,
-                                          "ulysses_attention")
+                                          "ulysses_attention", needs=("all_to_all",))
+    kernel = _attention if attention is None else attention
     n = len(q)
     a, a_kv = q[0].shape[1], k[0].shape[1]
     if a_kv == 0 or a % a_kv:
@@ -119,6 +123,7 @@ def ulysses_attention(q_shards, k_shards, v_shards, positions, causal: bool = Tr
     qh, kh, vh = (seq_to_heads(t, group) for t in (q, k, v))
     pos = np.concatenate(positions)                   # token order after the all-to-all
     doc_ids = check_doc_ids(doc_ids, pos.size, "ulysses_attention")
-    out_h = [attention(qh[j], kh[j], vh[j], causal=causal, q_pos=pos, k_pos=pos, doc_ids=doc_ids)[0]
+    masks = {} if doc_ids is None else {"doc_ids": doc_ids}
+    out_h = [kernel(qh[j], kh[j], vh[j], causal=causal, q_pos=pos, k_pos=pos, **masks)[0]
              for j in range(n)]
     return heads_to_seq(out_h, group)

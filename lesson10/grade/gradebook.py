@@ -1,0 +1,371 @@
+"""Who handed in what: the students of a batch, which course notebook each file is, copies
+and collisions, and one gradebook row per student.
+
+**The student of a notebook** is its folder relative to the common parent of every
+notebook's folder in the batch: ``subs/sec1/s01/a.ipynb`` and ``subs/sec2/s01/a.ipynb`` are
+the students ``sec1/s01`` and ``sec2/s01``; when every notebook sits in one folder, that
+folder's name. ``--student-from REGEX`` takes the group named ``student`` of the first match
+of REGEX in the notebook's path as given (a flat download: ``'(?P<student>[^/]+)_\\d\\d_'``),
+and ``--student NAME`` says the whole batch is one student's work (a repository, a Gradescope
+submission).
+
+**One file per course notebook and student.** Several files of one student that are the
+same course notebook (copies: ``Copy of ...``, ``...-Copy1``, ``... (1)``, see
+:func:`lesson10.grade.course.copy_base`; or versions, ``..._final``; in one student folder
+at any depth) count once: one is graded, chosen by :data:`COPY_RULE`, and the others are
+listed in the feedback as not graded. What the grader refuses is a *collision*, names that
+stand for several students: a ``--student-from`` that gives two places one name
+(``sec1/s01`` and ``sec2/s01`` both ``s01``), or a flat folder whose file names start with
+different names (``alice_03_...``, ``bob_02_...``). That is an error (:class:`PlanError`),
+never a merge.
+
+**The row of a student** lists every exercise of the course: a notebook that was not handed
+in counts 0 of its points with the status ``missing``, so every row's maximum is the
+course's maximum whatever the batch contains.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..checks import EXERCISES
+from . import course
+
+#: how one of several copies of a notebook is chosen (README "Instructors" says the same)
+COPY_RULE = ("the file with the fewest exercises left unwritten (code cells that still raise "
+             "NotImplementedError); on a tie the most recently modified file; then a name "
+             "without a copy's decoration ('Copy of ', '-Copy1', ' (1)'); then the shortest "
+             "path, then the path in alphabetical order")
+
+#: folders a search for notebooks never enters (besides hidden ones)
+SKIP_FOLDERS = {".ipynb_checkpoints", "__MACOSX", "__pycache__", "node_modules", "site-packages"}
+
+#: the statuses an exercise can have in a row, and what each means
+STATUSES = {
+    "passed": "the judge's hidden cases all passed",
+    "failed": "the judge found a wrong answer (the message says what)",
+    "not attempted": "the function still raises NotImplementedError",
+    "check removed": "the check cell of the exercise was deleted",
+    "missing": "the notebook was not handed in",
+    "not judged": "the check cell never ran (the notebook stopped before it)",
+    "timed out": "the function ran over the exercise's time limit",
+    "crashed": "the process running the function died",
+    "unreadable": "the notebook file could not be read",
+    "not python": "the notebook's kernel is not Python",
+    "grader error": "the grader or the machine failed: not the student's score",
+}
+
+
+class PlanError(ValueError):
+    """The batch cannot be graded as given (a collision, a --student-from that does not
+    match): the grader says so and grades nothing."""
+
+
+@dataclass
+class Item:
+    """One notebook file of the batch."""
+    path: Path
+    student: str
+    notebook: str | None          # course notebook id, or None (unknown, unreadable)
+    stubs: int = 0                # code cells' NotImplementedError lines (a blank is many)
+    mtime: float = 0.0
+    readable: bool = True
+    where: str = ""               # the place the student's name came from (see student_keys)
+
+
+@dataclass
+class Plan:
+    graded: list[Item]                          # what to grade, in the order given
+    ignored: dict = field(default_factory=dict)  # Path of a copy not graded -> Item graded
+    students: list[str] = field(default_factory=list)
+    roster: list[str] | None = None
+
+    def not_on_roster(self) -> list[str]:
+        return [s for s in self.students if self.roster is not None and s not in self.roster]
+
+
+# --------------------------------------------------------------------------- finding files
+def find_notebooks(paths) -> list[Path]:
+    """The notebooks named on the command line: a file as given (even one that does not
+    exist, which the grader reports), a folder searched at any depth for ``*.ipynb``
+    (hidden folders and files, checkpoints and ``__MACOSX`` skipped), in path order."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = []
+            for top, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_FOLDERS)
+                found += [Path(top) / f for f in files
+                          if f.lower().endswith(".ipynb") and not f.startswith(".")]
+            out += sorted(found)
+        else:
+            out.append(p)
+    seen, unique = set(), []
+    for p in out:
+        key = os.path.abspath(p)
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique
+
+
+def read_roster(path: Path) -> list[str]:
+    """Student names from a roster: a CSV with a ``student`` column, or one name a line
+    (the first comma-separated field; blank lines and ``#`` comments skipped)."""
+    text = Path(path).read_text(encoding="utf-8-sig")
+    rows = list(csv.reader(io.StringIO(text)))
+    header = [h.strip().lower() for h in rows[0]] if rows else []
+    if "student" in header:
+        col = header.index("student")
+        names = [r[col].strip() for r in rows[1:] if len(r) > col]
+    else:
+        names = [r[0].strip() for r in rows if r and not r[0].lstrip().startswith("#")]
+    names = [n for n in names if n]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise PlanError(f"the roster {path} names {', '.join(dupes)} more than once")
+    return names
+
+
+# --------------------------------------------------------------------------- students
+def _posix(path: Path) -> str:
+    return str(path).replace(os.sep, "/")
+
+
+def student_keys(paths: list[Path], student: str | None = None,
+                 student_from: str | None = None) -> dict[Path, tuple[str, str]]:
+    """``path -> (student, where)`` (see the module's docstring). ``where`` tells apart two
+    places that give the same name: the folder (folder keys), the path up to the end of the
+    ``student`` group (``--student-from``), nothing (``--student``)."""
+    if student is not None:
+        if not student.strip():
+            raise PlanError("--student needs a name")
+        return {p: (student.strip(), "") for p in paths}
+    if student_from is not None:
+        try:
+            rx = re.compile(student_from)
+        except re.error as exc:
+            raise PlanError(f"--student-from {student_from!r} is not a regular expression: "
+                            f"{exc}") from None
+        if "student" not in rx.groupindex:
+            raise PlanError(f"--student-from {student_from!r} has no group named 'student', "
+                            f"e.g. '(?P<student>[^/]+)/'")
+        keys = {}
+        for p in paths:
+            m = rx.search(_posix(p))
+            name = (m.group("student") or "").strip() if m else ""
+            if not name:
+                raise PlanError(f"--student-from {student_from!r} finds no student in "
+                                f"{_posix(p)!r}")
+            keys[p] = (name, _posix(p)[:m.end("student")])
+        return keys
+    folders = {p: os.path.dirname(os.path.abspath(p)) for p in paths}
+    if not folders:
+        return {}
+    common = os.path.commonpath(list(folders.values()))
+    keys = {}
+    for p, folder in folders.items():
+        rel = os.path.relpath(folder, common)
+        name = (os.path.basename(common) or "student") if rel == "." else _posix(Path(rel))
+        keys[p] = (name, folder)
+    return keys
+
+
+def safe_parts(student: str) -> list[str]:
+    """``student`` as path parts that are safe as file names (``sec1/s01`` -> two folders)."""
+    parts = []
+    for part in str(student).replace("\\", "/").split("/"):
+        part = re.sub(r"[\x00-\x1f<>:\"|?*]", "_", part).strip()
+        if part in ("", ".", ".."):
+            part = part.replace(".", "_") or "_"
+        parts.append(part)
+    return parts or ["_"]
+
+
+# --------------------------------------------------------------------------- the plan
+def _look(path: Path, content: bytes | None) -> tuple[str | None, int, bool]:
+    """``(course notebook id or None, NotImplementedError lines, readable)`` of one file,
+    from its bytes (read before any student code ran)."""
+    nb, readable = {}, False
+    if content is not None:
+        try:
+            nb = json.loads(content.decode("utf-8"))
+            readable = isinstance(nb, dict) and isinstance(nb.get("cells"), list)
+        except (UnicodeDecodeError, ValueError):
+            nb = {}
+    if not readable:
+        return course.identify({}, path)[0], 1 << 30, False
+    stubs = 0
+    for cell in nb["cells"]:
+        if isinstance(cell, dict) and cell.get("cell_type") == "code":
+            src = cell.get("source", "")
+            src = "".join(src) if isinstance(src, list) else str(src)
+            stubs += len(re.findall(r"raise\s+NotImplementedError", src))
+    return course.identify(nb, path)[0], stubs, True
+
+
+def _rank(item: Item):
+    """Sort key of :data:`COPY_RULE`: the smallest is graded."""
+    return (item.stubs, -item.mtime, course.is_copy_name(item.path.name),
+            len(_posix(item.path)), _posix(item.path))
+
+
+def name_prefix(path: Path, notebook: str | None) -> str:
+    """The first word before the course notebook id in a file name (``alice`` for
+    ``alice_4711_03_load_balance.ipynb``; empty for ``Copy of 03_load_balance.ipynb``)."""
+    base = course.copy_base(path.name)
+    if not notebook or notebook not in base:
+        return ""
+    words = [w for w in re.split(r"[\W_]+", base[:base.index(notebook)]) if w]
+    return words[0].lower() if words else ""
+
+
+def _flat_downloads(items: list[Item]) -> list[str]:
+    """A folder whose notebooks' names start with different names ("alice_03_...",
+    "bob_02_..."): several students' files in one folder, which folder keys would merge."""
+    out = []
+    by_student: dict[str, list[Item]] = {}
+    for it in items:
+        by_student.setdefault(it.student, []).append(it)
+    for who, group in by_student.items():
+        names = sorted({name_prefix(it.path, it.notebook) for it in group} - {""})
+        if len(names) > 1:
+            files = [_posix(it.path) for it in group]
+            out.append(f"  {who}: file names start with {', '.join(names[:6])}"
+                       f"{', ...' if len(names) > 6 else ''} (several students in one folder?): "
+                       + ", ".join(files[:6]) + (", ..." if len(files) > 6 else ""))
+    return out
+
+
+def plan(paths: list[Path], contents: dict, *, student: str | None = None,
+         student_from: str | None = None, roster: list[str] | None = None) -> Plan:
+    """Which file of whom to grade. ``contents``: path -> bytes (None: unreadable or absent)."""
+    keys = student_keys(paths, student, student_from)
+    items = []
+    for p in paths:
+        nid, stubs, readable = _look(p, contents.get(p))
+        try:
+            mtime = p.stat().st_mtime
+        except OSError:
+            mtime = 0.0
+        items.append(Item(p, keys[p][0], nid, stubs, mtime, readable, keys[p][1]))
+    groups: dict[tuple, list[Item]] = {}
+    for it in items:
+        if it.notebook is not None and contents.get(it.path) is not None:
+            groups.setdefault((it.student, it.notebook), []).append(it)   # a missing file: its own
+    ignored: dict[Path, Item] = {}
+    collisions = []
+    for (who, nid), group in groups.items():
+        if len(group) < 2:
+            continue
+        if len({it.where for it in group}) > 1:       # two places, one name: two students
+            collisions.append(f"  {who} / {nid}: " + ", ".join(_posix(it.path) for it in group))
+            continue
+        chosen = min(group, key=_rank)
+        for it in group:
+            if it is not chosen:
+                ignored[it.path] = chosen
+    if student is None and student_from is None:
+        collisions += _flat_downloads(items)
+    if collisions:
+        raise PlanError(
+            "these notebooks would be one student's, and they look like several students' "
+            "(one name taken from two places, or file names in one folder that start with "
+            "different names):\n" + "\n".join(collisions) + "\nThe grader merges nobody: "
+            "give each student a folder of their own, or name the student with "
+            "--student-from REGEX (a group named 'student' in the path), or --student NAME "
+            "when all of these files are one student's.")
+    graded = [it for it in items if it.path not in ignored]
+    found = sorted({it.student for it in items})
+    names = list(roster) if roster is not None else []
+    names += [s for s in found if s not in names]
+    if student is not None and not names:
+        names = [student.strip()]
+    return Plan(graded=graded, ignored=ignored, students=names, roster=roster)
+
+
+# --------------------------------------------------------------------------- the rows
+def _missing_entry(ex, notebook_id: str) -> dict:
+    return {"exercise": ex.id, "notebook": notebook_id, "status": "missing", "passed": False,
+            "points": 0, "max_points": ex.points,
+            "message": f"no {notebook_id} notebook was handed in"}
+
+
+def course_max() -> int:
+    return sum(ex.points for ex in EXERCISES.values())
+
+
+def graded_notebooks() -> list[str]:
+    """The course notebooks that have exercises, in the course's order."""
+    return [nid for nid in course.course_notebooks() if course.exercises(nid)]
+
+
+def rows(reports: list[dict], the_plan: Plan | None = None) -> list[dict]:
+    """One row per student: every course exercise (``missing`` where no notebook was handed
+    in), ``points``, ``max_points`` (the course's), ``notebooks`` (id -> path graded),
+    ``missing`` (ids), ``ignored`` (copies not graded), ``unknown`` (files that are no course
+    notebook), ``ok`` (False: a grader error; do not trust the row)."""
+    by_student: dict[str, list[dict]] = {}
+    for rep in reports:
+        by_student.setdefault(rep["student"], []).append(rep)
+    names = list(the_plan.students) if the_plan is not None else []
+    names += [s for s in sorted(by_student) if s not in names]
+    out = []
+    for name in names:
+        reps = by_student.get(name, [])
+        handed = {}
+        for rep in reps:
+            if rep.get("course_notebook") and rep["course_notebook"] not in handed:
+                handed[rep["course_notebook"]] = rep
+        entries = []
+        for ex in EXERCISES.values():
+            rep = handed.get(ex.notebook)
+            if rep is None:
+                entries.append(_missing_entry(ex, ex.notebook))
+                continue
+            got = next((e for e in rep["exercises"] if e["exercise"] == ex.id), None)
+            if got is None:
+                why = rep.get("error") or "the grader gave this exercise no verdict"
+                got = {"exercise": ex.id, "status": "grader error" if not rep["ok"] else
+                       "not judged", "passed": False, "points": 0, "max_points": ex.points,
+                       "message": why}
+            entries.append({**got, "notebook": ex.notebook, "max_points": ex.points})
+        ignored = []
+        if the_plan is not None:
+            for path, chosen in the_plan.ignored.items():
+                if chosen.student == name:
+                    ignored.append({"path": str(path), "graded": str(chosen.path),
+                                    "notebook": chosen.notebook})
+        out.append({
+            "student": name,
+            "points": sum(e["points"] for e in entries),
+            "max_points": course_max(),
+            "exercises": entries,
+            "notebooks": {nid: handed[nid]["notebook"] for nid in course.course_notebooks()
+                          if nid in handed},
+            "missing": [nid for nid in graded_notebooks() if nid not in handed],
+            "ignored": ignored,
+            "unknown": [rep["notebook"] for rep in reps if not rep.get("course_notebook")],
+            "ok": all(rep["ok"] for rep in reps),
+            "on_roster": None if the_plan is None or the_plan.roster is None
+            else name in the_plan.roster,
+        })
+    return out
+
+
+def split_message(message: str) -> tuple[str, list[str]]:
+    """``(what the judge found, [hints])``: the checks end a message with ``hint: ...`` lines."""
+    body, hints = [], []
+    for line in str(message or "").splitlines():
+        if line.lstrip().lower().startswith("hint:"):
+            hints.append(line.lstrip()[len("hint:"):].strip())
+        elif hints and line.startswith("  "):           # a hint that goes on
+            hints[-1] += " " + line.strip()
+        else:
+            body.append(line)
+    return "\n".join(body).strip(), hints

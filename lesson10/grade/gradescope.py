@@ -1,0 +1,245 @@
+"""Gradescope: ``python -m lesson10 gradescope OUT.zip`` writes an autograder bundle, and
+``run_autograder`` (in it) grades one submission.
+
+The bundle holds, at the root of the zip as Gradescope wants them:
+
+* ``setup.sh``: run once when Gradescope builds the image; installs Python, git and
+  bubblewrap with apt, and the course package, pinned to the ``[tool.lesson10]`` repository
+  and ref of ``pyproject.toml`` (``pip install "lesson10 @ git+https://github.com/OWNER/NAME@REF"``;
+  no torch: grading does not need it), into a venv ``$AUTOGRADER_ROOT/lesson10-venv``;
+* ``run_autograder``: run for each submission; calls :func:`run`;
+* ``lesson10_autograder.json``: the pinned package and the grader's options.
+
+:func:`run` works under ``$AUTOGRADER_ROOT`` (default ``/autograder``): it grades the
+notebooks found at any depth of ``submission/`` as one student's (one per course notebook;
+copies are chosen by :data:`lesson10.grade.gradebook.COPY_RULE`) and writes
+``results/results.json`` in Gradescope's format: every course exercise a test, the course
+maximum, ``visibility`` and a top-level ``output`` (what was graded, what is missing, "no
+notebook found", any grader error). Where the container has no user namespaces the
+sandbox cannot start: it grades with ``--no-sandbox`` and says so (each Gradescope
+submission runs in a container of its own).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import zipfile
+from pathlib import Path
+
+from . import gradebook
+
+CONFIG = "lesson10_autograder.json"
+#: grader options the bundle can fix (``--timeout 60`` ...), passed on by ``run_autograder``
+OPTIONS = ("timeout", "exercise_timeout", "notebook_timeout", "memory", "jobs")
+
+SETUP_SH = """\
+#!/usr/bin/env bash
+# Gradescope runs this once, while it builds the autograder's image (written by
+# `python -m lesson10 gradescope`). It installs the course package pinned to
+# {package} -- the package only: grading needs no torch.
+set -euo pipefail
+ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
+export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+$SUDO apt-get update -qq
+# bubblewrap is the grader's sandbox; run_autograder grades without it where the container
+# has no user namespaces, and says so
+$SUDO apt-get install -y -qq python3 python3-venv python3-pip git bubblewrap
+python3 -m venv "$ROOT/lesson10-venv"
+"$ROOT/lesson10-venv/bin/python" -m pip install -q --upgrade pip
+"$ROOT/lesson10-venv/bin/python" -m pip install -q {quoted}
+"$ROOT/lesson10-venv/bin/python" -c "import lesson10.grade, lesson10.checks; print('lesson10', lesson10.__version__)"
+"""
+
+RUN_AUTOGRADER = """\
+#!/usr/bin/env bash
+# Gradescope runs this for every submission (written by `python -m lesson10 gradescope`):
+# it grades the notebooks under $AUTOGRADER_ROOT/submission (default /autograder) and
+# writes $AUTOGRADER_ROOT/results/results.json.
+ROOT="${AUTOGRADER_ROOT:-/autograder}"
+mkdir -p "$ROOT/results"
+cd "$ROOT" || exit 0
+# the Python that has lesson10: $LESSON10_PYTHON if set, else setup.sh's venv, else python3 or
+# python on PATH, else the Python that wrote this bundle (a dry run on the instructor's machine)
+if [ -n "${LESSON10_PYTHON:-}" ]; then
+  PY="$LESSON10_PYTHON"
+else
+  PY=""
+  for cand in "$ROOT/lesson10-venv/bin/python" python3 python @BUILD_PYTHON@; do
+    if "$cand" -c "import lesson10.grade.gradescope" >/dev/null 2>&1; then PY="$cand"; break; fi
+  done
+  [ -n "$PY" ] || PY=python3
+fi
+"$PY" -m lesson10.grade.gradescope run --root "$ROOT"
+status=$?
+if [ ! -s "$ROOT/results/results.json" ]; then
+  # the grader could not even start: say so rather than leave Gradescope without a result
+  cat > "$ROOT/results/results.json" <<EOF
+{"score": 0, "visibility": "visible", "stdout_visibility": "visible",
+ "output": "GRADER ERROR: the autograder could not run (exit status $status with $PY; is lesson10 installed? see setup.sh). This is not your score: the course staff will grade it again."}
+EOF
+fi
+exit 0
+"""
+
+
+def _package_spec(repository: str, ref: str) -> str:
+    from ..build import install_url
+    return f"lesson10 @ {install_url(repository, ref)}"
+
+
+def bundle(out: Path, repository: str, ref: str, options: dict | None = None) -> Path:
+    """Write the autograder zip (``setup.sh``, ``run_autograder``, the config) to ``out``."""
+    package = _package_spec(repository, ref)
+    config = {"package": package, "repository": repository, "ref": ref,
+              "options": {k: v for k, v in (options or {}).items() if v is not None}}
+    files = {
+        "setup.sh": SETUP_SH.format(package=package, quoted=shlex.quote(package)),
+        "run_autograder": RUN_AUTOGRADER.replace("@BUILD_PYTHON@",
+                                                 shlex.quote(sys.executable)),
+        CONFIG: json.dumps(config, indent=1) + "\n",
+    }
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, text in files.items():
+            info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
+            mode = 0o755 if name in ("setup.sh", "run_autograder") else 0o644
+            info.external_attr = (0o100000 | mode) << 16          # a regular file, its mode
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, text)
+    return out
+
+
+# --------------------------------------------------------------------------- one submission
+def _config(root: Path) -> dict:
+    for where in (root / "source" / CONFIG, Path(__file__).with_name(CONFIG)):
+        try:
+            return json.loads(where.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+    return {}
+
+
+def error_results(message: str) -> dict:
+    """results.json for a grading that failed: every exercise listed at 0, and the reason."""
+    from ..checks import EXERCISES
+    text = (f"GRADER ERROR: {message}\nThis is not your score: the course staff will grade "
+            f"the submission again.")
+    tests = [{"name": f"{ex.notebook}: {ex.id}", "score": 0, "max_score": ex.points,
+              "status": "failed", "output": f"not graded: {message}", "visibility": "visible"}
+             for ex in EXERCISES.values()]
+    return {"score": 0, "max_score": gradebook.course_max(), "output": text,
+            "visibility": "visible", "stdout_visibility": "visible", "tests": tests}
+
+
+def run(root: Path) -> int:
+    """Grade ``root/submission`` into ``root/results/results.json`` (see the module)."""
+    from . import cli, sandbox
+    root = Path(root)
+    submission, results = root / "submission", root / "results" / "results.json"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    submission.mkdir(parents=True, exist_ok=True)
+    config = _config(root)
+    results = results.resolve()
+    # the notebooks' paths as the student knows them; nothing of the submission (a numpy.py)
+    # may shadow a module this process imports later
+    here, sub = os.path.abspath(os.getcwd()), str(submission.resolve())
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here
+                   and not os.path.abspath(p).startswith(sub)]
+    os.chdir(submission)
+    argv = [".", "--student", "submission", "--gradescope", str(results),
+            "--output", str(results.parent / "report.json")]
+    for key, value in (config.get("options") or {}).items():
+        if key in OPTIONS:
+            argv += ["-j" if key == "jobs" else "--" + key.replace("_", "-"), str(value)]
+    seed = os.environ.get("LESSON10_SEED") or config.get("seed")
+    if seed not in (None, ""):
+        argv += ["--seed", str(int(seed))]
+    notes = []
+    why = sandbox.probe()
+    if why:
+        argv.append("--no-sandbox")
+        notes.append(f"Not sandboxed: bubblewrap cannot run in this container ({why}), so the "
+                     f"notebooks ran without it; each Gradescope submission runs in a "
+                     f"container of its own.")
+    for line in notes:
+        print(f"run_autograder: {line}", flush=True)
+    if results.exists():
+        results.unlink()
+    try:
+        status = cli.main(argv)
+        error = None if status in (0, 1) else f"the grader stopped with exit status {status}"
+    except BaseException as exc:  # noqa: BLE001 - any failure must reach results.json
+        status, error = None, f"{type(exc).__name__}: {exc}"
+    try:
+        doc = json.loads(results.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        doc = None
+    if doc is None:
+        doc = error_results(error or "the grader wrote no results")
+    elif error:
+        doc["output"] = f"GRADER ERROR: {error}\n" + doc.get("output", "")
+    if notes:
+        doc["output"] = "\n".join(notes) + "\n" + doc.get("output", "")
+    results.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(doc.get("output", ""), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------- command lines
+def main_bundle(argv: list[str] | None = None) -> int:
+    """``python -m lesson10 gradescope OUT.zip``."""
+    p = argparse.ArgumentParser(
+        prog="python -m lesson10 gradescope",
+        description="Write a Gradescope autograder bundle: setup.sh installs the course package "
+                    "pinned to [tool.lesson10] of pyproject.toml (no torch), run_autograder "
+                    "grades each submission's notebooks (any folder depth) into results.json.")
+    p.add_argument("out", type=Path, help="the zip to write, e.g. autograder.zip")
+    p.add_argument("--repository", default=None,
+                   help="OWNER/NAME the package is installed from (default: [tool.lesson10])")
+    p.add_argument("--ref", default=None, help="branch, tag or commit (default: [tool.lesson10])")
+    p.add_argument("--root", type=Path, default=None,
+                   help="the course repository holding pyproject.toml (default: this checkout)")
+    p.add_argument("--timeout", type=float, default=None, help="grader's --timeout")
+    p.add_argument("--exercise-timeout", type=float, default=None)
+    p.add_argument("--notebook-timeout", type=float, default=None)
+    p.add_argument("--memory", type=float, default=None)
+    p.add_argument("-j", "--jobs", type=int, default=None)
+    args = p.parse_args(argv)
+    from ..build import REF_RE, REPOSITORY_RE, BuildError, repo_root, repository_setting
+    repository, ref = args.repository, args.ref
+    if repository is None or ref is None:
+        try:
+            setting = repository_setting((args.root or repo_root()).resolve())
+        except BuildError as exc:
+            print(f"gradescope: {exc}\n(give --repository OWNER/NAME and --ref REF)",
+                  file=sys.stderr)
+            return 2
+        repository, ref = repository or setting[0], ref or setting[1]
+    if not REPOSITORY_RE.match(repository) or not REF_RE.match(ref) or ".." in ref:
+        print(f"gradescope: not a repository and ref: {repository!r} {ref!r}", file=sys.stderr)
+        return 2
+    options = {k: getattr(args, k) for k in OPTIONS}
+    out = bundle(args.out, repository, ref, options)
+    print(f"wrote {out}: setup.sh installs {_package_spec(repository, ref)}; upload it as the "
+          f"assignment's autograder (Configure Autograder -> Zip file upload)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lesson10.grade.gradescope run [--root DIR]`` (what run_autograder calls)."""
+    p = argparse.ArgumentParser(prog="python -m lesson10.grade.gradescope")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="grade $AUTOGRADER_ROOT/submission into results/results.json")
+    r.add_argument("--root", type=Path,
+                   default=Path(os.environ.get("AUTOGRADER_ROOT") or "/autograder"))
+    args = p.parse_args(argv)
+    return run(args.root)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""The stand-in ``lesson10`` that a submission imports inside the sandbox.
+
+It has the package's module tree and public names, and none of its code: every
+function and class of the course is a stub that raises :class:`NotAvailable` when it is
+called (``figures.*`` print a placeholder instead), literal constants keep their
+values, and ``checks.check_<exercise>(fn)`` hands ``fn`` to the judge (the runner's
+hook, :mod:`.runner`). So a notebook's imports and its display-only cells still run,
+while nothing of the course is there to call, copy or read.
+
+It is written from the package's *source text* (the ``ast`` of each module), so making
+it imports nothing of the package, torch-using ``spmd`` included. The folder it fills
+also holds the two files of the grader that run in the sandbox: the runner
+(``_lesson10_runner.py``) and the wire (``_lesson10_wire.py``); they are not course code.
+
+A two-line example: the real ``lesson10/sim/ring.py`` defines ``ring_attention`` and
+``lesson10/sim/__init__.py`` re-exports it; the stand-in's ``sim/ring.py`` then says
+``ring_attention = _s.reference("lesson10.sim.ring_attention")`` and its
+``sim/__init__.py`` keeps the line ``from .ring import ring_attention``.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+from pathlib import Path
+
+import lesson10
+
+#: modules of the package that are written specially (the rest become stubs)
+_SKIP_DIRS = {"__pycache__", "grade"}
+
+_STANDIN_HELPERS = '''"""Helpers of the grader's stand-in lesson10 (there is no course code in here)."""
+
+
+class NotAvailable(RuntimeError):
+    """A course function was called inside the grader's sandbox."""
+
+
+#: (exercise id, what to use instead) while an exercise is being judged in this process
+JUDGING = None
+
+
+def _refuse(name):
+    if JUDGING is not None:
+        exercise, instead = JUDGING
+        raise NotAvailable(f"exercise {exercise} may not call {name}; {instead}")
+    raise NotAvailable(
+        f"{name} is not available while the grader runs this notebook: the sandbox holds a "
+        f"stand-in lesson10 with the course's names but none of its code. Your exercises "
+        f"never need it; cells that explore with it run in your own Jupyter.")
+
+
+def reference(name):
+    def stub(*args, **kwargs):
+        _refuse(name)
+    stub.__name__ = stub.__qualname__ = name.rsplit(".", 1)[-1]
+    stub.__module__ = name.rsplit(".", 1)[0]
+    stub.__doc__ = f"stand-in for {name} (not available while grading)"
+    return stub
+
+
+def reference_class(name):
+    def refuse(cls, *args, **kwargs):
+        _refuse(name)
+    short = name.rsplit(".", 1)[-1]
+    return type(short, (), {"__new__": refuse, "__module__": name.rsplit(".", 1)[0],
+                            "__doc__": f"stand-in for {name} (not available while grading)"})
+
+
+def figure(name):
+    def draw(*args, **kwargs):
+        print(f"[{name}: an interactive figure, drawn in Jupyter, not while grading]")
+    draw.__name__ = draw.__qualname__ = name.rsplit(".", 1)[-1]
+    return draw
+
+
+def module_getattr(module):
+    def __getattr__(attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        import importlib
+        try:                                   # a submodule (``from lesson10 import figures``)
+            return importlib.import_module(f"{module}.{attr}")
+        except ImportError:
+            return reference(f"{module}.{attr}")
+    return __getattr__
+'''
+
+_CHECKS = '''"""Stand-in of lesson10.checks inside the grader's sandbox: each check_<exercise>(fn) hands
+fn to the judge, which runs the course's check on hidden cases and prints its verdict here."""
+from .._standin import NotAvailable, module_getattr as _getattr
+
+
+class CheckFailed(AssertionError):
+    """A check found a wrong answer."""
+
+
+OUTCOMES = []
+EXERCISES = @EXERCISES@
+
+#: the runner sets this to its judge function: hook(exercise, fn) -> outcome dict
+hook = None
+
+_FALLBACK_SAID = set()
+
+
+def _check(exercise):
+    def check(student_fn, *, seed=None):
+        if hook is None:
+            print(f"check_{exercise}: not judged (no grader runs this notebook)")
+            return None
+        OUTCOMES.append(hook(exercise, student_fn))
+        return None
+    check.__name__ = check.__qualname__ = f"check_{exercise}"
+    return check
+
+
+@CHECK_DEFS@
+
+
+def summary():
+    latest = {o["exercise"]: o for o in OUTCOMES}
+    if not latest:
+        print("no check has run yet")
+    for o in latest.values():
+        print(f"  {o['exercise']:<22s} {o['status']:<14s} {o['points']}/{o['max_points']}")
+
+
+def fallback(student_fn, reference_fn):
+    name = getattr(student_fn, "__name__", "this function")
+
+    def call(*args, **kwargs):
+        try:
+            return student_fn(*args, **kwargs)
+        except NotImplementedError:
+            if name not in _FALLBACK_SAID:
+                print(f"({name} is not written yet: the course's reference would stand in for it)")
+                _FALLBACK_SAID.add(name)
+            return reference_fn(*args, **kwargs)
+    call.__name__ = getattr(student_fn, "__name__", "call")
+    call.__wrapped__ = student_fn
+    return call
+
+
+__getattr__ = _getattr(__name__)
+'''
+
+
+def _module_name(rel: Path) -> str:
+    parts = list(rel.with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(["lesson10"] + parts)
+
+
+def _public_aliases(files: dict[Path, ast.Module]) -> dict[str, str]:
+    """``lesson10.sim.ring.ring_attention -> lesson10.sim.ring_attention``: the name a
+    package's ``__init__`` re-exports a function under (the one a student imports)."""
+    alias = {}
+    for rel, tree in files.items():
+        if rel.name != "__init__.py":
+            continue
+        pkg = _module_name(rel)
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                for a in node.names:
+                    alias[f"{pkg}.{node.module}.{a.name}"] = f"{pkg}.{a.asname or a.name}"
+    return alias
+
+
+def _is_exception(node: ast.ClassDef) -> str | None:
+    """The builtin exception base of an exception class, or None."""
+    import builtins
+    for base in node.bases:
+        name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
+        if isinstance(getattr(builtins, name, None), type) and \
+                issubclass(getattr(builtins, name), BaseException):
+            return name
+        if name.endswith(("Error", "Exception", "Failed")):
+            return "Exception"
+    return None
+
+
+def _stub_module(rel: Path, tree: ast.Module, alias: dict[str, str]) -> str:
+    module = _module_name(rel)
+    figures = module == "lesson10.figures"
+    lines = [f'"""Stand-in for {module}: the course\'s names, none of its code."""',
+             "from lesson10 import _standin as _s", ""]
+
+    def walk(body):
+        for node in body:
+            if isinstance(node, ast.ImportFrom) and node.level >= 1:
+                lines.append("try:\n    " + ast.unparse(node) + "\nexcept ImportError:\n    pass")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = alias.get(f"{module}.{node.name}", f"{module}.{node.name}")
+                kind = "figure" if figures and not node.name.startswith("_") else "reference"
+                lines.append(f"{node.name} = _s.{kind}({name!r})")
+            elif isinstance(node, ast.ClassDef):
+                base = _is_exception(node)
+                if base:
+                    lines.append(f"class {node.name}({base}):\n    pass")
+                else:
+                    name = alias.get(f"{module}.{node.name}", f"{module}.{node.name}")
+                    lines.append(f"{node.name} = _s.reference_class({name!r})")
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+                try:
+                    value = ast.literal_eval(node.value)
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    continue
+                for name in names:
+                    lines.append(f"{name} = {value!r}")
+            elif isinstance(node, ast.If):
+                walk(node.body)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+
+    walk(tree.body)
+    lines += ["", "__getattr__ = _s.module_getattr(__name__)", ""]
+    return "\n".join(lines)
+
+
+def _checks_module() -> str:
+    from ..checks import EXERCISES
+    info = {ex.id: {"id": ex.id, "notebook": ex.notebook, "points": ex.points,
+                    "title": ex.title, "function": ex.function} for ex in EXERCISES.values()}
+    defs = "\n".join(f"check_{ex} = _check({ex!r})" for ex in EXERCISES)
+    return _CHECKS.replace("@EXERCISES@", repr(info)).replace("@CHECK_DEFS@", defs)
+
+
+def write(folder: Path, source: Path | None = None) -> Path:
+    """Fill ``folder`` with the stand-in package and the sandbox's two grader files;
+    returns ``folder`` (the directory to put first on the sandbox's ``sys.path``)."""
+    source = Path(source or Path(lesson10.__file__).parent)
+    folder = Path(folder)
+    files: dict[Path, ast.Module] = {}
+    for path in sorted(source.rglob("*.py")):
+        rel = path.relative_to(source)
+        if _SKIP_DIRS & set(rel.parts[:-1]):
+            continue
+        files[rel] = ast.parse(path.read_text(encoding="utf-8"), str(rel))
+    alias = _public_aliases(files)
+    pkg = folder / "lesson10"
+    for rel, tree in files.items():
+        target = pkg / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if rel.as_posix() == "checks/__init__.py":
+            text = _checks_module()
+        else:
+            text = _stub_module(rel, tree, alias)
+        target.write_text(text, encoding="utf-8")
+    (pkg / "grade").mkdir(exist_ok=True)
+    (pkg / "grade" / "__init__.py").write_text(
+        '"""The grader is not in the sandbox."""\n', encoding="utf-8")
+    (pkg / "_standin.py").write_text(_STANDIN_HELPERS, encoding="utf-8")
+    here = Path(__file__).parent
+    shutil.copyfile(here / "wire.py", folder / "_lesson10_wire.py")
+    shutil.copyfile(here / "runner.py", folder / "_lesson10_runner.py")
+    for path in folder.rglob("*"):
+        os.chmod(path, 0o555 if path.is_dir() else 0o444)
+    os.chmod(folder, 0o555)
+    return folder

@@ -1,0 +1,216 @@
+"""``python -m lesson10 release DIR``: write the student-facing repository.
+
+The course repository holds the solutions; students must not see them. The release is
+what they get (and what GitHub Classroom copies for each of them, and what Colab opens and
+pip installs: point ``[tool.lesson10] repository`` of ``pyproject.toml`` at it)::
+
+    DIR/
+      lesson10/                    the package (pure Python: checks, simulation, grader, ...)
+      notebooks/*.ipynb            the exercise notebooks, built from solutions/ right now
+      pyproject.toml               so that `pip install git+https://github.com/OWNER/NAME@REF` works
+      README.md                    for students (classroom/README.md, with a badge per notebook)
+      .github/workflows/classroom.yml   GitHub Classroom's autograding (classroom/ of the course)
+      .gitignore, .lesson10-release.json
+
+There is no ``solutions/``, no test (the answer suites are answers) and no solution cell:
+the release refuses to finish if a notebook still holds a solution marker or the code of
+a solution region.
+
+``DIR`` may be new, empty, or an earlier release (a clone of the student repository: its
+``.git`` is kept, everything else is written anew); anything else needs ``--force``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from . import __version__
+from .build import (BEGIN, END, BuildError, badge_line, install_url, plan, repo_root,
+                    repository_setting)
+
+MARKER = ".lesson10-release.json"
+TEMPLATE = Path("classroom")
+NOTEBOOKS_MARK = "<!-- lesson10:notebooks -->"
+GITIGNORE = """\
+.venv/
+__pycache__/
+*.egg-info/
+.ipynb_checkpoints/
+grades/
+"""
+#: what of the package a release leaves out
+_SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache")
+
+
+class ReleaseError(ValueError):
+    """The release cannot be written (or would show a solution)."""
+
+
+def _solution_regions(root: Path) -> list[tuple[str, str]]:
+    """``(notebook, body)`` of every solution region in ``solutions/`` (markers excluded)."""
+    out = []
+    for path in sorted((root / "solutions").glob("*.ipynb")):
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        for cell in nb.get("cells", []):
+            if cell.get("cell_type") != "code":
+                continue
+            src = cell.get("source", "")
+            src = "".join(src) if isinstance(src, list) else src
+            for m in re.finditer(rf"^[ \t]*{re.escape(BEGIN)}[ \t]*\n(.*?)^[ \t]*{re.escape(END)}",
+                                 src, re.MULTILINE | re.DOTALL):
+                body = "\n".join(line.strip() for line in m.group(1).splitlines() if line.strip())
+                if body:
+                    out.append((path.name, body))
+    return out
+
+
+def _cells(text: str) -> list[str]:
+    nb = json.loads(text)
+    return ["".join(c["source"]) if isinstance(c.get("source"), list) else str(c.get("source", ""))
+            for c in nb.get("cells", [])]
+
+
+def leaks(folder: Path, regions: list[tuple[str, str]]) -> list[str]:
+    """What of a solution a release folder shows: a ``solutions/`` folder, a notebook with a
+    solution marker, or a notebook cell holding the code of a solution region."""
+    found = []
+    for p in folder.rglob("*"):
+        if p.is_dir() and p.name == "solutions":
+            found.append(f"{p.relative_to(folder)}/ (a solutions folder)")
+    for nb in sorted(folder.rglob("*.ipynb")):
+        rel = nb.relative_to(folder)
+        try:
+            cells = _cells(nb.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            found.append(f"{rel} (not a readable notebook)")
+            continue
+        for i, src in enumerate(cells):
+            if BEGIN in src or END in src:
+                found.append(f"{rel}, cell {i}: a solution marker")
+            squeezed = "\n".join(line.strip() for line in src.splitlines() if line.strip())
+            for name, body in regions:
+                if body in squeezed:
+                    found.append(f"{rel}, cell {i}: the code of a solution region of {name}")
+                    break
+    return found
+
+
+def _clear(folder: Path) -> None:
+    for p in folder.iterdir():
+        if p.name == ".git":
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def _workflow(root: Path, repository: str, ref: str) -> str:
+    text = (root / TEMPLATE / ".github" / "workflows" / "classroom.yml").read_text(encoding="utf-8")
+    line = f'  COURSE_PACKAGE: "lesson10 @ {install_url(repository, ref)}"'
+    new, n = re.subn(r'^  COURSE_PACKAGE: .*$', line, text, count=1, flags=re.MULTILINE)
+    if n != 1:
+        raise ReleaseError("classroom/.github/workflows/classroom.yml has no COURSE_PACKAGE line")
+    return new
+
+
+def workflow_problem(root: Path) -> str | None:
+    """Why the committed template disagrees with ``[tool.lesson10]`` (None: it agrees)."""
+    repository, ref = repository_setting(root)
+    path = root / TEMPLATE / ".github" / "workflows" / "classroom.yml"
+    if path.read_text(encoding="utf-8") != _workflow(root, repository, ref):
+        return f"{path.relative_to(root)} does not install {install_url(repository, ref)}"
+    return None
+
+
+def _readme(root: Path, repository: str, ref: str, names: list[str]) -> str:
+    text = (root / TEMPLATE / "README.md").read_text(encoding="utf-8")
+    rows = ["| notebook | open |", "|---|---|"]
+    rows += [f"| `notebooks/{n}` | {badge_line(repository, ref, n)} |" for n in names]
+    table = "\n".join(rows)
+    if NOTEBOOKS_MARK in text:
+        return text.replace(NOTEBOOKS_MARK, table)
+    return text + "\n" + table + "\n"
+
+
+def release(folder: Path, root: Path | None = None, force: bool = False) -> list[Path]:
+    """Write the student repository into ``folder``; returns the files written."""
+    root = (root or repo_root()).resolve()
+    folder = Path(folder)
+    if folder.resolve() == root or root in folder.resolve().parents:
+        raise ReleaseError(f"{folder} is inside the course repository: write the release elsewhere")
+    if folder.exists():
+        if not folder.is_dir():
+            raise ReleaseError(f"{folder} is not a folder")
+        entries = [p for p in folder.iterdir() if p.name != ".git"]
+        if entries and not (folder / MARKER).is_file() and not force:
+            raise ReleaseError(f"{folder} is not empty and holds no earlier release ({MARKER}); "
+                               f"use --force to replace what is there (.git is kept)")
+    try:
+        repository, ref = repository_setting(root)
+        built = plan(root)
+    except BuildError as exc:
+        raise ReleaseError(str(exc)) from None
+    notebooks = {p.name: text for p, text in built.items() if p.parent.name == "notebooks"}
+    if not notebooks:
+        raise ReleaseError(f"no notebooks to release: {root / 'solutions'} holds none")
+    folder.mkdir(parents=True, exist_ok=True)
+    _clear(folder)
+    shutil.copytree(root / "lesson10", folder / "lesson10", ignore=_SKIP)
+    files = {
+        "pyproject.toml": (root / "pyproject.toml").read_text(encoding="utf-8"),
+        "README.md": _readme(root, repository, ref, sorted(notebooks)),
+        ".gitignore": GITIGNORE,
+        ".github/workflows/classroom.yml": _workflow(root, repository, ref),
+        MARKER: json.dumps({"version": __version__, "repository": repository, "ref": ref},
+                           indent=1) + "\n",
+    }
+    for name, text in sorted(notebooks.items()):
+        files[f"notebooks/{name}"] = text
+    template = root / TEMPLATE
+    for p in sorted(template.rglob("*")):            # anything else the template holds
+        rel = p.relative_to(template).as_posix()
+        if p.is_file() and rel not in files and rel != "README.md":
+            files[rel] = p.read_text(encoding="utf-8")
+    for rel, text in files.items():
+        target = folder / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    found = leaks(folder, _solution_regions(root))
+    if found:
+        raise ReleaseError("the release would show solutions:\n  " + "\n  ".join(found))
+    return [folder / rel for rel in files] + [folder / "lesson10"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m lesson10 release",
+        description="Write the student repository (the package, notebooks/, a README for "
+                    "students, the GitHub Classroom workflow) without solutions/ or any "
+                    "solution cell.")
+    p.add_argument("folder", type=Path, help="where to write it (new, empty, or an earlier "
+                                             "release: its .git is kept)")
+    p.add_argument("--root", type=Path, default=None,
+                   help="the course repository (default: this checkout)")
+    p.add_argument("--force", action="store_true",
+                   help="replace whatever the folder holds (but .git)")
+    args = p.parse_args(argv)
+    try:
+        written = release(args.folder, args.root, args.force)
+    except ReleaseError as exc:
+        print(f"release: {exc}", file=sys.stderr)
+        return 2
+    repository, ref = repository_setting((args.root or repo_root()).resolve())
+    n = sum(1 for w in written if w.suffix == ".ipynb")
+    print(f"wrote {args.folder}: {n} notebooks, the lesson10 package, README.md and "
+          f".github/workflows/classroom.yml (installs {install_url(repository, ref)}); "
+          f"no solutions. Push it to {repository} at {ref}.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
