@@ -71,46 +71,6 @@ BADGE_PREFIX = "[![Open In Colab](https://colab.research.google.com/assets/colab
 INSTALL_MARK = "# Install the course package"
 #: first lines of install cells that earlier builds wrote (replaced, not duplicated)
 OLD_INSTALL_MARKS = ("# Colab only:",)
-INSTALL_CELL = """\
-# Install the course package where it is missing or older than this notebook needs (Colab, Kaggle,
-# a local Jupyter, Binder: a few seconds). It adds lesson10 and changes nothing else: the numpy,
-# matplotlib and ipywidgets already there (Colab's ipywidgets 7.7.1 too) meet its requirements.
-# Where lesson10 {needs} or newer is installed, this cell does nothing.{extra_note}
-def _install_lesson10(url, needs, extra=None, unless=None):
-    import importlib, importlib.metadata, importlib.util, os, re, site, subprocess, sys
-
-    def installed():
-        try:
-            return importlib.metadata.version("lesson10")
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    def numbers(version):
-        return [int(x) for x in re.findall(r"\\d+", version)[:3]]
-
-    have = installed()
-    missing_extra = extra is not None and importlib.util.find_spec(unless) is None
-    spec = importlib.util.find_spec("lesson10")      # a folder named lesson10 (a clone) is no package
-    checkout = spec is not None and (spec.origin or "").endswith("__init__.py")
-    if have is None and checkout and not missing_extra:
-        print("lesson10 is importable here without being installed (a source checkout): using it as it is")
-        return
-    if have is not None and numbers(have) >= numbers(needs) and not missing_extra:
-        print(f"lesson10 {{have}} is installed: nothing to do")
-        return
-    target = f"lesson10[{{extra}}] @ {{url}}" if missing_extra else url
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", target], check=True)
-    for name in [m for m in sys.modules if m == "lesson10" or m.startswith("lesson10.")]:
-        del sys.modules[name]                # an older lesson10 imported before: the next import is the new one
-    user_site = site.getusersitepackages()   # pip's --user fallback: a folder made just now is not on sys.path yet
-    if os.path.isdir(user_site) and user_site not in sys.path:
-        site.addsitedir(user_site)
-    importlib.invalidate_caches()
-    print(f"installed lesson10 {{installed()}}" + (f" (was {{have}})" if have else "")
-          + (f" with {{unless}} (the {{extra}} extra)" if missing_extra else ""))
-
-
-_install_lesson10("{url}", "{needs}"{extra_args})"""
 #: what a notebook imports that needs torch, the ``spmd`` extra
 _NEEDS_TORCH_RE = re.compile(r"^\s*(import torch|from torch[\s.]|(from|import) lesson10\.(spmd|bench|run)\b)", re.M)
 
@@ -195,6 +155,52 @@ def _is_install_cell(source: str) -> bool:
     return source.startswith((INSTALL_MARK,) + OLD_INSTALL_MARKS)
 
 
+def _install_cell_template() -> str:
+    """The install cell's text, with ``{url}``, ``{needs}``, ``{extra_note}`` and ``{extra_args}``
+    to fill in (a function, not a module constant: the grader's stand-in package copies module
+    constants, and it must carry no code)."""
+    return """\
+# Install the course package where it is missing or older than this notebook needs (Colab, Kaggle,
+# a local Jupyter, Binder: a few seconds). It adds lesson10 and changes nothing else: the numpy,
+# matplotlib and ipywidgets already there (Colab's ipywidgets 7.7.1 too) meet its requirements.
+# Where lesson10 {needs} or newer is installed, this cell does nothing.{extra_note}
+def _install_lesson10(url, needs, extra=None, unless=None):
+    import importlib, importlib.metadata, importlib.util, os, re, site, subprocess, sys
+
+    def installed():
+        try:
+            return importlib.metadata.version("lesson10")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def numbers(version):
+        return [int(x) for x in re.findall(r"\\d+", version)[:3]]
+
+    have = installed()
+    missing_extra = extra is not None and importlib.util.find_spec(unless) is None
+    spec = importlib.util.find_spec("lesson10")      # a folder named lesson10 (a clone) is no package
+    checkout = spec is not None and (spec.origin or "").endswith("__init__.py")
+    if have is None and checkout and not missing_extra:
+        print("lesson10 is importable here without being installed (a source checkout): using it as it is")
+        return
+    if have is not None and numbers(have) >= numbers(needs) and not missing_extra:
+        print(f"lesson10 {{have}} is installed: nothing to do")
+        return
+    target = f"lesson10[{{extra}}] @ {{url}}" if missing_extra else url
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", target], check=True)
+    for name in [m for m in sys.modules if m == "lesson10" or m.startswith("lesson10.")]:
+        del sys.modules[name]                # an older lesson10 imported before: the next import is the new one
+    user_site = site.getusersitepackages()   # pip's --user fallback: a folder made just now is not on sys.path yet
+    if os.path.isdir(user_site) and user_site not in sys.path:
+        site.addsitedir(user_site)
+    importlib.invalidate_caches()
+    print(f"installed lesson10 {{installed()}}" + (f" (was {{have}})" if have else "")
+          + (f" with {{unless}} (the {{extra}} extra)" if missing_extra else ""))
+
+
+_install_lesson10("{url}", "{needs}"{extra_args})"""
+
+
 def install_cell_source(repository: str, ref: str, version: str | None = None,
                         extra: str | None = None) -> str:
     """The first code cell of every notebook: pip installs ``install_url(repository, ref)``
@@ -204,7 +210,7 @@ def install_cell_source(repository: str, ref: str, version: str | None = None,
     note = (f"\n# This notebook also needs PyTorch: where torch is missing, the cell installs "
             f"lesson10[{extra}] (it brings torch).") if extra else ""
     args = f', extra="{extra}", unless="torch"' if extra else ""
-    return INSTALL_CELL.format(url=install_url(repository, ref), needs=needs, extra_note=note,
+    return _install_cell_template().format(url=install_url(repository, ref), needs=needs, extra_note=note,
                                extra_args=args)
 
 
