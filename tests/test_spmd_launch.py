@@ -211,3 +211,16 @@ def test_backend_reason_says_why_gloo_when_there_are_fewer_gpus_than_ranks(monke
     if torch.distributed.is_nccl_available():
         gpus(4)
         assert backend_reason(4).startswith("nccl: 4 ranks, one GPU each")
+
+
+def test_ranks_import_the_parents_lesson10_whatever_is_first_on_the_path(tmp_path, monkeypatch):
+    """A folder with another lesson10 first on sys.path (the grader's stand-in package, a
+    checkout named lesson10 in the working folder) does not change what the ranks run."""
+    from lesson10.spmd import launch, workers
+
+    fake = tmp_path / "lesson10"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('the wrong lesson10')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert [r["rank"] for r in launch(workers.hello, 1, quiet=True)] == [0]
+    assert sys.path[0] == str(tmp_path)                 # the parent's path is left as it was
