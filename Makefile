@@ -1,6 +1,7 @@
 # make lab   : set up .venv and open the course in JupyterLab
 # make test  : set up .venv and run every test (pytest + nbval over the notebooks)
-# make test-colab     : the notebooks in a Colab-like venv (.venv-colab, Colab's versions), via their install cell
+# make test-colab     : the notebooks in Colab-like venvs (Colab's versions, no torch for 01-05 on
+#                       Python 3.12 and 3.13; 06 on 3.11 with the CPU torch), via their install cell
 # make test-frontends : the figures in JupyterLab 4 (ipywidgets 8) and Notebook 6.5 (ipywidgets 7.7.1),
 #                       headless Chromium (Debian's chromium: apt-get install chromium)
 # make test-grader    : the grader's tests on Python 3.12 and 3.13 (pyenv's), each in a venv with only
@@ -14,6 +15,10 @@ PIP_ENV := PIP_DISABLE_PIP_VERSION_CHECK=1
 
 COLAB   := .venv-colab
 COLAB_STAMP := $(COLAB)/.installed
+# Colab's Python 3.12 (required) and 3.13 (when this machine has it): pyenv's, else on PATH
+PY312   ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+PY313   ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) python3.13)
+COLAB_NEW := .venv-colab312/.installed .venv-colab313/.installed
 SLOW    := -m "not colab and not frontends"
 
 .PHONY: lab test test-colab test-frontends test-grader demo bench build clean
@@ -29,7 +34,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(PIP_ENV) $(BIN)/pip install -q -c constraints.txt -e ".[lab,test,frontends]"
+	$(PIP_ENV) $(BIN)/pip install -q -c constraints.txt -e ".[spmd,lab,test,frontends]"
 	touch $(STAMP)
 
 lab: $(STAMP)
@@ -47,7 +52,16 @@ $(COLAB_STAMP): tests/colab/colab-pins.txt
 	$(PIP_ENV) $(COLAB)/bin/pip install -q -r tests/colab/colab-pins.txt
 	touch $(COLAB_STAMP)
 
-test-colab: $(STAMP) $(COLAB_STAMP)
+# .venv-colab312, .venv-colab313: the same pins, no torch (3.13 is skipped where there is no python3.13)
+.venv-colab3%/.installed: tests/colab/colab-pins.txt
+	rm -rf .venv-colab3$*
+	@if [ "$*" != 12 ] && ! $(PY3$*) -V >/dev/null 2>&1; then \
+	    echo "no Python 3.$* here ($(PY3$*)): its Colab-like run is skipped"; exit 0; fi; \
+	set -e; $(PY3$*) -m venv .venv-colab3$*; \
+	$(PIP_ENV) .venv-colab3$*/bin/pip install -q -r tests/colab/colab-pins.txt; \
+	touch $@
+
+test-colab: $(STAMP) $(COLAB_STAMP) $(COLAB_NEW)
 	$(BIN)/python -m pytest -q -m colab tests/test_colab.py
 
 test-frontends: $(STAMP) $(COLAB_STAMP)
@@ -81,4 +95,4 @@ build: $(STAMP)
 	$(BIN)/python -m lesson10 build
 
 clean:
-	rm -rf $(VENV) $(COLAB) .venv-py312 .venv-py313 .pytest_cache
+	rm -rf $(VENV) $(COLAB) .venv-colab3* .venv-py312 .venv-py313 .pytest_cache

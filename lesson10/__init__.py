@@ -3,14 +3,13 @@
 Two implementations of every method of the lesson:
 
 * ``lesson10.sim``  -- NumPy, all ranks in one process, every byte counted;
-* ``lesson10.spmd`` -- torch.distributed, one process per rank (gloo / NCCL / torchrun).
+* ``lesson10.spmd`` -- torch.distributed, one process per rank (gloo / NCCL / torchrun);
+  it needs PyTorch, the ``spmd`` extra: ``pip install "lesson10[spmd]"``.
 
 ``lesson10.layouts`` and ``lesson10.cost`` hold what both share: which tokens a
 rank holds, and the lesson's closed forms.
 """
-__version__ = "0.1.0"
-
-
+__version__ = "0.2.0"
 
 from . import cost, layouts  # noqa: E402
 

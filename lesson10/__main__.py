@@ -3,6 +3,7 @@
     demo                      every simulated method on a small case: error and bytes vs. the lesson
     run METHOD --nproc N      one real multi-process run (sp, ring, ulysses, moe) on gloo/NCCL
     bench WHAT                benchmarks (sim, ring, ulysses, moe, sp) -> benchmarks/results/
+                              (run and bench, but bench sim, need PyTorch: lesson10[spmd])
     grade NOTEBOOK...         instructors: score submitted notebooks with a judge (see README)
     gradescope OUT.zip        instructors: write a Gradescope autograder (setup.sh, run_autograder)
     release DIR               instructors: write the student repository (no solutions/)
@@ -38,7 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
         return 2
-    return run(rest) or 0
+    try:
+        return run(rest) or 0
+    except ModuleNotFoundError as exc:     # run / bench without the spmd extra
+        if exc.name != "torch":
+            raise
+        hint = str(exc) if "lesson10[spmd]" in str(exc) else \
+            f'{exc}: this command needs PyTorch, pip install "lesson10[spmd]"'
+        print(f"python -m lesson10 {cmd}: {hint}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

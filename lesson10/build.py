@@ -16,11 +16,21 @@ written exactly as ``nbformat.write`` writes it), so ``build --check`` runs anyw
 
 The build also writes each notebook's Colab badge (first line of the first cell) and its
 install cell (the first code cell) from the one setting of the repository, in
-``pyproject.toml``::
+``pyproject.toml``, and the package's version::
 
+    [project]
+    version = "0.2.0"             # the release the notebooks are written for
     [tool.lesson10]
     repository = "owner/name"     # the GitHub repository that Colab opens and pip installs
-    ref = "main"                  # branch, tag or commit
+    ref = "v0.2.0"                # branch, tag or commit: a release's tag
+
+The install cell installs ``git+https://github.com/OWNER/NAME@REF`` wherever lesson10 is
+not installed or is older than ``version`` (Colab, Kaggle, a local Jupyter, Binder), and does
+nothing where it is installed and new enough. It never forces a reinstall: pip installs what
+is missing and keeps every installed package that meets lesson10's requirements, so in Colab it
+adds lesson10 and changes nothing else; after a release (a new version and tag) the same cell
+updates lesson10 alone. A notebook that uses torch (``lesson10.spmd``) asks for the ``spmd``
+extra, and only where torch is missing.
 
 ``--check`` writes nothing: it exits with status 1 and lists every file that the
 build would change (a stale or missing exercise notebook, a solution with outputs,
@@ -58,15 +68,11 @@ def repo_root() -> Path:
 REPOSITORY_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 REF_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
 BADGE_PREFIX = "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-INSTALL_MARK = "# Colab only:"
-INSTALL_CELL = """\
-# Colab only: install the course package from GitHub (a few seconds). Elsewhere this cell does nothing.
-# It adds lesson10 and changes nothing else: Colab's preinstalled packages meet its requirements.
-import sys
-if "google.colab" in sys.modules:
-    import subprocess
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "{url}"], check=True)"""
+INSTALL_MARK = "# Install the course package"
+#: first lines of install cells that earlier builds wrote (replaced, not duplicated)
+OLD_INSTALL_MARKS = ("# Colab only:",)
+#: what a notebook imports that needs torch, the ``spmd`` extra
+_NEEDS_TORCH_RE = re.compile(r"^\s*(import torch|from torch[\s.]|(from|import) lesson10\.(spmd|bench|run)\b)", re.M)
 
 
 def _toml_section(text: str, section: str) -> dict:
@@ -124,15 +130,95 @@ def badge_line(repository: str, ref: str, name: str) -> str:
             f"notebooks/{name})")
 
 
-def install_cell_source(repository: str, ref: str) -> str:
-    """The first code cell of every notebook: pip installs the course only inside Colab."""
-    return INSTALL_CELL.format(url=install_url(repository, ref))
+def version_setting(root: Path) -> str | None:
+    """``[project] version`` of ``root/pyproject.toml`` (None where there is none)."""
+    path = root / "pyproject.toml"
+    if not path.is_file():
+        return None
+    version = _toml_section(path.read_text(encoding="utf-8"), "project").get("version")
+    if version is not None and not (isinstance(version, str) and re.match(r"^\d+(\.\d+)*\S*$", version)):
+        raise BuildError(f"{path}: [project] version must be a version number like 0.2.0, got {version!r}")
+    return version
 
 
-def apply_repository(nb: dict, name: str, repository: str, ref: str) -> dict:
+def notebook_extra(nb: dict) -> str | None:
+    """``"spmd"`` for a notebook whose code imports torch or ``lesson10.spmd`` (``bench``,
+    ``run``), else None. The install cell itself is not looked at."""
+    for cell in nb.get("cells", []):
+        src = _source(cell)
+        if cell.get("cell_type") == "code" and not _is_install_cell(src) and _NEEDS_TORCH_RE.search(src):
+            return "spmd"
+    return None
+
+
+def _is_install_cell(source: str) -> bool:
+    return source.startswith((INSTALL_MARK,) + OLD_INSTALL_MARKS)
+
+
+def _install_cell_template() -> str:
+    """The install cell's text, with ``{url}``, ``{needs}``, ``{extra_note}`` and ``{extra_args}``
+    to fill in (a function, not a module constant: the grader's stand-in package copies module
+    constants, and it must carry no code)."""
+    return """\
+# Install the course package where it is missing or older than this notebook needs (Colab, Kaggle,
+# a local Jupyter, Binder: a few seconds). It adds lesson10 and changes nothing else: the numpy,
+# matplotlib and ipywidgets already there (Colab's ipywidgets 7.7.1 too) meet its requirements.
+# Where lesson10 {needs} or newer is installed, this cell does nothing.{extra_note}
+def _install_lesson10(url, needs, extra=None, unless=None):
+    import importlib, importlib.metadata, importlib.util, os, re, site, subprocess, sys
+
+    def installed():
+        try:
+            return importlib.metadata.version("lesson10")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def numbers(version):
+        return [int(x) for x in re.findall(r"\\d+", version)[:3]]
+
+    have = installed()
+    missing_extra = extra is not None and importlib.util.find_spec(unless) is None
+    spec = importlib.util.find_spec("lesson10")      # a folder named lesson10 (a clone) is no package
+    checkout = spec is not None and (spec.origin or "").endswith("__init__.py")
+    if have is None and checkout and not missing_extra:
+        print("lesson10 is importable here without being installed (a source checkout): using it as it is")
+        return
+    if have is not None and numbers(have) >= numbers(needs) and not missing_extra:
+        print(f"lesson10 {{have}} is installed: nothing to do")
+        return
+    target = f"lesson10[{{extra}}] @ {{url}}" if missing_extra else url
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", target], check=True)
+    for name in [m for m in sys.modules if m == "lesson10" or m.startswith("lesson10.")]:
+        del sys.modules[name]                # an older lesson10 imported before: the next import is the new one
+    user_site = site.getusersitepackages()   # pip's --user fallback: a folder made just now is not on sys.path yet
+    if os.path.isdir(user_site) and user_site not in sys.path:
+        site.addsitedir(user_site)
+    importlib.invalidate_caches()
+    print(f"installed lesson10 {{installed()}}" + (f" (was {{have}})" if have else "")
+          + (f" with {{unless}} (the {{extra}} extra)" if missing_extra else ""))
+
+
+_install_lesson10("{url}", "{needs}"{extra_args})"""
+
+
+def install_cell_source(repository: str, ref: str, version: str | None = None,
+                        extra: str | None = None) -> str:
+    """The first code cell of every notebook: pip installs ``install_url(repository, ref)``
+    where lesson10 is missing or older than ``version`` (None: only where it is missing);
+    with ``extra="spmd"``, ``lesson10[spmd]`` where torch is missing."""
+    needs = version or "0"
+    note = (f"\n# This notebook also needs PyTorch: where torch is missing, the cell installs "
+            f"lesson10[{extra}] (it brings torch).") if extra else ""
+    args = f', extra="{extra}", unless="torch"' if extra else ""
+    return _install_cell_template().format(url=install_url(repository, ref), needs=needs, extra_note=note,
+                               extra_args=args)
+
+
+def apply_repository(nb: dict, name: str, repository: str, ref: str, version: str | None = None) -> dict:
     """A copy of ``nb`` whose first cell starts with the badge and whose first code cell is the
-    install cell (added when missing, replaced when it starts with ``# Colab only:``)."""
+    install cell (added when missing, replaced when it starts with an install cell's mark)."""
     nb = copy.deepcopy(nb)
+    extra = notebook_extra(nb)
     cells = nb["cells"]
     if not cells or cells[0]["cell_type"] != "markdown":
         raise BuildError(f"{name}: the first cell must be a markdown cell (it carries the Colab badge)")
@@ -141,9 +227,9 @@ def apply_repository(nb: dict, name: str, repository: str, ref: str) -> dict:
     if head.startswith(BADGE_PREFIX):
         first = rest.lstrip("\n")
     cells[0]["source"] = badge_line(repository, ref, name) + "\n\n" + first
-    install = install_cell_source(repository, ref)
+    install = install_cell_source(repository, ref, version, extra)
     index = next((i for i, c in enumerate(cells) if c["cell_type"] == "code"), len(cells))
-    if index < len(cells) and _source(cells[index]).startswith(INSTALL_MARK):
+    if index < len(cells) and _is_install_cell(_source(cells[index])):
         cells[index]["source"] = install
     else:
         cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
@@ -156,18 +242,24 @@ def apply_repository(nb: dict, name: str, repository: str, ref: str) -> dict:
     return nb
 
 
-def _repository_problem(path: Path, repository: str, ref: str) -> str | None:
-    """Why a notebook file's badge or install cell disagrees with the setting (None: it agrees)."""
+def _badge_and_install(text: str) -> tuple[str, str]:
+    nb = json.loads(text)
+    cells = nb["cells"]
+    return (_source(cells[0]).split("\n", 1)[0],
+            next((_source(c) for c in cells if c["cell_type"] == "code"), ""))
+
+
+def _repository_problem(path: Path, wanted: str) -> str | None:
+    """Why a notebook file's badge or install cell disagrees with what the build writes from
+    the setting (None: they agree, or the file cannot be read)."""
     try:
-        nb = json.loads(path.read_text(encoding="utf-8"))
-        cells = nb["cells"]
-        first = _source(cells[0]).split("\n", 1)[0]
-        code = next((_source(c) for c in cells if c["cell_type"] == "code"), "")
+        badge, install = _badge_and_install(path.read_text(encoding="utf-8"))
+        want_badge, want_install = _badge_and_install(wanted)
     except Exception:  # noqa: BLE001 - an unreadable file is reported by the plain comparison
         return None
-    if first != badge_line(repository, ref, path.name):
+    if badge != want_badge:
         return "Colab badge"
-    if code != install_cell_source(repository, ref):
+    if install != want_install:
         return "install cell"
     return None
 
@@ -267,9 +359,10 @@ def plan(root: Path) -> dict[Path, str]:
     if not solutions.is_dir():
         raise BuildError(f"no solutions/ folder in {root}")
     repository, ref = repository_setting(root)
+    version = version_setting(root)
     files: dict[Path, str] = {}
     for path in sorted(solutions.glob("*.ipynb")):
-        nb = apply_repository(_read(path), path.name, repository, ref)
+        nb = apply_repository(_read(path), path.name, repository, ref, version)
         files[path] = dumps(clean(nb))
         files[notebooks / path.name] = dumps(tag_notebook(exercise_notebook(nb, name=path.name),
                                                           path.stem))
@@ -286,9 +379,10 @@ def stale(root: Path) -> list[str]:
         if not path.exists():
             problems.append(f"{rel} (missing)")
         elif path.read_text(encoding="utf-8") != text:
-            wrong = _repository_problem(path, repository, ref)
+            wrong = _repository_problem(path, text)
             if wrong:
-                what = f"its {wrong} disagrees with [tool.lesson10] {repository}@{ref} in pyproject.toml"
+                what = (f"its {wrong} disagrees with [tool.lesson10] {repository}@{ref} "
+                        f"(version {version_setting(root)}) in pyproject.toml")
             elif path.parent.name == "solutions":
                 what = "has outputs or is not in canonical form"
             else:

@@ -185,6 +185,37 @@ def paced_ring(bandwidth: float, nbytes: int) -> dict:
             "received": float(got[0]), "sweep": sweep}
 
 
+def clock_syncs() -> dict:
+    """How often the c* measurements and the ring's timings wait for the device before they
+    read a clock. The wait functions are replaced by counters (on CPU they do nothing, so only
+    counting can show that a GPU run would synchronise): ``cstar`` for the F and W measurements
+    (2 reps each), ``ring_timed`` / ``ring_plain`` for one ring forward with / without timings."""
+    from lesson10.bench import cstar
+    from lesson10.spmd import ring as ring_mod
+
+    calls = {"cstar": 0, "ring": 0}
+
+    def count(key):
+        def fake(*args):
+            calls[key] += 1
+        return fake
+
+    saved = cstar.synchronize, ring_mod.synchronize_device
+    cstar.synchronize, ring_mod.synchronize_device = count("cstar"), count("ring")
+    try:
+        cstar._measure_flops(8, 2, 2, 4, torch.float32, reps=2)
+        cstar._measure_bandwidth(1024, None, reps=2)
+        q = torch.randn(1, 8, 2, 4, device=_dev())
+        with ring_mod.ring_options(timings=[]):
+            ring_mod.ring_attention(q, q, q, causal=True)
+        timed = calls["ring"]
+        ring_mod.ring_attention(q, q, q, causal=True)
+    finally:
+        cstar.synchronize, ring_mod.synchronize_device = saved
+    return {"cstar": calls["cstar"], "ring_timed": timed, "ring_plain": calls["ring"] - timed,
+            "rounds": dist.get_world_size()}
+
+
 def run_jobs(jobs: dict) -> dict:
     """In each rank: ``{name: (worker, kwargs)}`` -> ``{name: worker(**kwargs)}``, where a
     worker is a name in :mod:`lesson10.spmd.workers` or in this module (the shared launch

@@ -9,7 +9,8 @@ from lesson10.spmd.ring import ring_options
 
 BW, NBYTES = 50e6, 2_000_000          # 40 ms per transfer
 
-RANK_JOBS = {"paced": lambda n: ("paced_ring", {"bandwidth": BW, "nbytes": NBYTES})}
+RANK_JOBS = {"paced": lambda n: ("paced_ring", {"bandwidth": BW, "nbytes": NBYTES}),
+             "syncs": lambda n: ("clock_syncs", {})}
 
 
 def _row(c, compute, transfer):
@@ -60,3 +61,14 @@ def test_paced_link_takes_bytes_over_bandwidth_and_hides_behind_compute(rank_res
             assert row["transfer_s"] == pytest.approx(nbytes / sweep["W"])
             assert row["exposed_no_overlap_s"] >= 0.9 * nbytes / sweep["W_set"]
             assert math.isfinite(row["compute_s"])
+
+
+def test_every_clock_read_of_the_cstar_experiment_waits_for_the_gpu(rank_results):
+    """On CUDA, kernels and NCCL transfers run behind the host's back: the c* experiment
+    synchronises before and after each timed piece (counted here through stand-ins, since on
+    CPU the synchronisation is a no-op), and the ring's per-round timings do too, but only
+    while timings are recorded."""
+    for res in rank_results(2, "syncs"):
+        assert res["cstar"] == 2 * 2 * 2                     # F and W: before and after, 2 reps each
+        assert res["ring_timed"] == 4 * res["rounds"]        # 4 clock reads per forward round
+        assert res["ring_plain"] == 0

@@ -97,7 +97,9 @@ def test_regions_replaced_by_stubs_and_no_outputs(solution):
     assert sol.metadata["kernelspec"]["name"] == "python3"
 
 
-def test_every_notebook_starts_with_a_colab_badge_and_a_colab_only_install():
+def test_every_notebook_starts_with_a_colab_badge_and_an_install_cell():
+    repository, ref = build.repository_setting(ROOT)
+    version = build.version_setting(ROOT)
     for path in SOLUTIONS:
         nb = nbformat.read(path, as_version=4)
         first_md = nb.cells[0]
@@ -105,8 +107,37 @@ def test_every_notebook_starts_with_a_colab_badge_and_a_colab_only_install():
         assert "colab.research.google.com/github/" in first_md.source
         assert f"notebooks/{path.name}" in first_md.source
         first_code = next(c for c in nb.cells if c.cell_type == "code")
-        assert '"google.colab" in sys.modules' in first_code.source
-        assert "pip" in first_code.source and "torch" not in first_code.source
+        assert first_code.source.startswith(build.INSTALL_MARK)
+        assert f'_install_lesson10("{build.install_url(repository, ref)}", "{version}"' in first_code.source
+        assert "google.colab" not in first_code.source        # the same cell wherever it runs
+        assert "--force-reinstall" not in first_code.source and "--no-deps" not in first_code.source
+        # only notebook 06 runs torch: only its cell asks for the spmd extra (where torch is missing)
+        assert ('extra="spmd", unless="torch"' in first_code.source) == path.stem.startswith("06")
+
+
+def test_release_version_ref_and_notebooks_agree():
+    """A release is one version number: pyproject's, the package's, the tag that ref names,
+    and the version every notebook's install cell asks for."""
+    import lesson10
+    version = build.version_setting(ROOT)
+    _, ref = build.repository_setting(ROOT)
+    assert version == lesson10.__version__ and re.fullmatch(r"\d+\.\d+\.\d+", version)
+    assert version != "0.1.0", "notebooks of 0.1.0 could not tell the old package from the new"
+    assert ref == f"v{version}", f"[tool.lesson10] ref should be the release tag v{version}, not {ref!r}"
+    for path in SOLUTIONS + [ROOT / "notebooks" / p.name for p in SOLUTIONS]:
+        install = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code").source
+        assert f'@{ref}", "{version}"' in install, path
+
+
+def test_notebook_extra_is_spmd_only_where_torch_is_used():
+    def nb(*sources):
+        return new_notebook(cells=[new_markdown_cell("# t")] + [new_code_cell(s) for s in sources])
+    assert build.notebook_extra(nb("import numpy as np", "from lesson10 import sim")) is None
+    assert build.notebook_extra(nb("x = 1", "import torch")) == "spmd"
+    assert build.notebook_extra(nb("from lesson10.spmd import workers")) == "spmd"
+    assert build.notebook_extra(nb("from lesson10.bench.cstar import cstar_sweep")) == "spmd"
+    assert build.notebook_extra(nb("# import torch would be nice", "print('torchvision')")) is None
+    assert build.notebook_extra(nb(build.install_cell_source("o/n", "v1", "1.0", "spmd"), "x = 1")) is None
 
 
 def test_strip_solutions_keeps_indentation_and_outside_lines():
@@ -224,7 +255,8 @@ def test_pointing_at_a_fork_rewrites_all_24_addresses_and_check_notices(tmp_path
 def test_hand_edited_install_cell_makes_check_fail(tmp_path, capsys):
     root = _copy_tree(tmp_path)
     path = root / "notebooks" / "05_moe_dispatch.ipynb"
-    path.write_text(path.read_text().replace("@main", "@dev"))
+    _, ref = build.repository_setting(root)
+    path.write_text(path.read_text().replace(f"@{ref}", "@dev"))
     assert build.main(["--check", "--root", str(root)]) == 1
     err = capsys.readouterr().err
     assert "notebooks/05_moe_dispatch.ipynb (its install cell disagrees" in err
@@ -267,24 +299,93 @@ def test_missing_badge_and_install_cell_are_added():
     assert again == out                                    # idempotent: no second badge or cell
 
 
-def test_install_cell_installs_only_inside_colab():
-    src = build.install_cell_source("o/n", "v1")
+# The install cell's decisions, in a child interpreter (it edits sys.modules) with pip, the
+# installed metadata and the import system replaced by fakes. The real installs (Colab-like,
+# plain Jupyter, an update over an older release) are in tests/test_colab.py.
+_CELL_PROBE = r"""
+import contextlib, importlib.metadata, importlib.util, io, json, subprocess, sys, types
+cell, states = sys.argv[1], json.loads(sys.argv[2])
+real_find = importlib.util.find_spec
+
+def version(name):
+    if name == "lesson10" and state["have"] is not None:
+        return state["have"]
+    raise importlib.metadata.PackageNotFoundError(name)
+
+def find_spec(name, *a):
+    if name == "lesson10":
+        origin = "/x/lesson10/__init__.py" if state["have"] or state.get("checkout") == "package" else None
+        return types.SimpleNamespace(origin=origin) if origin or state.get("checkout") else None
+    if name == "torch":
+        return object() if state["torch"] else None
+    return real_find(name, *a)
+
+def run(cmd, **kw):
+    calls.append({"cmd": cmd, "kw": kw})
+    state["have"] = "0.2.0"
+
+importlib.metadata.version, importlib.util.find_spec, subprocess.run = version, find_spec, run
+out = []
+for state in states:
     calls = []
-    fake_subprocess = type(sys)("subprocess")
-    fake_subprocess.run = lambda *a, **k: calls.append((a, k))
-    saved = sys.modules.get("subprocess")
-    try:
-        sys.modules["subprocess"] = fake_subprocess
-        exec(src, {})
-        assert calls == []                                 # not in Colab: nothing
-        sys.modules["google.colab"] = type(sys)("google.colab")
-        exec(src, {})
-    finally:
-        sys.modules.pop("google.colab", None)
-        sys.modules["subprocess"] = saved
-    (cmd,), kwargs = calls[0]
-    assert cmd[1:] == ["-m", "pip", "install", "-q", "git+https://github.com/o/n@v1"]
-    assert kwargs == {"check": True} and "--upgrade" not in cmd and "-U" not in cmd
+    sys.modules["lesson10.fake_old_module"] = types.ModuleType("lesson10.fake_old_module")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(cell, {"__name__": "__main__"})
+    out.append({"calls": calls, "purged": "lesson10.fake_old_module" not in sys.modules,
+                "printed": printed.getvalue()})
+print(json.dumps(out))
+"""
+
+
+def _run_cell(cell, *cases):
+    """Run ``cell`` once per case ``(have, torch, checkout)`` (all in one child interpreter);
+    a ``(result, printed)`` per case."""
+    import json
+    states = [{"have": have, "torch": torch, "checkout": checkout} for have, torch, checkout in cases]
+    proc = subprocess.run([sys.executable, "-c", _CELL_PROBE, cell, json.dumps(states)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [(r, r["printed"]) for r in json.loads(proc.stdout)]
+
+
+def test_install_cell_installs_where_missing_or_older_and_nowhere_else():
+    url = "git+https://github.com/o/n@v0.2.0"
+    cell = build.install_cell_source("o/n", "v0.2.0", "0.2.0")
+    older, current = (None, "0.1.0", "0.1.9.dev3"), ("0.2.0", "0.10.0", "1.0")
+    runs = iter(_run_cell(cell, *[(have, True, False) for have in older + current],
+                          (None, True, "package"), (None, True, "folder"), ("0.2.0", False, False)))
+    for have in older:
+        result, printed = next(runs)
+        (call,) = result["calls"]
+        assert call["cmd"][1:] == ["-m", "pip", "install", "-q", url] and call["kw"] == {"check": True}
+        assert result["purged"], "an older lesson10 imported earlier must not shadow the new one"
+        assert "installed lesson10 0.2.0" in printed and (have is None or f"(was {have})" in printed)
+    for have in current:
+        result, printed = next(runs)
+        assert result["calls"] == [] and f"lesson10 {have} is installed: nothing to do" in printed
+    result, printed = next(runs)                                  # importable, not installed
+    assert result["calls"] == [] and "source checkout" in printed
+    result, printed = next(runs)                                  # a clone named lesson10 next to it
+    assert len(result["calls"]) == 1 and "installed lesson10" in printed
+    result, _ = next(runs)                                        # 01-05 never ask for torch
+    assert result["calls"] == []
+
+
+def test_install_cell_of_a_torch_notebook_adds_the_extra_only_where_torch_is_missing():
+    url = "git+https://github.com/o/n@v0.2.0"
+    cell = build.install_cell_source("o/n", "v0.2.0", "0.2.0", extra="spmd")
+    no_torch = (None, "0.1.0", "0.2.0")
+    runs = iter(_run_cell(cell, (None, True, False), ("0.2.0", True, False),
+                          *[(have, False, False) for have in no_torch]))
+    result, _ = next(runs)                                        # Colab, Kaggle: torch is there
+    assert [c["cmd"][-1] for c in result["calls"]] == [url]
+    result, _ = next(runs)
+    assert result["calls"] == []
+    for have in no_torch:                                         # no torch: lesson10[spmd] brings it
+        result, printed = next(runs)
+        assert [c["cmd"][-1] for c in result["calls"]] == [f"lesson10[spmd] @ {url}"], have
+        assert "the spmd extra" in printed
 
 
 def test_fallback_toml_parser_agrees_with_tomllib():

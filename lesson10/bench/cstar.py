@@ -25,6 +25,9 @@ One launch of 2 ranks (1 thread each):
    2x of the prediction. (A floor of a few ms of synchronisation between the two ranks
    stays exposed at any ``c``; it is why the crossing is read off compute vs transfer.)
 
+On CUDA every clock read waits for the GPU first (``torch.cuda.synchronize``: here and in the
+ring's own timings), since kernels and NCCL transfers run asynchronously to the host.
+
 Writes ``cstar.md`` and ``cstar.png`` to ``benchmarks/results/``.
 """
 from __future__ import annotations
@@ -36,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from .. import cost
-from ..spmd.launch import current_device, torch_dtype
+from ..spmd.launch import current_device, synchronize, torch_dtype
 from .harness import machine_note, md_table, ms, slowest, write_table
 
 __all__ = ["cstar_sweep", "crossing", "cstar_table", "bench"]
@@ -57,8 +60,10 @@ def _measure_flops(c, a, a_kv, d, dtype, reps):
     times = []
     for _ in range(reps):
         dist.barrier()
+        synchronize()                           # CUDA: time the kernel, not its launch
         t0 = time.perf_counter()
         local_attention(q, k, v)
+        synchronize()
         times.append(slowest(time.perf_counter() - t0))
     return 4 * c * c * a * d / min(times)
 
@@ -71,8 +76,10 @@ def _measure_bandwidth(nbytes, bandwidth, reps):
     times = []
     for _ in range(reps):
         dist.barrier()
+        synchronize()
         t0 = time.perf_counter()
         ring.shift([x]).wait()
+        synchronize()                           # NCCL: wait() only orders the stream
         times.append(slowest(time.perf_counter() - t0))
     return x.numel() * x.element_size() / min(times)
 

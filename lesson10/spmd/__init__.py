@@ -5,7 +5,23 @@ Start ranks with :func:`launch` (gloo on CPU, NCCL with one GPU per rank) or
 with ``torchrun`` (see :func:`init_from_env`). Local tensors are ``(b, s/N, a, d)``
 with the sequence on dim 1. Measure what a method sends with :func:`count_bytes`.
 :mod:`.workers` runs each method once on real ranks and checks it against one process.
+
+PyTorch is the ``spmd`` extra of the package (``pip install "lesson10[spmd]"``); without it,
+importing this package raises a ``ModuleNotFoundError`` that says so.
 """
+#: what to do when torch is missing (the base install leaves it out)
+INSTALL_HINT = ('lesson10.spmd runs on torch.distributed and needs PyTorch, which the base install '
+                'of lesson10 leaves out: pip install "lesson10[spmd]" (or install torch yourself, '
+                'e.g. a CPU or CUDA build from pytorch.org). Notebooks 01-05, the checks, the '
+                'figures and the grader work without it.')
+
+try:
+    import torch as _torch  # noqa: F401
+except ModuleNotFoundError as _exc:
+    if _exc.name != "torch":        # torch is there but something it needs is not: say that
+        raise
+    raise ModuleNotFoundError(INSTALL_HINT, name="torch") from None
+
 from .allgather import allgather_attention
 from .attention import attention as reference_attention, local_attention, merge
 from .comm import ByteCounter, count_bytes

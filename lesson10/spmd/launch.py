@@ -48,7 +48,7 @@ import torch.multiprocessing as mp
 __all__ = [
     "launch", "RankError", "LaunchTimeout", "choose_backend",
     "init_from_env", "is_torchrun", "shutdown", "current_device", "DTYPES", "torch_dtype",
-    "synchronize",
+    "synchronize", "synchronize_device", "backend_reason",
 ]
 
 
@@ -84,6 +84,28 @@ class LaunchTimeout(TimeoutError):
             "Usually a collective that not every rank calls (or calls with other shapes); "
             "if the work is just slow, pass a larger timeout=.")
 
+
+
+@contextlib.contextmanager
+def _children_import_this_lesson10():
+    """Put the folder this process imported ``lesson10`` from first on the children's
+    ``sys.path`` while spawning (``spawn`` hands them a copy of it): a rank then runs the same
+    package as its parent even when something put another ``lesson10`` earlier on the path
+    (the grader's stand-in package, a folder of that name in the working directory)."""
+    pkg = sys.modules.get("lesson10")
+    home = os.path.dirname(os.path.dirname(os.path.abspath(pkg.__file__))) \
+        if pkg is not None and getattr(pkg, "__file__", None) else None
+    if home is None or (sys.path and sys.path[0] == home):
+        yield
+        return
+    sys.path.insert(0, home)
+    try:
+        yield
+    finally:
+        try:
+            sys.path.remove(home)
+        except ValueError:
+            pass
 
 
 @contextlib.contextmanager
@@ -128,6 +150,23 @@ def choose_backend(nprocs: int, backend: str = "auto") -> str:
     raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
 
 
+def backend_reason(nprocs: int, backend: str = "auto") -> str:
+    """One line on the backend :func:`choose_backend` takes for ``nprocs`` ranks, and why: in
+    particular why gloo on the CPU when there are GPUs, but fewer than ranks."""
+    chosen = choose_backend(nprocs, backend)
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if chosen == "nccl":
+        return f"nccl: {nprocs} ranks, one GPU each ({n_gpu} GPU(s) visible)"
+    if backend == "gloo":
+        return "gloo on the CPU, as asked"
+    if n_gpu == 0:
+        return "gloo on the CPU: no GPU visible"
+    if n_gpu < nprocs:
+        return (f"gloo on the CPU, although {n_gpu} GPU(s) are visible: NCCL needs one GPU per rank "
+                f"(two ranks cannot share a GPU), and {nprocs} ranks would need {nprocs}")
+    return "gloo on the CPU: this torch build has no NCCL"
+
+
 def current_device() -> torch.device:
     """The device of this rank: ``cuda:LOCAL_RANK`` under NCCL, else CPU."""
     if dist.is_initialized() and dist.get_backend() == "nccl":
@@ -150,6 +189,13 @@ def synchronize() -> None:
     """Wait for this rank's GPU work (a no-op on CPU), before reading a clock."""
     if current_device().type == "cuda":
         torch.cuda.synchronize()
+
+
+def synchronize_device(like: torch.Tensor) -> None:
+    """Wait for the GPU work queued on ``like``'s device (a no-op for a CPU tensor): CUDA runs
+    kernels and NCCL transfers asynchronously, so a clock read without it times the launch."""
+    if like.is_cuda:
+        torch.cuda.synchronize(like.device)
 
 
 def _check_importable(fn) -> None:
@@ -243,7 +289,7 @@ def launch(fn, nprocs: int, *args, backend: str = "auto", timeout: float = 60.0,
     Any exception in a rank raises :class:`RankError` here.
     """
     _check_importable(fn)
-    backend = choose_backend(nprocs, backend)
+    asked, backend = backend, choose_backend(nprocs, backend)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
             or timeout == float("inf"):
         raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
@@ -254,6 +300,8 @@ def launch(fn, nprocs: int, *args, backend: str = "auto", timeout: float = 60.0,
     if not quiet:
         where = "one GPU per rank" if backend == "nccl" else "CPU"
         print(f"launch: {nprocs} rank(s), backend={backend} ({where}), {threads} thread(s) per rank")
+        if backend == "gloo" and torch.cuda.is_available() and torch.cuda.device_count():
+            print(f"launch: {backend_reason(nprocs, asked)}")
 
     # The parent owns the rendezvous store: port 0 lets the OS pick a free port.
     store = dist.TCPStore("127.0.0.1", 0, nprocs + 1, is_master=True, wait_for_workers=False,
@@ -262,7 +310,7 @@ def launch(fn, nprocs: int, *args, backend: str = "auto", timeout: float = 60.0,
     ctx = mp.get_context("spawn")
     procs, conns, finished = [], [], False
     try:
-        with _main_without_missing_file():
+        with _main_without_missing_file(), _children_import_this_lesson10():
             for rank in range(nprocs):
                 recv, send = ctx.Pipe(duplex=False)
                 p = ctx.Process(target=_entry, name=f"lesson10-rank{rank}", daemon=True,

@@ -36,6 +36,7 @@ from .attention import (_check_float, check_doc_ids, local_attention, local_atte
                         merge, visible_mask)
 from . import comm
 from .comm import record
+from .launch import synchronize_device
 
 __all__ = ["RingComm", "ring_options", "ring_attention", "RingAttention", "ring_blocks"]
 
@@ -72,7 +73,10 @@ class RingComm:
     * ``overlap`` (default True): start each transfer before the round's compute; False
       waits for it first, so nothing hides (benchmark 2 of ``bench ring``);
     * ``timings``: a list that receives ``{"phase", "round", "compute_s", "wait_s"}``
-      per round; ``wait_s`` is the communication the compute did not hide;
+      per round; ``wait_s`` is the communication the compute did not hide. On CUDA each
+      clock read then first waits for the GPU (``torch.cuda.synchronize``), so the times are
+      the kernels' and the transfers', not their launches' (only while timing: a sync per
+      round costs overlap);
     * ``bandwidth`` (bytes/s, default None = as fast as the backend): emulate a slower
       link. A shift of ``B`` bytes (all its tensors) is not complete before ``B /
       bandwidth`` seconds after it started: ``wait()`` sleeps for what is left. Compute
@@ -113,6 +117,12 @@ class RingComm:
         if not self.overlap:
             shift.wait()
         return shift
+
+    def clock(self, like: torch.Tensor) -> float:
+        """``perf_counter()``; while recording timings, after the GPU work of ``like``'s device."""
+        if self.timings is not None:
+            synchronize_device(like)
+        return time.perf_counter()
 
     def log(self, phase: str, step: int, compute_s: float, wait_s: float) -> None:
         if self.timings is not None:
@@ -226,9 +236,9 @@ class RingAttention(torch.autograd.Function):
         kv = [k, v]
         for step in range(n):
             src = (r - step) % n
-            t0 = time.perf_counter()
+            t0 = ring.clock(q)
             pending = ring.shift(kv, tag=0) if step < n - 1 else None
-            t1 = time.perf_counter()
+            t1 = ring.clock(q)
             for qs, ks, kw in plan(r, src):
                 o_b, l_b = local_attention(q[:, qs], kv[0][:, ks], kv[1][:, ks], scale=scale,
                                            impl=impl, **kw)
@@ -238,10 +248,10 @@ class RingAttention(torch.autograd.Function):
                     o_m, l_m = merge(out[:, qs], lse[:, :, qs].transpose(1, 2), o_b, l_b.transpose(1, 2))
                     out[:, qs] = o_m
                     lse[:, :, qs] = l_m.transpose(1, 2)
-            t2 = time.perf_counter()
+            t2 = ring.clock(q)
             if pending is not None:
                 kv = pending.wait()
-            ring.log("forward", step, t2 - t1, (t1 - t0) + (time.perf_counter() - t2))
+            ring.log("forward", step, t2 - t1, (t1 - t0) + (ring.clock(q) - t2))
         out_q = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out_q, lse)
         ctx.cfg = (causal, layout, group, scale, impl, ring.overlap, ring.timings, doc,
@@ -263,9 +273,9 @@ class RingAttention(torch.autograd.Function):
         travelling = None                              # the dK/dV accumulators on their way
         for step in range(n):
             src = (r - step) % n
-            t0 = time.perf_counter()
+            t0 = ring.clock(q)
             pending = ring.shift(kv, tag=0) if step < n - 1 else None
-            t1 = time.perf_counter()
+            t1 = ring.clock(q)
             dk_b = torch.zeros(k.shape, dtype=acc, device=k.device)
             dv_b = torch.zeros(v.shape, dtype=acc, device=v.device)
             for qs, ks, kw in plan(r, src):
@@ -275,7 +285,7 @@ class RingAttention(torch.autograd.Function):
                 dq[:, qs] += g_q
                 dk_b[:, ks] += g_k
                 dv_b[:, ks] += g_v
-            t2 = time.perf_counter()
+            t2 = ring.clock(q)
             if travelling is not None:                 # add our share to the arriving sums
                 got_k, got_v = travelling.wait()
                 dk_b += got_k
@@ -283,7 +293,7 @@ class RingAttention(torch.autograd.Function):
             travelling = ring.shift([dk_b, dv_b], tag=2)
             if pending is not None:
                 kv = pending.wait()
-            ring.log("backward", step, t2 - t1, (t1 - t0) + (time.perf_counter() - t2))
+            ring.log("backward", step, t2 - t1, (t1 - t0) + (ring.clock(q) - t2))
         dk, dv = travelling.wait()                     # N_c hops: our own dK/dV, complete
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
 

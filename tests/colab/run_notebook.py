@@ -1,9 +1,15 @@
-"""Run one notebook in the Colab-like venv: ``.venv-colab/bin/python run_notebook.py NB.ipynb``.
+"""Run one notebook in a Colab-like venv: ``.venv-colab*/bin/python run_notebook.py NB.ipynb``.
 
 Executes every cell with nbclient in a fresh ``python3`` kernel of this interpreter (the
-kernel's working folder is the notebook's folder), then prints one JSON line: the error, if a
-cell raised, and what a probe cell appended at the end saw (where ``lesson10`` was imported
-from, whether ``google.colab`` was loaded at kernel start, the ipywidgets version).
+kernel's working folder is the notebook's folder), then prints one JSON line:
+
+* ``error``: the error, if a cell raised;
+* ``probe``: what a cell appended at the end saw: where ``lesson10`` was imported from and its
+  installed version, whether ``google.colab`` was loaded at kernel start, the ipywidgets
+  version, matplotlib's backend, whether torch can be imported, the Python version;
+* ``install_output``: what the notebook's install cell printed;
+* ``show_cells`` / ``png_cells``: the code cells that call ``plt.show()``, and those whose
+  outputs hold a PNG (with the inline backend, as in Colab, every ``plt.show()`` does).
 """
 import json
 import sys
@@ -13,9 +19,15 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-PROBE = ("import json, sys, lesson10, ipywidgets\n"
-         "print('PROBE ' + json.dumps({'lesson10': lesson10.__file__, 'colab': 'google.colab' in sys.modules,"
-         " 'ipywidgets': ipywidgets.__version__}))")
+PROBE = ("import importlib.metadata, importlib.util, json, sys, lesson10, ipywidgets, matplotlib\n"
+         "print('PROBE ' + json.dumps({'lesson10': lesson10.__file__, 'lesson10_version': lesson10.__version__,"
+         " 'installed': importlib.metadata.version('lesson10'), 'colab': 'google.colab' in sys.modules,"
+         " 'ipywidgets': ipywidgets.__version__, 'backend': matplotlib.get_backend(),"
+         " 'torch': importlib.util.find_spec('torch') is not None, 'python': sys.version.split()[0]}))")
+
+
+def _text(outputs) -> str:
+    return "".join(out.get("text", "") for out in outputs if out.get("output_type") == "stream")
 
 
 def main(path: str) -> int:
@@ -29,10 +41,15 @@ def main(path: str) -> int:
         client.execute()
     except CellExecutionError as exc:
         result["error"] = str(exc)[-3000:]
-    for out in nb.cells[-1].get("outputs", []):
-        for line in out.get("text", "").splitlines():
-            if line.startswith("PROBE "):
-                result["probe"] = json.loads(line[len("PROBE "):])
+    code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    install = next((c for _, c in code if "_install_lesson10(" in c.source), code[0][1] if code else None)
+    result["install_output"] = _text(install.get("outputs", [])) if install is not None else ""
+    result["show_cells"] = [i for i, c in code if "plt.show()" in c.source]
+    result["png_cells"] = [i for i, c in code
+                           if any("image/png" in out.get("data", {}) for out in c.get("outputs", []))]
+    for line in _text(nb.cells[-1].get("outputs", [])).splitlines():
+        if line.startswith("PROBE "):
+            result["probe"] = json.loads(line[len("PROBE "):])
     print("RESULT " + json.dumps(result))
     return 0
 

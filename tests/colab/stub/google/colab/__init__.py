@@ -1,8 +1,9 @@
 """A stand-in for Colab's ``google.colab`` module (Colab-like test only).
 
-Colab's kernel imports ``google.colab`` when it starts; the notebooks' install cells test
-``"google.colab" in sys.modules`` to know they run in Colab. The test imports this stub from an
-IPython startup file, so the kernel looks like Colab's to the notebooks.
+Colab's kernel imports ``google.colab`` when it starts. The test imports this stub from an
+IPython startup file, so the kernel looks like Colab's to the notebooks (their install cells
+work the same with or without it; the test also runs one notebook without it, as a plain
+Jupyter).
 """
 import types
 
