@@ -226,10 +226,16 @@ class _Fork:
         self.inside = inside
         self.thread.start()
 
+    def stop(self) -> None:
+        """End the serving thread before its socket's number can be reused by another test."""
+        self.judge_end.close()                   # EOF: serve() returns
+        self.thread.join(5)
+        self.inside.close()
+
 
 def test_importing_the_runner_leaves_the_path_alone(box):
     before = list(sys.path)
-    _Fork(lambda: None, None, box)
+    _Fork(lambda: None, None, box).stop()
     assert sys.path == before and str(box) not in sys.path
     assert not sys.modules["lesson10"].__file__.startswith(str(box))
 
@@ -256,7 +262,7 @@ def test_a_judged_exercise_passes_fails_and_sees_mutations(box, tmp_path):
         ch.close()
         fork.thread.join(5)
         fork.inside.close()
-    assert got["right"]["status"] == "passed" and got["right"]["points"] == 1
+    assert got["right"]["status"] == "passed" and got["right"]["points"] == 1, got["right"]["message"]
     assert got["sorts"]["status"] == "failed" and "in place" in got["sorts"]["message"]
     assert got["stub"]["status"] == "not attempted"
 
@@ -333,3 +339,18 @@ def test_wire_plain_python_extras_and_copy_back_through_tuples():
     shards = [np.zeros(2), np.zeros(2)]                     # the answer put other arrays in
     _copy_back([shards], [[np.ones(4), np.zeros(2)]])
     assert shards[0].shape == (4,)
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_five_solutions_get_full_marks_and_blank_notebooks_zero(jobs, capsys):
+    sols = sorted(str(p) for p in (ROOT / "solutions").glob("0[1-5]_*.ipynb"))
+    blanks = sorted(str(p) for p in (ROOT / "notebooks").glob("0[1-5]_*.ipynb"))
+    extra = [] if sandbox.probe() is None else ["--no-sandbox"]
+    main([*sols, *blanks, "--json", "-j", jobs, *extra])
+    report = json.loads(capsys.readouterr().out)
+    for rep in report["notebooks"]:
+        full = rep["notebook"] in sols
+        statuses = {e["status"] for e in rep["exercises"]}
+        assert rep["ok"] and rep["points"] == (rep["max_points"] if full else 0), rep
+        assert statuses == ({"passed"} if full else {"not attempted"}), (rep["notebook"], statuses)
+    assert report["points"] == sum(e.points for e in checks.EXERCISES.values())
