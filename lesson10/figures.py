@@ -201,7 +201,7 @@ def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contig
 def valid_tokens(n: int, layout: str, smallest: int = 4, largest: int = 64) -> list[int]:
     """The sequence lengths ``s`` in ``smallest..largest`` that ``layout`` can split over ``n``
     ranks: multiples of ``n`` (contiguous, striped) or of ``2n`` (zig-zag)."""
-    step = 2 * n if layouts._check_layout(layout) == "zigzag" else n
+    step = 2 * n if layouts.layout_name(layout) == "zigzag" else n
     return [s for s in range(step, largest + 1, step) if s >= smallest] or [step]
 
 
@@ -210,7 +210,7 @@ def ring_rounds(n: int = 4, s: int = 16, layout: str = "contiguous"):
     tokens slider offers only the lengths the layout can split over N_c ranks."""
     w = _widgets()
     view = _View(draw_ring_rounds, dict(n=n, s=s, layout=layout, round=0), (9, 4.8))
-    lay = w.ToggleButtons(options=list(layouts.LAYOUTS), value=layouts._check_layout(layout),
+    lay = w.ToggleButtons(options=list(layouts.LAYOUTS), value=layouts.layout_name(layout),
                           description="layout")
     ranks = w.IntSlider(value=n, min=2, max=8, description="ranks N_c", style=_STYLE, **_RELEASE)
     options = valid_tokens(n, layout)

@@ -24,7 +24,6 @@ __all__ = [
     "LAYOUTS",
     "shard_positions",
     "ring_source",
-    "round_positions",
     "causal_work",
     "ring_time",
     "efficiency",
@@ -42,9 +41,6 @@ def layout_name(layout) -> str:
         if name in LAYOUTS:
             return name
     raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(map(repr, LAYOUTS))}")
-
-
-_check_layout = layout_name
 
 
 def _check_int(name: str, value, minimum: int = 1) -> int:
@@ -75,7 +71,7 @@ def shard_positions(s: int, n: int, layout: str = "contiguous") -> list[np.ndarr
     """
     s = _check_int("s (sequence length)", s)
     n = _check_int("n (number of ranks)", n)
-    layout = _check_layout(layout)
+    layout = layout_name(layout)
     _check_divisible(s, n, layout)
     if layout == "contiguous":
         c = s // n
@@ -92,15 +88,6 @@ def ring_source(r: int, k: int, n: int) -> int:
     """Rank whose K/V block rank ``r`` holds in ring round ``k``: ``(r - k) mod n``."""
     n = _check_int("n (number of ranks)", n)
     return (r - k) % n
-
-
-def round_positions(s: int, n: int, layout: str, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """For ring round ``k``: per rank, (query token ids, key token ids) it works on."""
-    pos = shard_positions(s, n, layout)
-    k = _check_int("k (round)", k, minimum=0)
-    if k >= n:
-        raise ValueError(f"round k must be in 0..{n - 1} for n = {n} ranks, got {k}")
-    return [(pos[r], pos[ring_source(r, k, n)]) for r in range(n)]
 
 
 def _token_work(s: int, n: int, layout: str) -> np.ndarray:
@@ -130,7 +117,7 @@ def causal_work(n: int, layout: str = "contiguous", s: int | None = None) -> np.
       coefficient is its second difference over ``m = 1, 2, 3`` halved.
     """
     n = _check_int("n (number of ranks)", n)
-    layout = _check_layout(layout)
+    layout = layout_name(layout)
     if s is not None:
         return _token_work(s, n, layout)
     unit = 2 * n if layout == "zigzag" else n          # smallest valid s

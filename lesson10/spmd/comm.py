@@ -163,9 +163,10 @@ def all_to_all_single(x: torch.Tensor, output_split_sizes=None, input_split_size
         raise ValueError(f"input_split_sizes {input_split_sizes} must have {n} entries "
                          f"summing to dim 0 = {rows}")
     if output_split_sizes is None:
-        output_split_sizes = [rows // n] * n if rows % n == 0 else None
-        if output_split_sizes is None:  # pragma: no cover - caught above
-            raise ValueError("output_split_sizes needed")
+        if rows % n:
+            raise ValueError(f"all_to_all_single: {rows} rows cannot be received evenly from {n} "
+                             "ranks; pass output_split_sizes.")
+        output_split_sizes = [rows // n] * n
     output_split_sizes = [int(v) for v in output_split_sizes]
     if len(output_split_sizes) != n:
         raise ValueError(f"output_split_sizes needs {n} entries, got {output_split_sizes}")
