@@ -157,10 +157,7 @@ def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contig
     fig = _figure(fig, (9, 4.8), "ring_rounds")
     ax, bx = fig.subplots(1, 2, width_ratios=[1.15, 1])
 
-    q, kk = np.meshgrid(np.arange(s), np.arange(s), indexing="ij")
-    k_of = (owner[q] - owner[kk]) % n          # round in which q's rank holds key kk's K/V
-    masked = (kk > q) if causal else np.zeros_like(q, dtype=bool)
-    state = np.where(masked, 0, np.where(k_of == round, 3, np.where(k_of < round, 2, 1)))
+    state = _ring_states(s, n, layout, causal, round)
     palette = [COLORS["masked"], COLORS["empty"], COLORS["earlier"], COLORS["computed"]]
     from matplotlib.colors import ListedColormap
     # rows ordered by rank, so each rank owns a horizontal band
@@ -196,6 +193,19 @@ def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contig
                  f"ideal {work.sum() / n:g})", fontsize=9)
     bx.legend(loc="upper left", fontsize=8)
     return fig
+
+
+def _ring_states(s: int, n: int, layout: str, causal: bool, round: int) -> np.ndarray:
+    """``(s, s)`` by (query, key) token: 0 masked, 3 computed in ``round``, 2 earlier, 1 later;
+    from the ring's own plan (:func:`lesson10.layouts.block_plan`) of every (round, rank)."""
+    pos = layouts.shard_positions(s, n, layout)
+    state = np.zeros((s, s), dtype=int)
+    for k in range(n):
+        for r in range(n):
+            qp, kp = pos[r], pos[layouts.ring_source(r, k, n)]
+            seen = layouts.plan_mask(layouts.block_plan(qp, kp, causal), qp, kp, causal)
+            state[np.ix_(qp, kp)] = np.where(seen, 3 if k == round else 2 if k < round else 1, 0)
+    return state
 
 
 def valid_tokens(n: int, layout: str, smallest: int = 4, largest: int = 64) -> list[int]:

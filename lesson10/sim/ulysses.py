@@ -19,7 +19,7 @@ import numpy as np
 
 from .attention import attention as _attention, check_doc_ids
 from .comm import check_group, check_shards
-from .ring import _prepare
+from .ring import check_qkv_shards
 
 __all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "kv_replication"]
 
@@ -97,7 +97,7 @@ def ulysses_attention(q_shards, k_shards, v_shards, positions, causal: bool = Tr
     :func:`lesson10.sim.attention` (None: that one); it is called once per head group, with
     ``doc_ids=`` only when a document mask is given.
     """
-    q, k, v, positions, group = _prepare(q_shards, k_shards, v_shards, positions, group,
+    q, k, v, positions, group = check_qkv_shards(q_shards, k_shards, v_shards, positions, group,
                                           "ulysses_attention", needs=("all_to_all",))
     kernel = _attention if attention is None else attention
     n = len(q)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import comm
-from .attention import _check_float
+from .attention import check_float
 
 __all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "layout_order"]
 
@@ -99,7 +99,7 @@ def layout_order(s: int, n: int, layout: str) -> torch.Tensor:
 
 
 def _check(q, k, v, n, replicate_kv):
-    _check_float(q=q, k=k, v=v)
+    check_float(q=q, k=k, v=v)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("ulysses_attention expects q, k, v of shape (b, s/N_c, heads, d); got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")

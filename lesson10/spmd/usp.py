@@ -27,7 +27,7 @@ import torch.distributed as dist
 from ..layouts import layout_name, shard_positions
 from ..sim.usp import check_heads, check_ulysses_size  # the USP rules, shared with sim
 from . import comm
-from .attention import _check_float
+from .attention import check_float
 from .ring import ring_attention
 from .ulysses import heads_to_seq, seq_to_heads
 
@@ -82,7 +82,7 @@ def usp_attention(q, k, v, causal: bool = True, layout: str = "zigzag", ulysses_
                          f"ring), got {layout!r}")
     n, rank = comm.group_size(group), comm.group_rank(group)
     u = check_ulysses_size(ulysses_size, n)
-    _check_float(q=q, k=k, v=v)
+    check_float(q=q, k=k, v=v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"{name} must be a local shard tensor (b, s/N, heads, d), got "
