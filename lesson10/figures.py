@@ -211,7 +211,7 @@ def _ring_states(s: int, n: int, layout: str, causal: bool, round: int) -> np.nd
 def valid_tokens(n: int, layout: str, smallest: int = 4, largest: int = 64) -> list[int]:
     """The sequence lengths ``s`` in ``smallest..largest`` that ``layout`` can split over ``n``
     ranks: multiples of ``n`` (contiguous, striped) or of ``2n`` (zig-zag)."""
-    step = 2 * n if layouts.layout_name(layout) == "zigzag" else n
+    step = layouts.layout_unit(n, layout)
     return [s for s in range(step, largest + 1, step) if s >= smallest] or [step]
 
 

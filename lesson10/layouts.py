@@ -30,6 +30,7 @@ import numpy as np
 __all__ = [
     "LAYOUTS",
     "shard_positions",
+    "layout_unit",
     "ring_source",
     "check_permutation",
     "visible",
@@ -65,8 +66,14 @@ def _check_int(name: str, value, minimum: int = 1) -> int:
     return value
 
 
+def layout_unit(n: int, layout: str) -> int:
+    """The smallest sequence length ``layout`` splits over ``n`` ranks (every valid ``s`` is a
+    multiple of it): ``2n`` for ``"zigzag"`` (two chunks a rank), ``n`` otherwise."""
+    return 2 * n if layout_name(layout) == "zigzag" else n
+
+
 def _check_divisible(s: int, n: int, layout: str) -> None:
-    unit = 2 * n if layout == "zigzag" else n
+    unit = layout_unit(n, layout)
     if s % unit:
         what = f"2*n = {unit} chunks" if layout == "zigzag" else f"n = {n} ranks"
         lo, hi = (s // unit) * unit, (s // unit + 1) * unit
@@ -263,7 +270,7 @@ def causal_work(n: int, layout: str = "contiguous", s: int | None = None) -> np.
     layout = layout_name(layout)
     if s is not None:
         return _token_work(s, n, layout)
-    unit = 2 * n if layout == "zigzag" else n          # smallest valid s
+    unit = layout_unit(n, layout)                      # smallest valid s
     w1, w2, w3 = (_token_work(unit * m, n, layout) for m in (1, 2, 3))
     lead = (w3 - 2 * w2 + w1)                          # = 2 * (coefficient of m**2)
     c_per_m = Fraction(unit, n)                        # c = (unit/n) * m
