@@ -141,6 +141,19 @@ def reduce_scatter(x: torch.Tensor, dim: int = 0, group=None, op: str = "reduce_
     return out
 
 
+def _split_sizes(sizes, rows: int, n: int, name: str) -> list[int]:
+    """``sizes`` as ``n`` ints; ``None``: ``rows`` split evenly (a ValueError if it cannot be)."""
+    if sizes is None:
+        if rows % n:
+            raise ValueError(f"all_to_all_single: {rows} rows cannot be split evenly over {n} "
+                             f"ranks; pass {name} or pad to a multiple of n.")
+        return [rows // n] * n
+    sizes = [int(v) for v in sizes]
+    if len(sizes) != n:
+        raise ValueError(f"{name} {sizes} must have {n} entries")
+    return sizes
+
+
 def all_to_all_single(x: torch.Tensor, output_split_sizes=None, input_split_sizes=None,
                       group=None, op: str = "all_to_all") -> torch.Tensor:
     """Block transpose along dim 0: rows ``input_split_sizes[j]`` go to rank ``j``.
@@ -153,23 +166,11 @@ def all_to_all_single(x: torch.Tensor, output_split_sizes=None, input_split_size
     n = group_size(group)
     r = group_rank(group)
     rows = x.shape[0]
-    if input_split_sizes is None:
-        if rows % n:
-            raise ValueError(f"all_to_all_single: {rows} rows cannot be split evenly over {n} "
-                             "ranks; pass input_split_sizes or pad to a multiple of n.")
-        input_split_sizes = [rows // n] * n
-    input_split_sizes = [int(v) for v in input_split_sizes]
-    if len(input_split_sizes) != n or sum(input_split_sizes) != rows:
+    input_split_sizes = _split_sizes(input_split_sizes, rows, n, "input_split_sizes")
+    if sum(input_split_sizes) != rows:
         raise ValueError(f"input_split_sizes {input_split_sizes} must have {n} entries "
                          f"summing to dim 0 = {rows}")
-    if output_split_sizes is None:
-        if rows % n:
-            raise ValueError(f"all_to_all_single: {rows} rows cannot be received evenly from {n} "
-                             "ranks; pass output_split_sizes.")
-        output_split_sizes = [rows // n] * n
-    output_split_sizes = [int(v) for v in output_split_sizes]
-    if len(output_split_sizes) != n:
-        raise ValueError(f"output_split_sizes needs {n} entries, got {output_split_sizes}")
+    output_split_sizes = _split_sizes(output_split_sizes, rows, n, "output_split_sizes")
     row_bytes = math.prod(x.shape[1:]) * x.element_size()
     record(op, (rows - input_split_sizes[r]) * row_bytes)
     x = x.contiguous()

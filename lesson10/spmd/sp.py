@@ -76,30 +76,21 @@ class _ReduceFromTP(torch.autograd.Function):
         return dy, None
 
 
-class _GatherFromSP(torch.autograd.Function):
-    """All-gather along ``dim`` forward; reduce-scatter along ``dim`` backward."""
+class _SeqCollective(torch.autograd.Function):
+    """A sequence-dim collective and its dual: ``forward(x, dim, group, gather)`` all-gathers
+    along ``dim`` (backward: reduce-scatter) when ``gather``, else reduce-scatters (backward:
+    all-gather). Megatron's ``g`` and ``g-bar`` of sequence parallelism, one Function."""
 
     @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return comm.all_gather(x, dim=dim, group=group)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return comm.reduce_scatter(dy, dim=ctx.dim, group=ctx.group), None, None
-
-
-class _ReduceScatterToSP(torch.autograd.Function):
-    """Reduce-scatter along ``dim`` forward; all-gather along ``dim`` backward."""
-
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return comm.reduce_scatter(x, dim=dim, group=group)
+    def forward(ctx, x, dim, group, gather):
+        ctx.dim, ctx.group, ctx.gather = dim, group, gather
+        move = comm.all_gather if gather else comm.reduce_scatter
+        return move(x, dim=dim, group=group)
 
     @staticmethod
     def backward(ctx, dy):
-        return comm.all_gather(dy, dim=ctx.dim, group=ctx.group), None, None
+        dual = comm.reduce_scatter if ctx.gather else comm.all_gather
+        return dual(dy, dim=ctx.dim, group=ctx.group), None, None, None
 
 
 def copy_to_tp(x, group=None, op: str = "all_reduce"):
@@ -117,12 +108,12 @@ def reduce_from_tp(x, group=None):
 
 def gather_from_sp(x, dim: int = 1, group=None):
     """SP -> TP region: ``(b, s/t, h)`` -> ``(b, s, h)``; backward reduce-scatters."""
-    return _GatherFromSP.apply(x, dim, group)
+    return _SeqCollective.apply(x, dim, group, True)
 
 
 def reduce_scatter_to_sp(x, dim: int = 1, group=None):
     """TP partial sums -> SP region: ``(b, s, h)`` partial -> ``(b, s/t, h)`` summed."""
-    return _ReduceScatterToSP.apply(x, dim, group)
+    return _SeqCollective.apply(x, dim, group, False)
 
 
 def sp_shard(x: torch.Tensor, group=None, dim: int = 1) -> torch.Tensor:
