@@ -125,6 +125,12 @@ class _View:
         self.image.value = _png(self.fig)
         return True
 
+    def watch(self, controls, on_change) -> None:
+        """Call ``on_change`` whenever one of ``controls`` changes value, then draw once."""
+        for control in controls:
+            control.observe(on_change, names="value")
+        self.update()
+
     def box(self, controls):
         w = _widgets()
         box = w.VBox([w.HBox(controls) if isinstance(controls, list) else controls, self.message, self.image])
@@ -343,9 +349,7 @@ def sp_strip(t: int = 4):
     def on_change(_=None):
         view.update(t=degree.value, sp=mode.value == "TP + SP")
 
-    mode.observe(on_change, names="value")
-    degree.observe(on_change, names="value")
-    view.update()
+    view.watch((mode, degree), on_change)
     box = view.box([mode, degree])
     box.mode_toggle, box.degree_slider = mode, degree
     return box
@@ -409,9 +413,7 @@ def block_size(h: int = 4096, link: str = "InfiniBand", g: int = 1, causal: bool
         view.update(c=round(c_slider.value), h=h_slider.value, link=link_toggle.value, g=g_slider.value,
                     causal=causal_box.value, F=f_slider.value * 1e12)
 
-    for control in (c_slider, h_slider, link_toggle, g_slider, causal_box, f_slider):
-        control.observe(on_change, names="value")
-    view.update()
+    view.watch((c_slider, h_slider, link_toggle, g_slider, causal_box, f_slider), on_change)
     box = view.box(w.VBox([w.HBox([c_slider, h_slider]), link_toggle, w.HBox([g_slider, causal_box]), f_slider]))
     box.f_slider, box.causal_box, box.g_dropdown, box.link_toggle = f_slider, causal_box, g_slider, link_toggle
     return box
@@ -520,9 +522,7 @@ def ulysses_grid(n: int = 4, s: int = 8, heads: int = 8, kv_heads: int = 8):
         view.update(rank=rank.value, kv_heads=kv.value)
 
     a2a.on_click(on_a2a)
-    rank.observe(on_change, names="value")
-    kv.observe(on_change, names="value")
-    view.update()
+    view.watch((rank, kv), on_change)
     box = view.box([a2a, rank, kv])
     box.all_to_all = on_a2a
     box.kv_dropdown = kv
@@ -635,9 +635,7 @@ def moe_capacity(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float =
     def on_change(_=None):
         view.update(skew=skew_slider.value, capacity_factor=None if cf.value == "none" else float(cf.value))
 
-    skew_slider.observe(on_change, names="value")
-    cf.observe(on_change, names="value")
-    view.update()
+    view.watch((skew_slider, cf), on_change)
     box = view.box([skew_slider, cf])
     box.skew_slider, box.cf_dropdown = skew_slider, cf
     return box

@@ -277,6 +277,15 @@ class _SPColumnLinear(torch.autograd.Function):
         return dx, dw, db, None
 
 
+def _my_part(size: int, group, who: str, what: str) -> slice:
+    """This rank's contiguous ``size/t`` of a weight dimension (a ValueError unless t divides it)."""
+    n, r = comm.group_size(group), comm.group_rank(group)
+    if size % n:
+        raise ValueError(f"{who}: {size} {what} do not split over t = {n} ranks; use a "
+                         f"multiple of {n}.")
+    return slice(r * size // n, (r + 1) * size // n)
+
+
 class ColumnParallelLinear(nn.Module):
     """``y = x W^T + b`` with the rows of ``W`` (output columns of ``y``) split over ranks.
 
@@ -289,12 +298,7 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  sequence_parallel: bool = False, group=None):
         super().__init__()
-        n, r = comm.group_size(group), comm.group_rank(group)
-        out = weight.shape[0]
-        if out % n:
-            raise ValueError(f"ColumnParallelLinear: {out} output features do not split over "
-                             f"t = {n} ranks; use a multiple of {n}.")
-        rows = slice(r * out // n, (r + 1) * out // n)
+        rows = _my_part(weight.shape[0], group, "ColumnParallelLinear", "output features")
         self.weight = nn.Parameter(weight.detach()[rows].clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach()[rows].clone())
         self.sequence_parallel, self.group = sequence_parallel, group
@@ -321,12 +325,7 @@ class RowParallelLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  sequence_parallel: bool = False, group=None):
         super().__init__()
-        n, r = comm.group_size(group), comm.group_rank(group)
-        inp = weight.shape[1]
-        if inp % n:
-            raise ValueError(f"RowParallelLinear: {inp} input features do not split over "
-                             f"t = {n} ranks; use a multiple of {n}.")
-        cols = slice(r * inp // n, (r + 1) * inp // n)
+        cols = _my_part(weight.shape[1], group, "RowParallelLinear", "input features")
         self.weight = nn.Parameter(weight.detach()[:, cols].clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         self.sequence_parallel, self.group = sequence_parallel, group
