@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..spmd.launch import current_device, synchronize, torch_dtype
+from .. import methods
 from .harness import (run_configs, save_figure, interleaved, machine_note, md_table, median, ms, one_process, timed,
                       write_table)
 
@@ -234,12 +235,13 @@ def bench_compare(args, out_dir):
             "d": args.dim, "dtype": args.dtype, "causal": True}
     rows = []
     for n in args.nproc:
+        lay = {m: methods.get(m).default_layout for m in methods.attention_names()}
         configs = [{**base, "method": "sdpa", "threads": 1},
-                   {**base, "method": "ring", "layout": "zigzag"},
-                   {**base, "method": "allgather", "layout": "zigzag"}]
+                   {**base, "method": "ring", "layout": lay["ring"]},
+                   {**base, "method": "allgather", "layout": lay["allgather"]}]
         if base["a_kv"] % n == 0:
-            configs.append({**base, "method": "ulysses", "layout": "contiguous"})
-        configs += [{**base, "method": "usp", "layout": "zigzag", "ulysses_size": u}
+            configs.append({**base, "method": "ulysses", "layout": lay["ulysses"]})
+        configs += [{**base, "method": "usp", "layout": lay["usp"], "ulysses_size": u}
                     for u in range(2, n) if n % u == 0 and base["a_kv"] % u == 0]
         rows += run_configs(time_attention, n, configs, args)
     text = ["# Context parallelism compared: all-gather, ring, Ulysses, USP", "",

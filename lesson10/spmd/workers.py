@@ -138,15 +138,12 @@ def hello() -> dict:
 
 # -------------------------------------------------------------- attention
 def _attention_method(method: str):
-    from .allgather import allgather_attention
-    from .ring import ring_attention
-    from .ulysses import ulysses_attention
-    from .usp import usp_attention
-    methods = {"ring": ring_attention, "ulysses": ulysses_attention,
-               "allgather": allgather_attention, "usp": usp_attention}
-    if method not in methods:
-        raise ValueError(f"method must be one of {sorted(methods)}, got {method!r}")
-    return methods[method]
+    """The registry's record of an attention method (:mod:`lesson10.methods`)."""
+    from .. import methods
+    if method not in methods.attention_names():
+        raise ValueError(f"method must be one of {sorted(methods.attention_names())}, got "
+                         f"{method!r}")
+    return methods.get(method)
 
 
 def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a_kv: int = 2,
@@ -175,8 +172,9 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
     case = dict(method=method, b=b, s=s, a=a, a_kv=a_kv, d=d, causal=causal, layout=layout,
                 dtype=dtype, seed=seed, replicate_kv=replicate_kv, impl=impl, overlap=overlap,
                 split=split, ulysses_size=ulysses_size, docs=docs)
-    fn = _attention_method(method)
-    layout = layout or ("contiguous" if method == "ulysses" else "zigzag")
+    record = _attention_method(method)
+    fn = record.spmd_function()
+    layout = layout or record.default_layout
     case["layout"] = layout
     world, rank = dist.get_world_size(), dist.get_rank()
     group, n, which = None, world, 0
