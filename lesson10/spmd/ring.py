@@ -41,35 +41,14 @@ from .comm import record
 from .launch import synchronize_device
 from .shard import layout_positions
 
-__all__ = ["RingComm", "ring_options", "ring_attention", "RingAttention", "ring_blocks", "RingPlan"]
+__all__ = ["RingComm", "RingSettings", "ring_settings", "set_ring_settings", "ring_options",
+           "ring_attention", "RingAttention", "ring_blocks", "RingPlan"]
 
 
-# ------------------------------------------------------------------ communicator
-class _Shift:
-    """An in-flight shift: ``wait()`` then read ``received`` (same shapes as sent).
-    ``done_at``: with a paced link, the ``perf_counter`` time before which ``wait()`` does
-    not return (the transfer's start plus bytes / bandwidth)."""
-
-    def __init__(self, handles, sent, received, done_at: float = 0.0):
-        self.handles, self.sent, self.received = handles, sent, received
-        self.done_at = done_at
-
-    def wait(self):
-        for h in self.handles:
-            h.wait()
-        self.handles = []
-        self.sent = None                    # sent: the sender may drop its block now
-        left = self.done_at - time.perf_counter()
-        if left > 0:                                   # the emulated link is still busy
-            time.sleep(left)
-        return self.received
-
-
-class RingComm:
-    """Point-to-point ring inside ``group``: send to rank ``r+1``, receive from ``r-1``.
-
-    Two knobs for experiments live here, not in ``ring_attention``'s signature; set them
-    with :func:`ring_options` around a call (the backward reuses the forward's values):
+# ------------------------------------------------------------------ settings
+@dataclass(frozen=True)
+class RingSettings:
+    """The experiment knobs of the ring, apart from its arguments (benchmarks set them):
 
     * ``overlap`` (default True): start each transfer before the round's compute; False
       waits for it first, so nothing hides (benchmark 2 of ``bench ring``);
@@ -83,6 +62,85 @@ class RingComm:
       bandwidth`` seconds after it started: ``wait()`` sleeps for what is left. Compute
       in between hides that time, as on a real link (the c* experiment, ``bench cstar``).
     """
+    overlap: bool = True
+    timings: list | None = None
+    bandwidth: float | None = None
+
+    def __post_init__(self):
+        bw = self.bandwidth
+        if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float))
+                               or not bw > 0 or bw == float("inf")):
+            raise ValueError(f"bandwidth must be a finite number of bytes/s > 0 (or None: the "
+                             f"backend's own speed), got {bw!r}")
+        object.__setattr__(self, "overlap", bool(self.overlap))
+
+
+_current = [RingSettings()]
+
+
+def ring_settings() -> RingSettings:
+    """The :class:`RingSettings` the next ring attention call uses."""
+    return _current[0]
+
+
+def set_ring_settings(settings: RingSettings) -> RingSettings:
+    """Use ``settings`` for the ring attention calls from now on; returns the previous ones."""
+    if not isinstance(settings, RingSettings):
+        raise ValueError(f"settings must be a RingSettings, got {type(settings).__name__}")
+    old, _current[0] = _current[0], settings
+    return old
+
+
+@contextmanager
+def ring_options(overlap: bool = True, timings: list | None = None, bandwidth: float | None = None):
+    """Run the ring attention calls inside the ``with`` block with these
+    :class:`RingSettings` (see there); restored afterwards. The backward of a call uses the
+    settings of its forward."""
+    old = set_ring_settings(RingSettings(overlap, timings, bandwidth))
+    try:
+        yield
+    finally:
+        set_ring_settings(old)
+
+
+# ------------------------------------------------------------------ communicator
+class _Shift:
+    """An in-flight shift: ``wait()`` then read ``received`` (same shapes as sent)."""
+
+    def __init__(self, handles, sent, received):
+        self.handles, self.sent, self.received = handles, sent, received
+
+    def wait(self):
+        for h in self.handles:
+            h.wait()
+        self.handles = []
+        self.sent = None                    # sent: the sender may drop its block now
+        return self.received
+
+
+class _PacedShift(_Shift):
+    """A shift on an emulated slower link: ``wait()`` does not return before ``done_at``
+    (a ``perf_counter`` time: the transfer's start plus bytes / bandwidth)."""
+
+    def __init__(self, handles, sent, received, done_at: float):
+        super().__init__(handles, sent, received)
+        self.done_at = done_at
+
+    def wait(self):
+        received = super().wait()
+        left = self.done_at - time.perf_counter()
+        if left > 0:                                   # the emulated link is still busy
+            time.sleep(left)
+        return received
+
+
+class RingComm:
+    """Point-to-point ring inside ``group``: send to rank ``r+1``, receive from ``r-1``.
+
+    ``overlap``, ``timings``, ``bandwidth``: a :class:`RingSettings` (see there); ring
+    attention builds its communicator from :func:`ring_settings`, which
+    :func:`ring_options` sets around a call.
+    """
 
     def __init__(self, group=None, overlap: bool = True, timings: list | None = None,
                  bandwidth: float | None = None):
@@ -92,12 +150,17 @@ class RingComm:
         to_global = (lambda i: i) if group is None else (lambda i: dist.get_global_rank(group, i))
         self.next = to_global((self.rank + 1) % self.size)
         self.prev = to_global((self.rank - 1) % self.size)
+        self.settings = RingSettings(overlap, timings, bandwidth)
         self.overlap, self.timings, self.bandwidth = overlap, timings, bandwidth
+
+    @classmethod
+    def with_settings(cls, group, settings: RingSettings) -> "RingComm":
+        return cls(group, settings.overlap, settings.timings, settings.bandwidth)
 
     def shift(self, tensors, tag: int = 0) -> _Shift:
         """Start sending every tensor to ``r+1`` and receiving as many from ``r-1`` (async).
 
-        Returns a :class:`_Shift`; the sent tensors must not change until ``wait()``.
+        Returns a shift to ``wait()`` on; the sent tensors must not change until then.
         Every sent byte is recorded as ``"p2p"`` in :func:`lesson10.spmd.comm.count_bytes`.
         Without overlap the transfer completes before this returns.
         """
@@ -113,8 +176,9 @@ class RingComm:
             record("p2p", t.numel() * t.element_size())
             nbytes += t.numel() * t.element_size()
         start = time.perf_counter()
-        done_at = start + nbytes / self.bandwidth if self.bandwidth else 0.0
-        shift = _Shift(dist.batch_isend_irecv(ops), sent, received, done_at)
+        handles = dist.batch_isend_irecv(ops)
+        shift = _PacedShift(handles, sent, received, start + nbytes / self.bandwidth) \
+            if self.bandwidth else _Shift(handles, sent, received)
         if not self.overlap:
             shift.wait()
         return shift
@@ -129,25 +193,6 @@ class RingComm:
         if self.timings is not None:
             self.timings.append({"phase": phase, "round": step, "compute_s": compute_s,
                                  "wait_s": wait_s})
-
-
-_OPTIONS = {"overlap": True, "timings": None, "bandwidth": None}
-
-
-@contextmanager
-def ring_options(overlap: bool = True, timings: list | None = None, bandwidth: float | None = None):
-    """Run the ring attention calls inside the ``with`` block with these
-    :class:`RingComm` settings (see there); restored afterwards."""
-    if bandwidth is not None and (isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float))
-                                  or not bandwidth > 0 or bandwidth == float("inf")):
-        raise ValueError(f"bandwidth must be a finite number of bytes/s > 0 (or None: the "
-                         f"backend's own speed), got {bandwidth!r}")
-    old = dict(_OPTIONS)
-    _OPTIONS.update(overlap=bool(overlap), timings=timings, bandwidth=bandwidth)
-    try:
-        yield
-    finally:
-        _OPTIONS.update(old)
 
 
 # -------------------------------------------------------------------- the plan
@@ -166,7 +211,7 @@ class RingPlan:
     """Everything one ring call needs besides the tensors, decided once at the API boundary
     and shared by forward and backward: the group and mask, this rank's query positions,
     per round the K/V positions and the :class:`lesson10.layouts.Block` s to compute, the
-    kernel choice and the :class:`RingComm` settings."""
+    kernel choice and the :class:`RingSettings` of the call."""
     group: object
     causal: bool
     doc: object
@@ -175,17 +220,17 @@ class RingPlan:
     blocks: list
     scale: object
     impl: str
-    comm: dict
+    settings: RingSettings
 
     @classmethod
-    def build(cls, positions, rank, causal, doc, device, group, scale, impl, comm_settings):
+    def build(cls, positions, rank, causal, doc, device, group, scale, impl, settings):
         n = len(positions)
         srcs = [ring_source(rank, step, n) for step in range(n)]
         doc_np = None if doc is None else doc.cpu().numpy()
         blocks = [block_plan(positions[rank], positions[j], causal, doc_np) for j in srcs]
         as_t = lambda p: torch.as_tensor(np.asarray(p), dtype=torch.long, device=device)  # noqa: E731
         return cls(group, causal, doc, as_t(positions[rank]), [as_t(positions[j]) for j in srcs],
-                   blocks, scale, impl, dict(comm_settings))
+                   blocks, scale, impl, settings)
 
     def kwargs(self, step: int, blk: Block) -> dict:
         return block_kwargs(blk, self.q_pos, self.k_pos[step], self.causal, self.doc)
@@ -229,7 +274,7 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, plan: RingPlan):
-        ring = RingComm(plan.group, **plan.comm)
+        ring = RingComm.with_settings(plan.group, plan.settings)
         n = ring.size
         out = lse = None
         kv = [k, v]
@@ -251,7 +296,7 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         plan = ctx.plan
-        ring = RingComm(plan.group, **plan.comm)
+        ring = RingComm.with_settings(plan.group, plan.settings)
         n = ring.size
         dout = dout.contiguous()
         dq = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
@@ -312,5 +357,5 @@ def ring_attention(q, k, v, causal: bool = True, layout="zigzag", group=None, *,
     n = len(positions)
     doc = check_doc_ids(doc_ids, n * q.shape[1], q.device, "ring_attention")
     plan = RingPlan.build(positions, comm.group_rank(group), bool(causal), doc, q.device, group,
-                          scale, impl, _OPTIONS)
+                          scale, impl, ring_settings())
     return RingAttention.apply(q, k, v, plan)
