@@ -246,16 +246,8 @@ def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=N
     received = group.all_to_all([[xs[i][idx[i][d][0]] for d in range(n)] for i in range(n)])
 
     # 3. expert compute on rank d, on the copies it received (in source-rank order)
-    back = []
-    for d in range(n):
-        ids = np.concatenate([routes[i][0][idx[i][d]] for i in range(n)])
-        batch = np.concatenate(received[d]).reshape(-1, h)
-        out = np.empty_like(batch)
-        for ex in range(d * per_rank, (d + 1) * per_rank):
-            rows = ids == ex
-            out[rows] = apply_expert(experts[ex], batch[rows])
-        sizes = np.cumsum([len(b) for b in received[d]])[:-1]
-        back.append(np.split(out, sizes))            # back[d][i]: outputs for rank i's copies
+    back = [_run_local_experts(d, routes, idx, received[d], experts, per_rank, h)
+            for d in range(n)]                       # back[d][i]: outputs for rank i's copies
 
     # 4. combine: the outputs go home and are summed with the gates
     returned = group.all_to_all(back)                # returned[i][d]
@@ -270,9 +262,21 @@ def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=N
         return ys
     kept_experts = np.concatenate([c[m] for (c, _), m in zip(routes, keep)])
     load_e = np.bincount(kept_experts, minlength=E)
-    stats = {"capacity": capacity, "dropped": int(sum((~m).sum() for m in keep)),
-             "load_per_expert": load_e, "load_per_gpu": load_e.reshape(n, per_rank).sum(1)}
-    return ys, stats
+    return ys, {"capacity": capacity, "dropped": int(sum((~m).sum() for m in keep)),
+                "load_per_expert": load_e, "load_per_gpu": load_e.reshape(n, per_rank).sum(1)}
+
+
+def _run_local_experts(d, routes, idx, received, experts, per_rank: int, h: int) -> list:
+    """Rank ``d``'s experts on the copies it received (``received[i]`` from rank ``i``, in
+    source-rank order); returns their outputs split back per source rank."""
+    n = len(routes)
+    ids = np.concatenate([routes[i][0][idx[i][d]] for i in range(n)])
+    batch = np.concatenate(received).reshape(-1, h)
+    out = np.empty_like(batch)
+    for ex in range(d * per_rank, (d + 1) * per_rank):
+        rows = ids == ex
+        out[rows] = apply_expert(experts[ex], batch[rows])
+    return np.split(out, np.cumsum([len(b) for b in received])[:-1])
 
 
 # --------------------------------------------------------------------------- simulator
