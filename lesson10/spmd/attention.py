@@ -355,6 +355,30 @@ def local_attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale
     return out, lse.transpose(1, 2).contiguous()
 
 
+def _kernel_backward(dout, q, k, v, out, lse, kind, scale, g: int):
+    """The fused kernel's backward of one block (CPU flash; CUDA memory-efficient SDPA, with
+    GQA K/V repeated and their gradients summed back)."""
+    s_q, s_k = q.shape[1], k.shape[1]
+    dot, qt, kt, vt, ot = (t.transpose(1, 2) for t in (dout, q, k, v, out))
+    if q.device.type == "cpu":
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dot, qt, kt, vt, ot, lse.contiguous(), 0.0, kind, scale=scale)
+    else:  # CUDA, untested here
+        if g > 1:
+            kt, vt = kt.repeat_interleave(g, dim=1), vt.repeat_interleave(g, dim=1)
+        pad = (-s_q) % 32
+        lse_p = torch.nn.functional.pad(lse, (0, pad)) if pad else lse
+        zero = torch.zeros((), dtype=torch.int64, device=q.device)
+        dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            dot.contiguous(), qt, kt, vt, None, ot, lse_p.contiguous(), zero, zero, 0.0,
+            [True, True, True, False], kind, scale=scale)
+        if g > 1:
+            b, a, _, d = dk.shape
+            dk = dk.view(b, a // g, g, s_k, d).sum(2)
+            dv = dv.view(b, a // g, g, s_k, d).sum(2)
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
 def local_attention_backward(dout, q, k, v, out, lse, causal: bool = False, q_pos=None, k_pos=None,
                              scale=None, impl="auto", doc_ids=None):
     """Gradients ``(dq, dk, dv)`` of one attention block, recomputed from ``(out, lse)``.
@@ -378,26 +402,8 @@ def local_attention_backward(dout, q, k, v, out, lse, causal: bool = False, q_po
                          f"local_attention, got {tuple(getattr(lse, 'shape', ()))}")
     kind = _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, q.device, doc_ids)
     scale_v = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    use = _choose_impl(impl, kind, q, k)
-    if use == "kernel":
-        dot, qt, kt, vt, ot = (t.transpose(1, 2) for t in (dout, q, k, v, out))
-        if q.device.type == "cpu":
-            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                dot, qt, kt, vt, ot, lse.contiguous(), 0.0, kind, scale=scale)
-        else:  # CUDA, untested here
-            if g > 1:
-                kt, vt = kt.repeat_interleave(g, dim=1), vt.repeat_interleave(g, dim=1)
-            pad = (-s_q) % 32
-            lse_p = torch.nn.functional.pad(lse, (0, pad)) if pad else lse
-            zero = torch.zeros((), dtype=torch.int64, device=q.device)
-            dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-                dot.contiguous(), qt, kt, vt, None, ot, lse_p.contiguous(), zero, zero, 0.0,
-                [True, True, True, False], kind, scale=scale)
-            if g > 1:
-                b, a, _, d = dk.shape
-                dk = dk.view(b, a // g, g, s_k, d).sum(2)
-                dv = dv.view(b, a // g, g, s_k, d).sum(2)
-        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+    if _choose_impl(impl, kind, q, k) == "kernel":
+        return _kernel_backward(dout, q, k, v, out, lse, kind, scale, g)
     # einsum path
     if g > 1:
         k = k.repeat_interleave(g, dim=2)
