@@ -29,7 +29,7 @@ METHODS = tuple(_REGISTRY)
 
 def add_size_args(p: argparse.ArgumentParser) -> None:
     """The size options ``run`` and ``bench`` share."""
-    from .spmd.launch import DTYPES
+    from .spmd.device import DTYPES
     p.add_argument("--seq", type=int, default=4096, help="whole sequence length s")
     p.add_argument("--heads", type=int, default=8, help="query heads a")
     p.add_argument("--kv-heads", type=int, default=None, help="K/V heads (GQA); default = heads")

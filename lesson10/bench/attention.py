@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..spmd.launch import current_device, synchronize, torch_dtype
+from ..spmd.device import current_device, synchronize, torch_dtype
 from .. import methods
 from .harness import (run_configs, save_figure, interleaved, machine_note, md_table, median, ms, one_process, timed,
                       write_table)

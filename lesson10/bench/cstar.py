@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from .. import cost
-from ..spmd.launch import current_device, synchronize, torch_dtype
+from ..spmd.device import current_device, synchronize, torch_dtype
 from .harness import save_figure, machine_note, md_table, ms, slowest, write_table
 
 __all__ = ["cstar_sweep", "crossing", "cstar_table", "bench"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..spmd.launch import current_device, synchronize
+from ..spmd.device import current_device, synchronize
 from . import RESULTS_DIR
 
 __all__ = ["RESULTS_DIR", "slowest", "timed", "interleaved", "one_process", "median",

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from .. import cost
 from ..spmd.comm import count_bytes
-from ..spmd.launch import current_device, torch_dtype
+from ..spmd.device import current_device, torch_dtype
 from .harness import (run_configs, save_figure, interleaved, machine_note, md_table, median, ms, one_process, ratio, timed,
                       write_table)
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from .. import cost
 from ..spmd.comm import ByteCounter, count_bytes
-from ..spmd.launch import current_device, torch_dtype
+from ..spmd.device import current_device, torch_dtype
 from .harness import run_configs, interleaved, machine_note, md_table, median, ms, timed, write_table
 
 __all__ = ["time_sp", "sp_table", "bench"]

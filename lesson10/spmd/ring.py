@@ -38,7 +38,7 @@ from .attention import (acc_dtype, block_kwargs, check_doc_ids, check_local_qkv,
                         local_attention_backward, merge_block, require_rank)
 from . import comm
 from .comm import record
-from .launch import synchronize_device
+from .device import synchronize_device
 from .shard import layout_positions
 
 __all__ = ["RingComm", "RingSettings", "ring_settings", "set_ring_settings", "ring_options",

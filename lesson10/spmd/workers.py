@@ -40,7 +40,7 @@ from .. import cost
 from . import comm
 from .attention import attention
 from .comm import SIDE_OPS
-from .launch import current_device, synchronize, torch_dtype
+from .device import current_device, synchronize, torch_dtype
 
 __all__ = ["hello", "check_attention", "check_sp", "check_moe", "run_checks",
            "uniform_router_tokens", "SIDE_OPS", "TOL"]
