@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .core import CheckFailed, _describe, _fail, _message
+from .core import CheckFailed, describe_value, fail_check, failure_message
 from .served_attention import ServedAttention, numeric_array as _array, same_values as _same
 
 __all__ = ["RuleBroken", "Referee", "RingNetwork", "AllToAllNetwork", "Send", "ServedAttention",
@@ -56,7 +56,7 @@ class Referee:
     def breach(self, what: str, hint: str):
         """Record the problem (the first one wins) and raise it into the student's code."""
         if self.problem is None:
-            self.problem = _message(self.exercise, self.where, what, hint=hint, show=False)
+            self.problem = failure_message(self.exercise, self.where, what, hint=hint, show=False)
         raise RuleBroken(self.problem)
 
     def verdict(self) -> None:
@@ -65,7 +65,7 @@ class Referee:
             raise CheckFailed(self.problem)
 
     def fail(self, what: str, hint: str):
-        _fail(self.exercise, self.where, what, show=False, hint=hint)
+        fail_check(self.exercise, self.where, what, show=False, hint=hint)
 
 
 class _Served:
@@ -177,13 +177,13 @@ class RingNetwork(_Served):
         self._calls += 1
         call = f"in call {self._calls} of ring_shift"
         if not isinstance(xs, (list, tuple)) or len(xs) != n:
-            ref.breach(f"ring_shift got {_describe(xs)}; it takes a list with one entry per rank "
+            ref.breach(f"ring_shift got {describe_value(xs)}; it takes a list with one entry per rank "
                        f"(N_c = {n}): entry r is what rank r sends to rank r + 1", _SHIFT_HINT)
         sent = []
         for r, entry in enumerate(xs):
             arrs, box = _entry(entry)
             if not arrs:
-                ref.breach(f"{call}, rank {r} sent {_describe(entry)}: send arrays (the K block, "
+                ref.breach(f"{call}, rank {r} sent {describe_value(entry)}: send arrays (the K block, "
                            f"the V block, or a tuple of them with the positions)", _SHIFT_HINT)
             found = []
             for a in arrs:
@@ -342,7 +342,7 @@ class AllToAllNetwork(_Served):
             ref.breach(*self._refuse)
         if not isinstance(blocks, (list, tuple)) or len(blocks) != n or any(
                 not isinstance(row, (list, tuple)) or len(row) != n for row in blocks):
-            ref.breach(f"all_to_all got {_describe(blocks)}; it takes an N_c x N_c nested list "
+            ref.breach(f"all_to_all got {describe_value(blocks)}; it takes an N_c x N_c nested list "
                        f"(N_c = {n}): blocks[i][j] is the array rank i sends to rank j",
                        "blocks is a list with one entry per sending rank, each a list of N_c "
                        "arrays, one per receiving rank")
@@ -350,7 +350,7 @@ class AllToAllNetwork(_Served):
         for i in range(n):
             for j in range(n):
                 if arrs[i][j] is None:
-                    ref.breach(f"all_to_all: blocks[{i}][{j}] is {_describe(blocks[i][j])}, not an "
+                    ref.breach(f"all_to_all: blocks[{i}][{j}] is {describe_value(blocks[i][j])}, not an "
                                f"array of numbers", "every block is a NumPy array")
         if self._calls > len(self._sends):
             ref.breach(f"all_to_all was called {self._calls} times; {self._purpose} needs "
@@ -420,20 +420,20 @@ class AllToAllNetwork(_Served):
 
 # --------------------------------------------------------------------------- calling
 def served_call(referee: Referee, exercise: str, fn, names, *args, calls: str = "", **kwargs):
-    """Call the student's function (``core._run``: errors and changed inputs are reported)
+    """Call the student's function (``core.run_student``: errors and changed inputs are reported)
     with the served objects among its arguments. A rule broken during the call wins over
     whatever the call raised or returned: it is the real cause. ``calls`` names how the
     check calls the function, for a TypeError about its arguments (a signature without the
     ``group`` argument, for example)."""
-    from .core import _StudentError, _run
+    from .core import StudentError, run_student
     try:
-        return _run(exercise, fn, names, *args, **kwargs)
-    except (_StudentError, CheckFailed) as exc:
+        return run_student(exercise, fn, names, *args, **kwargs)
+    except (StudentError, CheckFailed) as exc:
         referee.verdict()
         cause = exc.__cause__
-        if isinstance(exc, _StudentError) and isinstance(cause, TypeError) and calls \
+        if isinstance(exc, StudentError) and isinstance(cause, TypeError) and calls \
                 and "argument" in str(cause):
             lines = [line for line in str(exc).splitlines() if not line.startswith("hint:")]
-            raise _StudentError("\n".join(lines + [f"hint: the check calls it as {calls}: give your "
+            raise StudentError("\n".join(lines + [f"hint: the check calls it as {calls}: give your "
                                                     f"function that signature"])) from cause
         raise
