@@ -1,7 +1,8 @@
 """Command line: ``python -m lesson10 {demo,run,bench,grade,gradescope,release,build}``.
 
     demo                      every simulated method on a small case: error and bytes vs. the lesson
-    run METHOD --nproc N      one real multi-process run (sp, ring, ulysses, moe) on gloo/NCCL
+    run METHOD --nproc N      one real multi-process run on gloo/NCCL; METHOD one of
+                              sp, ring, ulysses, allgather, usp, moe (lesson10.methods)
     bench WHAT                benchmarks (sim, ring, ulysses, moe, sp) -> benchmarks/results/
                               (run and bench, but bench sim, need PyTorch: lesson10[spmd])
     grade NOTEBOOK...         instructors: score submitted notebooks with a judge (see README)

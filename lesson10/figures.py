@@ -17,15 +17,16 @@ Figures: :func:`ring_rounds`, :func:`sp_strip`, :func:`block_size`,
 """
 from __future__ import annotations
 
-import io
 import textwrap
-import math
 
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from . import cost, layouts
+from .figure_data import moe_routing, owners as _owners, ring_states as _ring_states, ulysses_owner
+from .figure_kit import (COLORS, RELEASE as _RELEASE, STYLE as _STYLE, View as _View,
+                         legend as _legend, new_figure as _figure, widgets as _widgets)
 
 __all__ = [
     "COLORS",
@@ -36,110 +37,7 @@ __all__ = [
     "draw_moe_capacity", "moe_capacity", "moe_routing", "ulysses_owner",
 ]
 
-COLORS = {
-    "computed": "#2f6fdb",    # blue
-    "earlier": "#b9d0f5",     # faint blue
-    "masked": "#c8c8c8",      # grey
-    "idle": "#8e5cd9",        # violet (idle time, replicated copies)
-    "split": "#d63fb4",       # magenta (split by tokens, dropped copies)
-    "comm": "#1fb5c4",        # aqua (collectives, bytes in flight)
-    "empty": "#ffffff",
-    "edge": "#444444",
-}
-COLORS["replicated"] = COLORS["idle"]
-COLORS["dropped"] = COLORS["split"]
-
-
-#: fixed margins of each figure (fractions of the figure): a layout engine ("constrained")
-#: re-solves the layout at every redraw and costs more than the drawing itself
-_MARGINS = {
-    "ring_rounds": dict(left=0.11, right=0.98, bottom=0.24, top=0.92, wspace=0.22),
-    "sp_strip": dict(left=0.01, right=0.99, bottom=0.22, top=0.84),
-    "block_size": dict(left=0.11, right=0.97, bottom=0.12, top=0.87),
-    "ulysses_grid": dict(left=0.07, right=0.64, bottom=0.1, top=0.93, hspace=0.45),
-    "moe_capacity": dict(left=0.1, right=0.97, bottom=0.07, top=0.94, hspace=0.38),
-}
-
-
-def _figure(fig, size, name):
-    if fig is None:
-        fig = Figure(figsize=size)
-    else:
-        fig.clear()
-    fig.subplots_adjust(**_MARGINS[name])
-    return fig
-
-
-def _legend(ax, entries, **kw):
-    """A legend of coloured boxes: ``entries`` = [(COLORS key or colour, label), ...]."""
-    from matplotlib.patches import Patch
-    handles = [Patch(fc=COLORS.get(c, c), ec=COLORS["edge"], lw=0.5, label=label) for c, label in entries]
-    return ax.legend(handles=handles, **{"fontsize": 8, **kw})
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    return buf.getvalue()
-
-
-#: a 1 x 1 white PNG: what a figure shows while its controls make no sense together
-_BLANK = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00"
-          b"\x90wS\xde\x00\x00\x00\x0cIDATx\x9cc\xf8\xff\xff?\x00\x05\xfe\x02\xfe\r\xefF\xb8\x00\x00"
-          b"\x00\x00IEND\xaeB`\x82")
-
-#: sliders redraw when released, not at every step of a drag (a redraw is a new PNG)
-_RELEASE = {"continuous_update": False}
-
-#: controls show their whole description (ipywidgets 7 and 8 cut it at ~80 px otherwise)
-_STYLE = {"description_width": "initial"}
-
-
-def _widgets():
-    try:
-        import ipywidgets
-    except ImportError as exc:  # pragma: no cover - ipywidgets is a dependency
-        raise ImportError("the interactive figures need ipywidgets: pip install ipywidgets") from exc
-    return ipywidgets
-
-
-class _View:
-    """Glue for one interactive figure: an Image showing ``draw(fig, **state)`` and a message line."""
-
-    def __init__(self, draw, state, size):
-        w = _widgets()
-        self.draw, self.state = draw, dict(state)
-        self.fig = Figure(figsize=size)
-        self.image = w.Image(format="png")
-        self.message = w.HTML()
-
-    def update(self, **changes):
-        self.state.update(changes)
-        try:
-            self.draw(self.fig, **self.state)
-        except ValueError as exc:          # bad combination of controls: say why, show no stale picture
-            self.message.value = f"<span style='color:{COLORS['split']}'>{exc}</span>"
-            self.image.value = _BLANK
-            return False
-        self.message.value = ""
-        self.image.value = _png(self.fig)
-        return True
-
-    def box(self, controls):
-        w = _widgets()
-        box = w.VBox([w.HBox(controls) if isinstance(controls, list) else controls, self.message, self.image])
-        box.view = self                    # tests and curious users can reach the state and figure
-        return box
-
-
 # =========================================================================== 1. ring rounds
-def _owners(s, n, layout):
-    owner = np.empty(s, dtype=int)
-    for r, pos in enumerate(layouts.shard_positions(s, n, layout)):
-        owner[pos] = r
-    return owner
-
-
 def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contiguous",
                      round: int = 0, causal: bool = True) -> Figure:
     """Score matrix and per-rank work of ring attention in round ``round``.
@@ -157,10 +55,7 @@ def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contig
     fig = _figure(fig, (9, 4.8), "ring_rounds")
     ax, bx = fig.subplots(1, 2, width_ratios=[1.15, 1])
 
-    q, kk = np.meshgrid(np.arange(s), np.arange(s), indexing="ij")
-    k_of = (owner[q] - owner[kk]) % n          # round in which q's rank holds key kk's K/V
-    masked = (kk > q) if causal else np.zeros_like(q, dtype=bool)
-    state = np.where(masked, 0, np.where(k_of == round, 3, np.where(k_of < round, 2, 1)))
+    state = _ring_states(s, n, layout, causal, round)
     palette = [COLORS["masked"], COLORS["empty"], COLORS["earlier"], COLORS["computed"]]
     from matplotlib.colors import ListedColormap
     # rows ordered by rank, so each rank owns a horizontal band
@@ -201,7 +96,7 @@ def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contig
 def valid_tokens(n: int, layout: str, smallest: int = 4, largest: int = 64) -> list[int]:
     """The sequence lengths ``s`` in ``smallest..largest`` that ``layout`` can split over ``n``
     ranks: multiples of ``n`` (contiguous, striped) or of ``2n`` (zig-zag)."""
-    step = 2 * n if layouts._check_layout(layout) == "zigzag" else n
+    step = layouts.layout_unit(n, layout)
     return [s for s in range(step, largest + 1, step) if s >= smallest] or [step]
 
 
@@ -210,7 +105,7 @@ def ring_rounds(n: int = 4, s: int = 16, layout: str = "contiguous"):
     tokens slider offers only the lengths the layout can split over N_c ranks."""
     w = _widgets()
     view = _View(draw_ring_rounds, dict(n=n, s=s, layout=layout, round=0), (9, 4.8))
-    lay = w.ToggleButtons(options=list(layouts.LAYOUTS), value=layouts._check_layout(layout),
+    lay = w.ToggleButtons(options=list(layouts.LAYOUTS), value=layouts.layout_name(layout),
                           description="layout")
     ranks = w.IntSlider(value=n, min=2, max=8, description="ranks N_c", style=_STYLE, **_RELEASE)
     options = valid_tokens(n, layout)
@@ -333,9 +228,7 @@ def sp_strip(t: int = 4):
     def on_change(_=None):
         view.update(t=degree.value, sp=mode.value == "TP + SP")
 
-    mode.observe(on_change, names="value")
-    degree.observe(on_change, names="value")
-    view.update()
+    view.watch((mode, degree), on_change)
     box = view.box([mode, degree])
     box.mode_toggle, box.degree_slider = mode, degree
     return box
@@ -399,27 +292,13 @@ def block_size(h: int = 4096, link: str = "InfiniBand", g: int = 1, causal: bool
         view.update(c=round(c_slider.value), h=h_slider.value, link=link_toggle.value, g=g_slider.value,
                     causal=causal_box.value, F=f_slider.value * 1e12)
 
-    for control in (c_slider, h_slider, link_toggle, g_slider, causal_box, f_slider):
-        control.observe(on_change, names="value")
-    view.update()
+    view.watch((c_slider, h_slider, link_toggle, g_slider, causal_box, f_slider), on_change)
     box = view.box(w.VBox([w.HBox([c_slider, h_slider]), link_toggle, w.HBox([g_slider, causal_box]), f_slider]))
     box.f_slider, box.causal_box, box.g_dropdown, box.link_toggle = f_slider, causal_box, g_slider, link_toggle
     return box
 
 
 # =========================================================================== 4. Ulysses grid
-def ulysses_owner(n: int, s: int, heads: int, state: str = "sequence") -> np.ndarray:
-    """Rank holding each (token, head) cell, shape ``(s, heads)``: by token blocks of ``s/n``
-    (``state="sequence"``) or by head groups of ``heads/n`` (``state="heads"``)."""
-    if state not in ("sequence", "heads"):
-        raise ValueError(f"state must be 'sequence' or 'heads', got {state!r}")
-    for name, value in (("s (tokens)", s), ("heads", heads)):
-        if value % n:
-            raise ValueError(f"{name} = {value} does not split over n = {n} ranks; use a multiple of {n}")
-    tok, head = np.meshgrid(np.arange(s), np.arange(heads), indexing="ij")
-    return tok // (s // n) if state == "sequence" else head // (heads // n)
-
-
 def draw_ulysses_grid(fig=None, *, n: int = 4, s: int = 8, heads: int = 8, kv_heads: int = 8,
                       state: str = "sequence", rank: int = 0, arrived: bool | None = None) -> Figure:
     """One tensor as a (token x head) grid; each cell shows the rank that holds it.
@@ -510,9 +389,7 @@ def ulysses_grid(n: int = 4, s: int = 8, heads: int = 8, kv_heads: int = 8):
         view.update(rank=rank.value, kv_heads=kv.value)
 
     a2a.on_click(on_a2a)
-    rank.observe(on_change, names="value")
-    kv.observe(on_change, names="value")
-    view.update()
+    view.watch((rank, kv), on_change)
     box = view.box([a2a, rank, kv])
     box.all_to_all = on_a2a
     box.kv_dropdown = kv
@@ -520,50 +397,6 @@ def ulysses_grid(n: int = 4, s: int = 8, heads: int = 8, kv_heads: int = 8):
 
 
 # =========================================================================== 5. MoE capacity
-def moe_routing(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float = 0.0,
-                capacity_factor: float | None = 1.25, seed: int = 0) -> dict:
-    """Route ``N = Ne * T`` tokens (``T`` per GPU, as in the lesson) to ``k`` distinct experts.
-
-    Same skew model as :func:`lesson10.sim.simulate_moe`: expert ``i`` has a popularity
-    ``u_i`` (standard normal, from ``seed``) and token scores are ``skew * u_i`` plus
-    standard Gumbel noise; ``skew = 0`` is uniform top-k. Routing, capacity
-    ``C = ceil(CF * k * N / E)`` and first-come-first-served drops in global token order
-    (GPU 0's tokens first) use ``lesson10.sim.moe``; ``capacity_factor=None``: no limit.
-
-    Returns a dict: ``experts`` (N, k), ``arrival`` (N, k) = place of each copy in its
-    expert's queue, ``kept`` (N, k) bool, ``capacity`` (int or None), ``received_per_expert``
-    (all copies), ``load_per_expert`` and ``load_per_gpu`` (computed copies), ``drop_rate``.
-    """
-    from .sim import moe as sim_moe
-
-    for name, value in (("E", E), ("Ne", Ne), ("T (tokens per GPU)", T)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if E % Ne:
-        raise ValueError(f"E = {E} experts do not split over Ne = {Ne} GPUs; use E a multiple of Ne")
-    if not math.isfinite(skew) or skew < 0:
-        raise ValueError(f"skew must be a finite number >= 0, got {skew!r}")
-    N = Ne * T
-    capacity = sim_moe.expert_capacity(N, E, k, capacity_factor)   # validates k and CF
-    pop_seq, route_seq = np.random.SeedSequence(seed).spawn(2)
-    popularity = np.random.default_rng(pop_seq).standard_normal(E)
-    logits = skew * popularity + np.random.default_rng(route_seq).gumbel(size=(N, E))
-    experts, _ = sim_moe.route_topk(logits, k)
-    kept = sim_moe.capacity_keep(experts, E, capacity)
-    flat = experts.ravel()
-    counts = np.bincount(flat, minlength=E)
-    order = np.argsort(flat, kind="stable")                 # token-major = arrival order
-    arrival = np.empty(flat.size, dtype=np.int64)
-    arrival[order] = np.arange(flat.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    load_expert = np.bincount(flat[kept.ravel()], minlength=E)
-    return {
-        "experts": experts, "arrival": arrival.reshape(N, k), "kept": kept, "capacity": capacity,
-        "received_per_expert": counts, "load_per_expert": load_expert,
-        "load_per_gpu": load_expert.reshape(Ne, E // Ne).sum(axis=1),
-        "drop_rate": 1.0 - kept.mean(), "popularity": popularity,
-    }
-
-
 def draw_moe_capacity(fig=None, *, E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float = 0.0,
                       capacity_factor: float | None = 1.25, seed: int = 0) -> Figure:
     """Top: every (token, expert) copy as a dot on its expert at its place in the expert's queue
@@ -625,9 +458,7 @@ def moe_capacity(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float =
     def on_change(_=None):
         view.update(skew=skew_slider.value, capacity_factor=None if cf.value == "none" else float(cf.value))
 
-    skew_slider.observe(on_change, names="value")
-    cf.observe(on_change, names="value")
-    view.update()
+    view.watch((skew_slider, cf), on_change)
     box = view.box([skew_slider, cf])
     box.skew_slider, box.cf_dropdown = skew_slider, cf
     return box

@@ -3,8 +3,9 @@
     python -m lesson10 run ring --nproc 4 --seq 1024          # starts 4 ranks (gloo / NCCL)
     torchrun --nproc-per-node 8 -m lesson10.run ring --seq 65536   # this process is one rank
 
-Methods: ``sp`` (TP and TP + SP), ``ring``, ``ulysses``, ``moe`` (uniform routing, then a
-random router with capacity factor 1.25). Each run is a worker of
+Methods: those of :data:`lesson10.methods.METHODS` (``sp``: TP and TP + SP; ``ring``,
+``ulysses``, ``allgather``, ``usp``; ``moe``: uniform routing, then a random router with
+capacity factor 1.25). Each run is a worker of
 :mod:`lesson10.spmd.workers`: it compares outputs and gradients with a single-process
 reference and prints the time, the largest error and the bytes each rank sent next to
 the lesson's formula. An error is judged relative to the size of the values it is in
@@ -21,12 +22,14 @@ import sys
 
 __all__ = ["main", "add_size_args", "cases", "report", "verdict"]
 
-METHODS = ("sp", "ring", "ulysses", "allgather", "usp", "moe")
+from .methods import METHODS as _REGISTRY
+
+METHODS = tuple(_REGISTRY)
 
 
 def add_size_args(p: argparse.ArgumentParser) -> None:
     """The size options ``run`` and ``bench`` share."""
-    from .spmd.launch import DTYPES
+    from .spmd.device import DTYPES
     p.add_argument("--seq", type=int, default=4096, help="whole sequence length s")
     p.add_argument("--heads", type=int, default=8, help="query heads a")
     p.add_argument("--kv-heads", type=int, default=None, help="K/V heads (GQA); default = heads")
@@ -38,11 +41,15 @@ def add_size_args(p: argparse.ArgumentParser) -> None:
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="one checked multi-process run")
+    listing = "; ".join(f"{m.name}: {m.summary}" for m in _REGISTRY.values())
+    p = argparse.ArgumentParser(prog=prog, description=f"one checked multi-process run. "
+                                f"Methods: {listing}")
     p.add_argument("method", choices=METHODS)
     p.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
-    p.add_argument("--layout", default=None, help="zigzag | contiguous (default: ring zigzag, "
-                                                   "Ulysses contiguous)")
+    p.add_argument("--layout", default=None, help="contiguous | zigzag | striped (default: the "
+                   "method's own, " + ", ".join(f"{m.name} {m.default_layout}"
+                                                for m in _REGISTRY.values() if m.default_layout)
+                   + ")")
     p.add_argument("--no-causal", action="store_true")
     p.add_argument("--no-overlap", action="store_true")
     p.add_argument("--ulysses-size", type=int, default=None,
@@ -54,7 +61,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 def cases(args, n: int) -> list[tuple]:
     """``(worker name, kwargs)`` for each checked run of ``args.method`` on ``n`` ranks."""
-    if args.method in ("ring", "ulysses", "allgather", "usp"):
+    if _REGISTRY[args.method].worker == "check_attention":
         extra = {"ulysses_size": args.ulysses_size or 2} if args.method == "usp" else {}
         return [("check_attention", dict(
             method=args.method, b=args.batch, s=args.seq, a=args.heads,

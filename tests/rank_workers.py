@@ -148,7 +148,7 @@ def ring_error_messages(n_heads_bad: int = 3) -> dict:
                                         torch.randn(1, 4, n_heads_bad, 4)),
         "kv_mismatch": lambda: ring_attention(torch.randn(1, 4, 2, 4), torch.randn(1, 4, 2, 4),
                                               torch.randn(1, 6, 2, 4)),
-        "layout": lambda: ring_attention(*(torch.randn(1, 4, 2, 4) for _ in range(3)), layout="striped"),
+        "layout": lambda: ring_attention(*(torch.randn(1, 4, 2, 4) for _ in range(3)), layout="spiral"),
         "ranks_disagree": lambda: ring_attention(*(torch.randn(1, 4 + 2 * r, 2, 4) for _ in range(3))),
     }
     msgs = {}
@@ -214,6 +214,39 @@ def clock_syncs() -> dict:
         cstar.synchronize, ring_mod.synchronize_device = saved
     return {"cstar": calls["cstar"], "ring_timed": timed, "ring_plain": calls["ring"] - timed,
             "rounds": dist.get_world_size()}
+
+
+def unseen_layout(s: int = 24, seed: int = 5, causal: bool = True, docs=None) -> dict:
+    """The real ring and all-gather with a layout neither was written for: a random
+    permutation of the tokens (each rank's positions in no order), passed as ``layout=``
+    positions; and the striped layout by name. Largest error of each rank's output and
+    gradients against autograd through plain attention on the whole sequence."""
+    import numpy as np
+    from lesson10.spmd import allgather_attention, ring_attention
+    from lesson10.spmd.attention import attention
+
+    n, r = dist.get_world_size(), dist.get_rank()
+    g = torch.Generator().manual_seed(seed)
+    q, dout = (torch.randn(1, s, 4, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(1, s, 2, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    doc = None if docs is None else torch.as_tensor(np.repeat(np.arange(len(docs)), docs))
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    o_ref, _ = attention(*ref, causal=causal, doc_ids=doc)
+    o_ref.backward(dout)
+    perm = np.random.default_rng(seed).permutation(s)
+    layouts = {"permutation": perm.reshape(n, -1)[r].tolist(),
+               "striped": np.arange(r, s, n).tolist()}
+    errors = {}
+    for lay_name, pos in layouts.items():
+        for method, fn in (("ring", ring_attention), ("allgather", allgather_attention)):
+            loc = [t[:, pos].clone().requires_grad_() for t in (q, k, v)]
+            layout = torch.as_tensor(pos) if lay_name == "permutation" else lay_name
+            o = fn(*loc, causal=causal, layout=layout, doc_ids=doc)
+            o.backward(dout[:, pos])
+            errs = [float((o - o_ref[:, pos]).abs().max())]
+            errs += [float((t.grad - full.grad[:, pos]).abs().max()) for t, full in zip(loc, ref)]
+            errors[f"{method}/{lay_name}"] = max(errs)
+    return {"positions": layouts["permutation"], "errors": errors}
 
 
 def run_jobs(jobs: dict) -> dict:

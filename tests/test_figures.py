@@ -368,7 +368,8 @@ def test_figures_use_only_widgets_and_arguments_of_ipywidgets_7():
     """Colab renders ipywidgets 7.7.1 only: every widget class and keyword the figures use exists there."""
     import inspect
     import re as _re
-    source = inspect.getsource(figures)
+    from lesson10 import figure_kit
+    source = inspect.getsource(figures) + inspect.getsource(figure_kit)
     used = set(_re.findall(r"\bw\.([A-Z][A-Za-z]+)\(", source))
     ipywidgets_7_7_core = {"VBox", "HBox", "Image", "HTML", "Button", "ToggleButtons", "IntSlider",
                            "FloatSlider", "Dropdown", "Checkbox", "FloatLogSlider", "SelectionSlider"}

@@ -187,3 +187,37 @@ def test_quick_check_contiguous_last_rank_sets_the_time():
         assert (w[:, 3] == w.max(axis=1)).all()
     assert efficiency(causal_work(4, "contiguous")) == pytest.approx(4 / 7)
     assert efficiency(causal_work(64, "contiguous")) == pytest.approx(0.5, abs=0.01)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_block_plan_covers_exactly_the_visible_pairs(seed):
+    """Any positions (runs, permutations, interleavings): the plan's blocks are disjoint, hold
+    every visible pair, their unmasked and causal blocks hold no masked pair, and their
+    pair counts add up to the visible pairs."""
+    from lesson10.layouts import block_plan, plan_pairs, visible
+    rng = np.random.default_rng(seed)
+    s = int(rng.integers(2, 40))
+    n = int(rng.choice([d for d in range(1, s + 1) if s % d == 0]))
+    layout = ["contiguous", "zigzag", "striped", "perm"][seed % 4]
+    if layout == "perm" or (layout == "zigzag" and s % (2 * n)):
+        pos = np.split(rng.permutation(s), n)
+    else:
+        pos = shard_positions(s, n, layout)
+    doc = rng.integers(0, 3, s) if seed % 5 == 0 else None
+    for causal in (True, False):
+        for qp in pos:
+            for kp in pos:
+                want = visible(qp, kp, causal, doc)
+                got = np.zeros(want.shape, dtype=int)
+                plan = block_plan(qp, kp, causal, doc)
+                for blk in plan:
+                    got[blk.q, blk.k] += 1
+                    sub = want[blk.q, blk.k]
+                    if blk.mask == "none":
+                        assert sub.all()
+                    elif blk.mask == "causal":
+                        assert np.array_equal(sub, np.tril(np.ones(sub.shape, dtype=bool)))
+                    assert blk.pairs == sub.sum()
+                assert got.max(initial=0) <= 1
+                assert (got[want] == 1).all()
+                assert plan_pairs(plan) == want.sum()

@@ -2,7 +2,7 @@
 (ranks {0, 1} and {2, 3}), each with its own data. SequenceParallelBlock (TP and TP + SP)
 and ExpertParallelMoE inside a group must match a single-process reference over that
 group's data only, in outputs and gradients. (Ring attention and Ulysses with group= are
-in test_dist_ring.py.) One launch for everything: starting ranks costs seconds. The worker
+in test_spmd_ring.py.) One launch for everything: starting ranks costs seconds. The worker
 is a function of this module, which each rank imports by name.
 """
 import pytest

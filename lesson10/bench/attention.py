@@ -22,8 +22,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..spmd.launch import current_device, synchronize, torch_dtype
-from .harness import (interleaved, machine_note, md_table, median, ms, one_process, timed,
+from ..spmd.device import current_device, synchronize, torch_dtype
+from .. import methods
+from .harness import (run_configs, save_figure, interleaved, machine_note, md_table, median, ms, one_process, timed,
                       write_table)
 
 __all__ = ["time_attention", "ring_table", "compare_table", "bench", "bench_compare"]
@@ -224,29 +225,25 @@ def _plot(rows, path):
     ax.set_ylabel("fwd+bwd ms (causal)")
     ax.set_title("ring attention on gloo/CPU")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def bench_compare(args, out_dir):
     """All-gather vs ring vs Ulysses vs USP at equal ``N`` (``compare.md``)."""
-    from ..spmd.launch import launch
     a = args.heads
     base = {"b": args.batch, "s": args.seq, "a": a, "a_kv": args.kv_heads or max(1, a // 4),
             "d": args.dim, "dtype": args.dtype, "causal": True}
     rows = []
     for n in args.nproc:
+        lay = {m: methods.get(m).default_layout for m in methods.attention_names()}
         configs = [{**base, "method": "sdpa", "threads": 1},
-                   {**base, "method": "ring", "layout": "zigzag"},
-                   {**base, "method": "allgather", "layout": "zigzag"}]
+                   {**base, "method": "ring", "layout": lay["ring"]},
+                   {**base, "method": "allgather", "layout": lay["allgather"]}]
         if base["a_kv"] % n == 0:
-            configs.append({**base, "method": "ulysses", "layout": "contiguous"})
-        configs += [{**base, "method": "usp", "layout": "zigzag", "ulysses_size": u}
+            configs.append({**base, "method": "ulysses", "layout": lay["ulysses"]})
+        configs += [{**base, "method": "usp", "layout": lay["usp"], "ulysses_size": u}
                     for u in range(2, n) if n % u == 0 and base["a_kv"] % u == 0]
-        rows += launch(time_attention, n, configs, args.reps, backend=args.backend,
-                       timeout=args.timeout, threads=1, quiet=True)[0]
+        rows += run_configs(time_attention, n, configs, args)
     text = ["# Context parallelism compared: all-gather, ring, Ulysses, USP", "",
             f"Causal; b={args.batch}, s={args.seq}, heads={a}, kv heads={base['a_kv']} (GQA), "
             f"d={args.dim}, {args.dtype}; every rank 1 thread; median of {args.reps} reps; "
@@ -261,7 +258,6 @@ def bench_compare(args, out_dir):
 
 def bench(args, what: str, out_dir):
     """Launch :func:`time_attention` for every ``--nproc``; write ``{what}.md`` (+ ``ring.png``)."""
-    from ..spmd.launch import launch
     if what == "compare":
         return bench_compare(args, out_dir)
     base = {"b": args.batch, "s": args.seq, "a": args.heads, "a_kv": args.kv_heads or args.heads,
@@ -275,8 +271,7 @@ def bench(args, what: str, out_dir):
             configs += [{**base, "method": "ring", "layout": lay, "overlap": ov}
                         for lay, ov in (("zigzag", True), ("contiguous", True), ("zigzag", False))]
         configs.append({**base, "method": "ulysses", "layout": "contiguous"})
-        rows += launch(time_attention, n, configs, args.reps, backend=args.backend,
-                       timeout=args.timeout, threads=1, quiet=True)[0]
+        rows += run_configs(time_attention, n, configs, args)
     text = [f"# {what} attention benchmark (gloo on CPU unless NCCL was chosen)", "",
             f"b={args.batch}, s={args.seq}, heads={args.heads}, kv heads={base['a_kv']}, "
             f"d={args.dim}, {args.dtype}; every rank 1 thread; median of {args.reps} reps after "

@@ -39,8 +39,8 @@ import torch
 import torch.distributed as dist
 
 from .. import cost
-from ..spmd.launch import current_device, synchronize, torch_dtype
-from .harness import machine_note, md_table, ms, slowest, write_table
+from ..spmd.device import current_device, synchronize, torch_dtype
+from .harness import save_figure, machine_note, md_table, ms, slowest, write_table
 
 __all__ = ["cstar_sweep", "crossing", "cstar_table", "bench"]
 
@@ -194,10 +194,7 @@ def _plot(res, path):
     ax.set_ylabel("ms per round")
     ax.set_title("ring round: when does the transfer hide?")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def bench(args, out_dir):

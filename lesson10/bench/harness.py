@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..spmd.launch import current_device, synchronize
+from ..spmd.device import current_device, synchronize
 from . import RESULTS_DIR
 
 __all__ = ["RESULTS_DIR", "slowest", "timed", "interleaved", "one_process", "median",
@@ -99,3 +99,20 @@ def write_table(md: Path, lines: list[str]) -> None:
     md.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wrote {md}")
+
+
+def run_configs(worker, n: int, configs: list, args) -> list:
+    """Rank 0's rows of ``worker(configs, args.reps)`` on ``n`` one-thread ranks (the shared
+    launch of every benchmark: ``--backend`` and ``--timeout`` from ``args``)."""
+    from ..spmd.launch import launch
+    return launch(worker, n, configs, args.reps, backend=args.backend, timeout=args.timeout,
+                  threads=1, quiet=True)[0]
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` as a PNG at 100 dpi, close it; returns ``path``."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

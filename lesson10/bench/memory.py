@@ -19,7 +19,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ..spmd.launch import current_device, torch_dtype
+from ..spmd.device import current_device, torch_dtype
 from .harness import machine_note, md_table, write_table
 
 __all__ = ["ring_peak_memory", "memory_table", "bench"]

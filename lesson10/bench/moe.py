@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from .. import cost
 from ..spmd.comm import count_bytes
-from ..spmd.launch import current_device, torch_dtype
-from .harness import (interleaved, machine_note, md_table, median, ms, one_process, ratio, timed,
+from ..spmd.device import current_device, torch_dtype
+from .harness import (run_configs, save_figure, interleaved, machine_note, md_table, median, ms, one_process, ratio, timed,
                       write_table)
 
 __all__ = ["time_moe", "moe_table", "bench"]
@@ -153,7 +153,6 @@ def moe_table(rows: list[dict]) -> str:
 
 def bench(args, out_dir):
     """Launch :func:`time_moe` for every ``--nproc``; write ``moe.md`` and ``moe.png``."""
-    from ..spmd.launch import launch
     T, h, E, k, d_ff = args.tokens, args.hidden or 256, args.experts, args.topk, args.ffn or 512
     base = {"T": T, "h": h, "E": E, "k": k, "d_ff": d_ff, "dtype": args.dtype, "seed": 0}
     cfs, skews = (None, 1.0, 1.25), (0.0, 1.0, 2.0)
@@ -167,8 +166,7 @@ def bench(args, out_dir):
     for n in args.nproc:
         configs = [{**base, "method": "ep", "cf": cf, "skew": sk} for cf in cfs for sk in skews]
         configs += [{**base, "method": "dense", "cf": None, "skew": sk} for sk in (0.0, max(skews))]
-        rows += launch(time_moe, n, configs, args.reps, backend=args.backend,
-                       timeout=args.timeout, threads=1, quiet=True)[0]
+        rows += run_configs(time_moe, n, configs, args)
     text = ["# Expert-parallel MoE benchmark (gloo on CPU unless NCCL was chosen)", "",
             f"T={T} tokens per rank, h={h}, E={E} experts, top-{k}, d_ff={d_ff}, {args.dtype}; "
             "step = forward + loss sum(y dy) + aux loss + backward; every rank 1 thread; median "
@@ -211,7 +209,4 @@ def _plot_moe(rows, path):
     bx.set_ylabel("max / mean load per rank (kept)")
     bx.legend(fontsize=7)
     fig.suptitle("expert-parallel MoE on gloo/CPU")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

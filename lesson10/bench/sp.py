@@ -8,8 +8,8 @@ import torch.distributed as dist
 
 from .. import cost
 from ..spmd.comm import ByteCounter, count_bytes
-from ..spmd.launch import current_device, torch_dtype
-from .harness import interleaved, machine_note, md_table, median, ms, timed, write_table
+from ..spmd.device import current_device, torch_dtype
+from .harness import run_configs, interleaved, machine_note, md_table, median, ms, timed, write_table
 
 __all__ = ["time_sp", "sp_table", "bench"]
 
@@ -156,7 +156,6 @@ def sp_table(rows: list[dict]) -> str:
 
 def bench(args, out_dir):
     """Launch :func:`time_sp` for every ``--nproc``; write ``sp.md``."""
-    from ..spmd.launch import launch
     b, s, h = args.batch, args.seq or 2048, args.hidden or 512
     ffn = args.ffn or 4 * h
     base = {"b": b, "s": s, "h": h, "ffn": ffn, "p": 0.1, "dtype": args.dtype, "seed": 0}
@@ -169,8 +168,7 @@ def bench(args, out_dir):
         configs = [{**base, "sp": False}, {**base, "sp": True}]
         if args.dtype != "bfloat16":           # the lesson's dtype, for its memory count
             configs += [{**base, "sp": m, "dtype": "bfloat16", "time": False} for m in (False, True)]
-        rows += launch(time_sp, n, configs, args.reps, backend=args.backend,
-                       timeout=args.timeout, threads=1, quiet=True)[0]
+        rows += run_configs(time_sp, n, configs, args)
     text = ["# Sequence parallelism benchmark: TP vs TP + SP (gloo on CPU unless NCCL was chosen)", "",
             f"One `SequenceParallelBlock` (LayerNorm -> column-parallel fc1 -> GELU -> "
             f"row-parallel fc2 -> dropout p=0.1 -> residual), b={b}, s={s}, h={h}, ffn={ffn}, "

@@ -68,14 +68,14 @@ class Exercise:
     points: int
     title: str
     #: ``body(student_fn, rng) -> success text``: generates the cases, calls the student's
-    #: function and compares; raises CheckFailed, NotImplementedError or _StudentError.
+    #: function and compares; raises CheckFailed, NotImplementedError or StudentError.
     #: The check cell and the grader's judge both drive it.
     body: object = None
     #: the name of the function the student writes (what ``summary()`` prints)
     function: str = ""
 
 
-#: exercise id -> Exercise, filled by the ``@_exercise`` decorator below
+#: exercise id -> Exercise, filled by the ``@register_exercise`` decorator below
 EXERCISES: dict[str, Exercise] = {}
 
 
@@ -116,7 +116,7 @@ def _judged(exercise: str, fn, status: str, message: str = "") -> None:
 
 
 # --------------------------------------------------------------------------- the decorator
-class _StudentError(Exception):
+class StudentError(Exception):
     """The student's function raised something other than NotImplementedError."""
 
 
@@ -131,15 +131,15 @@ def _call(fn, *args, **kwargs):
         raise
     except Exception as exc:  # noqa: BLE001 - any bug in student code is reported
         name = getattr(fn, "__name__", "your function")
-        called = ", ".join(_describe(a) for a in args)
-        raise _StudentError(
+        called = ", ".join(describe_value(a) for a in args)
+        raise StudentError(
             f"{name} raised {type(exc).__name__}: {exc}\n"
             f"  it was called with: {called}\n"
             f"hint: the traceback shows the line of your code that raised; try your function "
             f"on the example in the notebook first") from exc
 
 
-def _describe(x) -> str:
+def describe_value(x) -> str:
     if isinstance(x, np.ndarray):
         return f"array{x.shape}"
     if isinstance(x, (list, tuple)) and x and all(isinstance(y, np.ndarray) for y in x):
@@ -156,7 +156,7 @@ def seed_of(exercise: str) -> int:
     return zlib.crc32(f"lesson10.checks.{exercise}".encode())
 
 
-def _exercise(exercise: str, notebook: str, points: int, title: str, function: str = ""):
+def register_exercise(exercise: str, notebook: str, points: int, title: str, function: str = ""):
     """Turn ``body(student_fn, rng) -> success text`` into a public check function."""
     def decorate(body):
         EXERCISES[exercise] = Exercise(exercise, notebook, points, title, body,
@@ -193,7 +193,7 @@ def _exercise(exercise: str, notebook: str, points: int, title: str, function: s
             except CheckFailed as exc:
                 _judged(exercise, student_fn, "failed", str(exc))
                 return feedback.show_or_raise(str(exc))
-            except _StudentError as exc:
+            except StudentError as exc:
                 msg = f"check_{exercise} failed: {exc}"
                 _judged(exercise, student_fn, "failed", msg)
                 return feedback.show_or_raise(feedback.with_traceback(msg, exc.__cause__),
@@ -220,7 +220,7 @@ def _exercise(exercise: str, notebook: str, points: int, title: str, function: s
 
 
 # --------------------------------------------------------------------------- comparing
-def _message(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
+def failure_message(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
              show: bool = True) -> str:
     """The text of a failure: ``check_X failed: where: what``, then yours / target (when
     ``show``) and the hint. ``hint`` may be a function that returns it: called only when
@@ -236,9 +236,9 @@ def _message(exercise: str, where: str, what: str, yours=None, target=None, hint
     return "\n".join(lines)
 
 
-def _fail(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
+def fail_check(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
           show: bool = True):
-    raise CheckFailed(_message(exercise, where, what, yours, target, hint, show))
+    raise CheckFailed(failure_message(exercise, where, what, yours, target, hint, show))
 
 
 def _fmt(x) -> str:
@@ -256,7 +256,7 @@ def _as_array(exercise, x, where, what) -> np.ndarray:
         _real_only(x)
         arr = np.asarray(x, dtype=float)
     except (TypeError, ValueError) as exc:
-        _fail(exercise, where, f"{what} is not an array of real numbers ({type(x).__name__}: {exc})",
+        fail_check(exercise, where, f"{what} is not an array of real numbers ({type(x).__name__}: {exc})",
               show=False, hint="return NumPy arrays of real numbers")
     return arr
 
@@ -269,19 +269,19 @@ def _locate(index, axes) -> str:
     return ", ".join(parts)
 
 
-def _compare(exercise, yours, target, *, where: str, what: str, axes=(), tol=1e-9,
+def compare_arrays(exercise, yours, target, *, where: str, what: str, axes=(), tol=1e-9,
              hint: str = "", exact: bool = False) -> float:
     """Compare arrays: shape, then non-finite values, then values. Returns the max error."""
     target = np.asarray(target, dtype=float)
     yours = _as_array(exercise, yours, where, what)
     if yours.shape != target.shape:
-        _fail(exercise, where, f"{what} has shape {yours.shape}, expected {target.shape}",
+        fail_check(exercise, where, f"{what} has shape {yours.shape}, expected {target.shape}",
               show=False, hint=hint)
     same_inf = np.isinf(yours) & np.isinf(target) & (np.sign(yours) == np.sign(target))
     bad_nan = np.isnan(yours) & ~np.isnan(target)
     if bad_nan.any():
         idx = tuple(int(i) for i in np.argwhere(bad_nan)[0])
-        _fail(exercise, where, f"{what} has NaN at {_locate(idx, axes) or idx}",
+        fail_check(exercise, where, f"{what} has NaN at {_locate(idx, axes) or idx}",
               yours[idx], target[idx], hint)
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.where(same_inf, 0.0, np.abs(yours - target))
@@ -291,34 +291,34 @@ def _compare(exercise, yours, target, *, where: str, what: str, axes=(), tol=1e-
     if wrong.any():
         idx = tuple(int(i) for i in np.argwhere(wrong)[0])
         n_wrong = int(wrong.sum())
-        _fail(exercise, where,
+        fail_check(exercise, where,
               f"{what} differs at {_locate(idx, axes) or idx} ({n_wrong} of {wrong.size} entries wrong)",
               yours[idx] if yours.ndim else yours, target[idx] if target.ndim else target, hint)
     finite = diff[np.isfinite(diff)]
     return float(finite.max()) if finite.size else 0.0
 
 
-def _as_list(exercise, out, n, where, what) -> list:
+def as_shard_list(exercise, out, n, where, what) -> list:
     if isinstance(out, np.ndarray) and out.ndim >= 1 and out.dtype != object:
         out = list(out)
     if not isinstance(out, (list, tuple)):
-        _fail(exercise, where, f"{what} should be a list with one array per rank, got "
+        fail_check(exercise, where, f"{what} should be a list with one array per rank, got "
               f"{type(out).__name__}", show=False,
               hint="return a Python list: entry r is what rank r holds")
     if len(out) != n:
-        _fail(exercise, where, f"{what} should hold {n} arrays (one per rank), got {len(out)}",
+        fail_check(exercise, where, f"{what} should hold {n} arrays (one per rank), got {len(out)}",
               show=False, hint="return a Python list with one entry per rank: entry r is what "
                                "rank r holds")
     return list(out)
 
 
-def _compare_shards(exercise, yours, target, *, where, what, axes, tol=1e-9, hint="",
+def compare_shards(exercise, yours, target, *, where, what, axes, tol=1e-9, hint="",
                     exact=False) -> float:
     """Compare lists of per-rank arrays; the location names the rank."""
-    yours = _as_list(exercise, yours, len(target), where, what)
+    yours = as_shard_list(exercise, yours, len(target), where, what)
     err = 0.0
     for r, (y, t) in enumerate(zip(yours, target)):
-        err = max(err, _compare(exercise, y, t, where=f"{where}, rank {r}" if where else f"rank {r}",
+        err = max(err, compare_arrays(exercise, y, t, where=f"{where}, rank {r}" if where else f"rank {r}",
                                 what=what, axes=axes, tol=tol, hint=hint, exact=exact))
     return err
 
@@ -338,15 +338,15 @@ def _number(exercise, x, where, what) -> float:
         _real_only(x)
         val = float(x)
     except (TypeError, ValueError) as exc:
-        _fail(exercise, where, f"{what} should be a real number, got {type(x).__name__} ({exc})",
+        fail_check(exercise, where, f"{what} should be a real number, got {type(x).__name__} ({exc})",
               show=False, hint="return one number (a Python float or a NumPy scalar)")
     return val
 
 
-def _close_number(exercise, yours, target, *, where, what, rel=1e-9, hint=""):
+def close_number(exercise, yours, target, *, where, what, rel=1e-9, hint=""):
     yours = _number(exercise, yours, where, what)
     if not (math.isfinite(yours) and abs(yours - target) <= rel * max(1.0, abs(target))):
-        _fail(exercise, where, f"{what} differs", yours, float(target), hint)
+        fail_check(exercise, where, f"{what} differs", yours, float(target), hint)
 
 
 # --------------------------------------------------------------------------- inputs and types
@@ -378,7 +378,7 @@ def _changed(before, after, name: str):
     return None
 
 
-def _run(exercise: str, fn, names, *args, **kwargs):
+def run_student(exercise: str, fn, names, *args, **kwargs):
     """Call the student's function (through :func:`_call`) on ``args`` and check afterwards
     that it left them unchanged; ``names`` are the parameter names used in the message."""
     kept = [_snapshot(a) for a in args]
@@ -386,51 +386,51 @@ def _run(exercise: str, fn, names, *args, **kwargs):
     for name, before, after in zip(names, kept, args):
         where = _changed(before, after, name)
         if where:
-            _fail(exercise, "", f"your function changed its input {where} in place", show=False,
+            fail_check(exercise, "", f"your function changed its input {where} in place", show=False,
                   hint="leave the inputs as they are (the notebook's rule): build new arrays "
                        "and lists for your results; +=, slice assignment, .sort() or .pop() on "
                        "an argument change the caller's data, which later cells still use")
     return out
 
 
-def _pair(exercise, out, where, what: str):
+def as_pair(exercise, out, where, what: str):
     """The two entries of a pair: any sequence or array of length 2 is accepted."""
     if isinstance(out, np.ndarray) and out.ndim >= 1 and out.shape[0] == 2:
         return out[0], out[1]
     if isinstance(out, Sequence) and not isinstance(out, (str, bytes)) and len(out) == 2:
         return out[0], out[1]
-    _fail(exercise, where, f"return a pair {what}; got "
+    fail_check(exercise, where, f"return a pair {what}; got "
           f"{type(out).__name__}" + (f" of length {len(out)}" if hasattr(out, "__len__") else ""),
           show=False, hint=f"return both values, {what.strip('()')}, as a pair (a tuple; a "
                            f"list or an array of two entries is fine too)")
 
 
-def _int_array(exercise, x, where, what, hint="") -> np.ndarray:
+def int_array(exercise, x, where, what, hint="") -> np.ndarray:
     """``x`` as an array that must already hold integers (ids are integers: a float id
     cannot index an array and hides a bug)."""
     try:
         _real_only(x)
         arr = np.asarray(x)
     except (TypeError, ValueError) as exc:
-        _fail(exercise, where, f"{what} is not an array of integers ({type(x).__name__}: {exc})",
+        fail_check(exercise, where, f"{what} is not an array of integers ({type(x).__name__}: {exc})",
               show=False, hint=hint)
     if arr.dtype.kind not in "iu":
-        _fail(exercise, where, f"{what} must be an integer array, got dtype {arr.dtype}",
+        fail_check(exercise, where, f"{what} must be an integer array, got dtype {arr.dtype}",
               show=False, hint=hint or "ids are integers: build them with np.arange / np.argsort, "
                                        "or convert with .astype(int)")
     return arr
 
 
-def _bool_array(exercise, x, where, what, hint="") -> np.ndarray:
+def bool_array(exercise, x, where, what, hint="") -> np.ndarray:
     arr = np.asarray(x)
     if arr.dtype.kind != "b":
-        _fail(exercise, where, f"{what} must be a boolean array (True = kept), got dtype {arr.dtype}",
+        fail_check(exercise, where, f"{what} must be a boolean array (True = kept), got dtype {arr.dtype}",
               show=False, hint=hint or "a boolean array (dtype bool, or the result of a comparison); "
                                        "a 0/1 integer array used as a mask picks rows 0 and 1 instead")
     return arr
 
 
-def _log_int(rng, lo: int, hi: int, upper: bool = False) -> int:
+def log_int(rng, lo: int, hi: int, upper: bool = False) -> int:
     """An integer in ``lo..hi`` drawn log-uniformly: small and large sizes alike, from a range
     far too large to tabulate the answers of. ``upper``: from the upper half of the range on
     a log scale only (``sqrt(lo hi) .. hi``), so that a batch surely holds large cases."""
@@ -441,3 +441,6 @@ def _log_int(rng, lo: int, hi: int, upper: bool = False) -> int:
 
 def _is_number(x) -> bool:
     return isinstance(x, numbers.Real) or (isinstance(x, np.ndarray) and x.ndim == 0)
+
+
+_StudentError = StudentError     # its former name (tests and older callers)

@@ -4,14 +4,14 @@ from __future__ import annotations
 import numpy as np
 
 from . import mistakes
-from .core import CheckFailed, _compare, _compare_shards, _exercise, _fail, _pair, _run
+from .core import CheckFailed, compare_arrays, compare_shards, register_exercise, fail_check, as_pair, run_student
 from .network import Referee, RingNetwork, served_call, substituted
 
 
 NB02 = "02_ring_attention"
 
 
-def _qkv(rng, s, a, d, a_kv=None, scale=1.0):
+def draw_qkv(rng, s, a, d, a_kv=None, scale=1.0):
     a_kv = a if a_kv is None else a_kv
     q = rng.standard_normal((s, a, d)) * scale
     k = rng.standard_normal((s, a_kv, d)) * scale
@@ -53,7 +53,7 @@ def _block_cases(rng, n_random=8):
     return fixed + rand
 
 
-@_exercise("block_attention", NB02, 1, "attention of one block, with positions, mask and lse")
+@register_exercise("block_attention", NB02, 1, "attention of one block, with positions, mask and lse")
 def check_block_attention(block_attention, rng):
     """``block_attention(q, k, v, q_pos, k_pos, causal=True) -> (out, lse)`` for ``q`` of
     shape ``(sq, a, d)`` and ``k, v`` of shape ``(sk, a, d)``; query i may see key j when
@@ -82,17 +82,17 @@ def check_block_attention(block_attention, rng):
         q_pos, k_pos = rng.permutation(q_pos), rng.permutation(k_pos)   # any order must work
         o_t, l_t = attention(q, k, v, causal=causal is not False, q_pos=q_pos, k_pos=k_pos)
         args = (q, k, v, q_pos, k_pos) + (() if causal is None else (causal,))
-        out = _run("block_attention", block_attention, ("q", "k", "v", "q_pos", "k_pos"), *args)
+        out = run_student("block_attention", block_attention, ("q", "k", "v", "q_pos", "k_pos"), *args)
         where = f"{kind} (sq={sq}, sk={sk}, a={a}, d={d}, causal={causal is not False})"
-        yours_o, yours_l = _pair("block_attention", out, where, "(out, lse)")
+        yours_o, yours_l = as_pair("block_attention", out, where, "(out, lse)")
         hint = (lambda: mistakes.block_attention_mistake(q, k, v, q_pos, k_pos, causal is not False,
                                                          causal is not None, (yours_o, yours_l))
                 or "scores q.k / sqrt(d) per head, the causal mask on the global positions (a key "
                    "at the query's own position is visible), a softmax that stays finite for "
                    "scores of +-1000, and out 0, lse -inf for a query that sees no key")
-        err = max(err, _compare("block_attention", yours_l, l_t, where=where, what="lse",
+        err = max(err, compare_arrays("block_attention", yours_l, l_t, where=where, what="lse",
                                 axes=("query", "head"), hint=hint))
-        err = max(err, _compare("block_attention", yours_o, o_t, where=where, what="out",
+        err = max(err, compare_arrays("block_attention", yours_o, o_t, where=where, what="out",
                                 axes=("query", "head", "dim"), hint=hint))
     return (f"{len(cases)} cases (shuffled positions, empty rows, scores of +-1000, a diagonal "
             f"block, integer-valued inputs, not causal), max error {err:.1e}")
@@ -105,7 +105,7 @@ def _merge_cases(rng, n_random=8):
     return fixed + [f"random {i}" for i in range(n_random)]
 
 
-@_exercise("merge", NB02, 1, "the logsumexp merge of two partial results")
+@register_exercise("merge", NB02, 1, "the logsumexp merge of two partial results")
 def check_merge(merge, rng):
     """``merge(o1, lse1, o2, lse2) -> (o, lse)`` with ``o`` of shape ``(s, a, d)`` and ``lse``
     of shape ``(s, a)``: the exact attention over the union of two disjoint key sets."""
@@ -144,17 +144,17 @@ def check_merge(merge, rng):
             l2 = np.where(np.isinf(l1), -np.inf, l2)
             o2 = np.where(np.isinf(l2)[..., None], 0.0, o2)
         o_t, l_t = ref_merge(o1.astype(float), l1, o2.astype(float), l2)
-        out = _run("merge", merge, ("o1", "lse1", "o2", "lse2"), o1, l1, o2, l2)
+        out = run_student("merge", merge, ("o1", "lse1", "o2", "lse2"), o1, l1, o2, l2)
         where = f"{kind} (s={s}, a={a}, d={d})"
-        yours_o, yours_l = _pair("merge", out, where, "(o, lse)")
+        yours_o, yours_l = as_pair("merge", out, where, "(o, lse)")
         hint = (lambda: mistakes.merge_mistake(o1.astype(float), l1, o2.astype(float), l2,
                                                (yours_o, yours_l))
                 or "the merged lse is the log of the summed probability mass of both sides, "
                    "computed so that exp never overflows; each side's output is weighted by its "
                    "share of that mass; two empty sides (lse -inf) merge to o = 0, lse = -inf")
-        err = max(err, _compare("merge", yours_l, l_t, where=where, what="lse",
+        err = max(err, compare_arrays("merge", yours_l, l_t, where=where, what="lse",
                                 axes=("query", "head"), hint=hint))
-        err = max(err, _compare("merge", yours_o, o_t, where=where, what="o",
+        err = max(err, compare_arrays("merge", yours_o, o_t, where=where, what="o",
                                 axes=("query", "head", "dim"), hint=hint))
     return f"{len(kinds)} cases (lse of +-800, far apart, -inf on one or both sides), max error {err:.1e}"
 
@@ -163,7 +163,7 @@ _MASK_HINT = ("query i may see key j only when the global position of j is <= th
               "compare the token ids passed in `positions`, not row numbers")
 
 
-def _diagnose(exercise, out, candidates: dict, where: str) -> None:
+def diagnose(exercise, out, candidates: dict, where: str) -> None:
     """If the answer equals a known mistake, say so: clearer than a wrong number.
     ``candidates``: {what the output equals: (its output per rank, hint)}."""
     try:
@@ -172,10 +172,10 @@ def _diagnose(exercise, out, candidates: dict, where: str) -> None:
         return
     for name, (cand, hint) in candidates.items():
         if mistakes.same(yours, cand):
-            _fail(exercise, where, f"your output equals {name}", show=False, hint=hint)
+            fail_check(exercise, where, f"your output equals {name}", show=False, hint=hint)
 
 
-def _mask_mistakes(q, k, v, pos, local_rows: bool):
+def mask_mistakes(q, k, v, pos, local_rows: bool):
     """Outputs of the two classic mask mistakes, split per rank like the answer."""
     from ..sim.attention import attention
     out = {"attention without the causal mask": (
@@ -249,7 +249,7 @@ def _ring_cases(rng, n_random=6):
 _RING_CALL = "ring_attention(q_shards, k_shards, v_shards, positions[, causal], group=network)"
 
 
-@_exercise("ring_attention", NB02, 2, "the ring loop")
+@register_exercise("ring_attention", NB02, 2, "the ring loop")
 def check_ring_attention(ring_attention, rng):
     """``ring_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None) ->
     list`` of output shards; ``positions[r]`` are the global token ids of rank r. The check
@@ -265,7 +265,7 @@ def check_ring_attention(ring_attention, rng):
     cases = _ring_cases(rng)
     for layout, causal, n, s, swap in cases:
         a, d = int(rng.integers(1, 4)), int(rng.integers(1, 5))
-        q, k, v = _qkv(rng, s, a, d, scale=1.5)
+        q, k, v = draw_qkv(rng, s, a, d, scale=1.5)
         pos = shard_positions(s, n, layout)
         causal_ = causal is not False
         where = (f"{layout} layout, causal={causal_}{' (not passed: the default)' if causal is None else ''}"
@@ -284,7 +284,7 @@ def check_ring_attention(ring_attention, rng):
         net._finish()
         target = net._target(args[0], causal_)
         try:
-            err = max(err, _compare_shards(
+            err = max(err, compare_shards(
                 "ring_attention", out, target, where=where, what="output",
                 axes=("local query", "head", "dim"),
                 hint="in every round a rank attends with its queries to the block it holds, with "
@@ -293,7 +293,7 @@ def check_ring_attention(ring_attention, rng):
         except CheckFailed:
             full = attention(q, k, v, causal=causal_)[0]
             if swap:
-                _diagnose_plain("ring_attention", out, [full[p] for p in pos], where,
+                diagnose_plain("ring_attention", out, [full[p] for p in pos], where,
                                 "your output is attention over the K/V blocks as k_shards and "
                                 "v_shards hold them, not as the network delivered them (here they "
                                 "differ)",
@@ -302,16 +302,16 @@ def check_ring_attention(ring_attention, rng):
                                 "means reading another GPU's memory")
             else:            # name the classic mistakes when they are the cause
                 if causal_:
-                    _diagnose("ring_attention", out, _mask_mistakes(q, k, v, pos, local_rows=True),
+                    diagnose("ring_attention", out, mask_mistakes(q, k, v, pos, local_rows=True),
                               where)
-                _diagnose("ring_attention", out, _ring_mistakes(q, k, v, pos, causal_), where)
+                diagnose("ring_attention", out, _ring_mistakes(q, k, v, pos, causal_), where)
             raise
     return (f"{len(cases)} cases (contiguous/zigzag/striped, causal and not, N_c in 1..5, "
             f"{n_swapped} with substituted blocks): N_c - 1 shifts, each rank passing on the block "
             f"it holds, and the output matches, max error {err:.1e}")
 
 
-def _diagnose_plain(exercise, out, plain, where, what, hint):
+def diagnose_plain(exercise, out, plain, where, what, hint):
     """In a substituted case: does the answer equal the plain output, computed from the
     inputs alone (``plain``, one array per rank)? Then it bypassed what it was served: say
     ``what`` instead of a wrong number."""
@@ -321,4 +321,4 @@ def _diagnose_plain(exercise, out, plain, where, what, hint):
         return
     if len(yours) == len(plain) and all(y.shape == p.shape and np.allclose(y, p, atol=1e-9)
                                         for y, p in zip(yours, plain)):
-        _fail(exercise, where, what, show=False, hint=hint)
+        fail_check(exercise, where, what, show=False, hint=hint)

@@ -4,14 +4,14 @@ from __future__ import annotations
 import numpy as np
 
 from . import mistakes
-from .core import (_as_list, _close_number, _compare, _compare_shards, _exercise, _int_array,
-                   _log_int, _run)
+from .core import (as_shard_list, close_number, compare_arrays, compare_shards, register_exercise, int_array,
+                   log_int, run_student)
 
 
 NB03 = "03_load_balance"
 
 
-@_exercise("zigzag_positions", NB03, 1, "the zig-zag layout")
+@register_exercise("zigzag_positions", NB03, 1, "the zig-zag layout")
 def check_zigzag_positions(zigzag_positions, rng):
     """``zigzag_positions(s, n) -> list`` of ``n`` integer arrays: rank r holds chunk r and
     chunk 2n-1-r of the 2n chunks of s/(2n) tokens, in increasing order."""
@@ -19,21 +19,21 @@ def check_zigzag_positions(zigzag_positions, rng):
     cases = [(2, 1), (4, 1), (8, 4), (24, 3), (16, 2), (12, 6)]       # n = 1, m = 1, m > 1
     for i in range(6):       # N_c up to 64, chunks up to 2048 tokens: no table covers them
         big = i % 2 == 1
-        n = _log_int(rng, 2, 64, big)
-        cases.append((2 * n * _log_int(rng, 1, 2048, big), n))
+        n = log_int(rng, 2, 64, big)
+        cases.append((2 * n * log_int(rng, 1, 2048, big), n))
     for s, n in cases:
         target = shard_positions(s, n, "zigzag")
-        out = _run("zigzag_positions", zigzag_positions, (), s, n)
+        out = run_student("zigzag_positions", zigzag_positions, (), s, n)
         where = f"s={s}, N_c={n}"
         hint = (lambda: mistakes.zigzag_mistake(s, n, out) or
                 f"cut the sequence into 2N_c = {2 * n} chunks of s/(2N_c) = {s // (2 * n)} tokens; "
                 f"each rank holds one early and one late chunk, paired so that every rank's two "
                 f"chunks together carry the same causal work")
-        for r, ids in enumerate(_as_list("zigzag_positions", out, n, where, "your list")):
-            _int_array("zigzag_positions", ids, f"{where}, rank {r}", "the token ids",
+        for r, ids in enumerate(as_shard_list("zigzag_positions", out, n, where, "your list")):
+            int_array("zigzag_positions", ids, f"{where}, rank {r}", "the token ids",
                        hint="token ids are integers (they index arrays): np.arange gives integers, "
                             "np.linspace and / give floats")
-        _compare_shards("zigzag_positions", out, target, where=where, what="token id",
+        compare_shards("zigzag_positions", out, target, where=where, what="token id",
                         axes=("slot",), exact=True, hint=hint)
     return (f"{len(cases)} cases (N_c in 1..64, chunks of 1..2048 tokens): every rank holds chunks r "
             f"and 2N_c-1-r")
@@ -68,14 +68,14 @@ def _work_cases(rng, n_random=6):
     return cases
 
 
-@_exercise("causal_work", NB03, 2, "causal work per round and rank")
+@register_exercise("causal_work", NB03, 2, "causal work per round and rank")
 def check_causal_work(causal_work, rng):
     """``causal_work(positions) -> array (rounds, ranks)``: ``work[k, r]`` counts the pairs
     (query in ``positions[r]``, key in ``positions[(r-k) % n]``) with key <= query."""
     cases = _work_cases(rng)
     for where, positions in cases:
-        out = _run("causal_work", causal_work, ("positions",), [np.array(p) for p in positions])
-        _compare("causal_work", out, _pair_counts(positions), where=where,
+        out = run_student("causal_work", causal_work, ("positions",), [np.array(p) for p in positions])
+        compare_arrays("causal_work", out, _pair_counts(positions), where=where,
                  what="work", axes=("round", "rank"), exact=True,
                  hint=lambda: mistakes.causal_work_mistake(positions, out) or (
                      "rows are rounds, columns are ranks; in round k rank r holds the K/V block "
@@ -84,7 +84,7 @@ def check_causal_work(causal_work, rng):
     return f"{len(cases)} cases (every layout, shuffled ids, uneven sizes, N_c in 1..12) match pair counts"
 
 
-@_exercise("ring_time", NB03, 1, "ring time")
+@register_exercise("ring_time", NB03, 1, "ring time")
 def check_ring_time(ring_time, rng):
     """``ring_time(work) -> number``: every round lasts as long as its busiest rank, so the
     ring takes ``sum over rounds of max over ranks``. ``work`` may be fractional (block
@@ -102,8 +102,8 @@ def check_ring_time(ring_time, rng):
         work = rng.integers(0, 30, size=(n, n))
         cases.append((f"random work {i}", work / 4 if rng.random() < 0.5 else work))
     for label, work in cases:
-        out = _run("ring_time", ring_time, ("work",), work)
-        _close_number("ring_time", out, ref_time(work), where=f"{label} (work of shape {work.shape})",
+        out = run_student("ring_time", ring_time, ("work",), work)
+        close_number("ring_time", out, ref_time(work), where=f"{label} (work of shape {work.shape})",
                       what="ring time",
                       hint=lambda: mistakes.ring_time_mistake(work, out) or (
                           "work[k, r] is round k, rank r; in every round all ranks wait for the "

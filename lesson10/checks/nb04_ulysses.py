@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import mistakes
-from .core import (CheckFailed, _StudentError, _close_number, _compare_shards, _exercise,
-                   _fail, _log_int, _run)
+from .core import (CheckFailed, StudentError, close_number, compare_shards, register_exercise,
+                   fail_check, log_int, run_student)
 from .network import (AllToAllNetwork, Referee, Send, ServedAttention, served_call,
                       substitute_blocks, substituted, tokens)
-from .nb02_ring_attention import _diagnose, _diagnose_plain, _mask_mistakes, _qkv
+from .nb02_ring_attention import diagnose, diagnose_plain, mask_mistakes, draw_qkv
 
 
 NB04 = "04_ulysses"
@@ -72,7 +72,7 @@ _S2H_CALL = "seq_to_heads(shards, group)"
 _H2S_CALL = "heads_to_seq(shards, group)"
 
 
-@_exercise("seq_to_heads", NB04, 1, "all-to-all: sequence shards -> head shards")
+@register_exercise("seq_to_heads", NB04, 1, "all-to-all: sequence shards -> head shards")
 def check_seq_to_heads(seq_to_heads, rng):
     """``seq_to_heads(shards, group) -> list``: ``shards[r]`` is ``(s/n, a, d)`` (tokens of
     rank r, every head); rank r must end with ``(s, a/n, d)``: every token, heads
@@ -96,7 +96,7 @@ def check_seq_to_heads(seq_to_heads, rng):
         dlv = send.delivered
         target = [np.concatenate([np.asarray(dlv[i][j], dtype=float) for i in range(n)], axis=0)
                   for j in range(n)]
-        _compare_shards("seq_to_heads", out, target, where=where,
+        compare_shards("seq_to_heads", out, target, where=where,
                         what="head shard", axes=("token", "local head", "dim"), exact=True,
                         hint=lambda: mistakes.all_to_all_mistake(dlv, out, axis=0) or (
                             "rank j returns the blocks it received from ranks 0, 1, ..., one after "
@@ -111,20 +111,20 @@ def check_seq_to_heads(seq_to_heads, rng):
             "the exercise asks for a ValueError when the heads do not split into N_c whole "
             "groups: raise it before anything is sent (np.split, for one, raises it itself)"))
         try:
-            out = _run("seq_to_heads", seq_to_heads, ("shards",), shards, net)
-        except _StudentError as exc:
+            out = run_student("seq_to_heads", seq_to_heads, ("shards",), shards, net)
+        except StudentError as exc:
             referee.verdict()
             cause = exc.__cause__
             if _is_value_error(cause):
                 continue                   # it raised a ValueError: right
-            _fail("seq_to_heads", where, f"{a} heads cannot be split into {n} equal groups and "
+            fail_check("seq_to_heads", where, f"{a} heads cannot be split into {n} equal groups and "
                   f"your function raised {type(cause).__name__}: {cause}; the exercise asks for "
                   f"a ValueError", show=False,
                   hint="raise ValueError(...) yourself when a % n != 0 (an assert raises "
                        "AssertionError), or let np.split raise its ValueError")
         referee.verdict()
         shapes = [np.shape(o) for o in out] if isinstance(out, (list, tuple)) else np.shape(out)
-        _fail("seq_to_heads", where, f"{a} heads cannot be split into {n} equal groups, yet your "
+        fail_check("seq_to_heads", where, f"{a} heads cannot be split into {n} equal groups, yet your "
               f"function returned (shapes {shapes}) instead of raising an error", show=False,
               hint="slicing by a // N_c heads quietly makes short or empty groups: the exercise "
                    "asks for a ValueError when a is not a multiple of N_c")
@@ -132,7 +132,7 @@ def check_seq_to_heads(seq_to_heads, rng):
             f"r a/n .. (r+1) a/n - 1; a % n != 0 raises a ValueError")
 
 
-@_exercise("heads_to_seq", NB04, 1, "all-to-all: head shards -> sequence shards")
+@register_exercise("heads_to_seq", NB04, 1, "all-to-all: head shards -> sequence shards")
 def check_heads_to_seq(heads_to_seq, rng):
     """``heads_to_seq(shards, group) -> list``: the inverse of ``seq_to_heads``, with exactly
     one ``group.all_to_all(blocks)``, ``blocks[j][i]`` = token block i of rank j's
@@ -161,7 +161,7 @@ def check_heads_to_seq(heads_to_seq, rng):
         net._finish()
         target = [np.concatenate([np.asarray(delivered[j][i], dtype=float) for j in range(n)], axis=1)
                   for i in range(n)]
-        _compare_shards("heads_to_seq", out, target, where=where,
+        compare_shards("heads_to_seq", out, target, where=where,
                         what="sequence shard", axes=("local token", "head", "dim"), exact=True,
                         hint=lambda: mistakes.all_to_all_mistake(delivered, out, axis=1) or (
                             "rank i returns the blocks it received from ranks 0, 1, ..., side by "
@@ -224,7 +224,7 @@ def _ulysses_case(rng, referee, qs, ks, vs, swap):
     return net, kernel
 
 
-@_exercise("ulysses_attention", NB04, 2, "Ulysses attention")
+@register_exercise("ulysses_attention", NB04, 2, "Ulysses attention")
 def check_ulysses_attention(ulysses_attention, rng):
     """``ulysses_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None,
     attention=None) -> list`` of sequence-sharded outputs; K/V may have fewer heads than Q
@@ -241,7 +241,7 @@ def check_ulysses_attention(ulysses_attention, rng):
     cases = _ulysses_cases(rng)
     for layout, causal, n, c, a, a_kv, swap in cases:
         s, d = n * c, int(rng.integers(1, 4))
-        q, k, v = _qkv(rng, s, a, d, a_kv=a_kv, scale=1.5)
+        q, k, v = draw_qkv(rng, s, a, d, a_kv=a_kv, scale=1.5)
         pos = shard_positions(s, n, layout)
         causal_ = causal is not False
         where = (f"{layout} layout, causal={causal_}{' (not passed: the default)' if causal is None else ''}"
@@ -259,7 +259,7 @@ def check_ulysses_attention(ulysses_attention, rng):
         net._finish()
         target = kernel._target(causal_, np.concatenate(pos))
         try:
-            err = max(err, _compare_shards(
+            err = max(err, compare_shards(
                 "ulysses_attention", out, target, where=where, what="output",
                 axes=("local query", "head", "dim"),
                 hint="the kernel gets each rank's head group with the global positions of its "
@@ -268,18 +268,18 @@ def check_ulysses_attention(ulysses_attention, rng):
         except CheckFailed:
             full = attention(q, k, v, causal=causal_)[0]
             if swap:
-                _diagnose_plain("ulysses_attention", out, [full[p] for p in pos], where,
+                diagnose_plain("ulysses_attention", out, [full[p] for p in pos], where,
                                 "your output is plain attention of the inputs, not what the served "
                                 "attention returned on the head groups the network delivered (here "
                                 "they differ)",
                                 "use the attention passed in, on what your seq_to_heads received, "
                                 "and return its out through heads_to_seq unchanged")
             elif causal_:    # name the classic mistakes when they are the cause
-                _diagnose("ulysses_attention", out, _mask_mistakes(q, k, v, pos, local_rows=False),
+                diagnose("ulysses_attention", out, mask_mistakes(q, k, v, pos, local_rows=False),
                           where)
             else:
                 causal_out = attention(q, k, v, causal=True)[0]
-                _diagnose("ulysses_attention", out, {
+                diagnose("ulysses_attention", out, {
                     "causal attention, though causal=False was passed": (
                         [causal_out[p] for p in pos], "pass causal on to the kernel as it was "
                                                       "passed to you (the kernel's default is False)")},
@@ -290,7 +290,7 @@ def check_ulysses_attention(ulysses_attention, rng):
             f"output matches, max error {err:.1e}")
 
 
-@_exercise("ulysses_bytes", NB04, 1, "bytes of Ulysses vs ring attention")
+@register_exercise("ulysses_bytes", NB04, 1, "bytes of Ulysses vs ring attention")
 def check_ulysses_bytes(ulysses_bytes, rng):
     """``ulysses_bytes(s, h, n, g=1, e=2) -> float``: bytes each GPU sends per layer in the
     forward pass: four all-to-alls (Q, K, V, output); K and V have ``h/g`` columns."""
@@ -300,15 +300,15 @@ def check_ulysses_bytes(ulysses_bytes, rng):
              (96, 48, 3, 1, 4), (131072, 4096, 8, 1, 2), (80, 16, 4, None, None), (48, 24, 3, 2, None)]
     for i in range(8):       # N_c up to 256, s up to ~2M, h up to ~64K: no table covers them
         big = i % 2 == 1
-        n, g = _log_int(rng, 2, 256, big), _log_int(rng, 1, 16)
-        cases.append((n * _log_int(rng, 1, 8192, big), g * _log_int(rng, 1, 4096, big), n, g,
+        n, g = log_int(rng, 2, 256, big), log_int(rng, 1, 16)
+        cases.append((n * log_int(rng, 1, 8192, big), g * log_int(rng, 1, 4096, big), n, g,
                       int(rng.choice([1, 2, 4]))))
     for s, h, n, g, e in cases:
         args = tuple(x for x in (s, h, n, g, e) if x is not None)
         g, e = (1 if g is None else g), (2 if e is None else e)
-        out = _run("ulysses_bytes", ulysses_bytes, (), *args)
+        out = run_student("ulysses_bytes", ulysses_bytes, (), *args)
         passed = "" if len(args) == 5 else f" ({', '.join(('g', 'e')[len(args) - 3:])} not passed)"
-        _close_number("ulysses_bytes", out, cost.comm_bytes("ulysses", s, h, n, g=g, e=e),
+        close_number("ulysses_bytes", out, cost.comm_bytes("ulysses", s, h, n, g=g, e=e),
                       where=f"s={s}, h={h}, N_c={n}, g={g}, e={e}{passed}", what="bytes per GPU",
                       hint=lambda: mistakes.ulysses_bytes_mistake(
                           s, h, n, g, e, out, len(args) >= 4, len(args) >= 5) or (

@@ -7,8 +7,8 @@ import math
 import numpy as np
 
 from . import mistakes
-from .core import (_bool_array, _close_number, _compare, _exercise, _fail, _int_array, _log_int,
-                   _pair, _run)
+from .core import (bool_array, close_number, compare_arrays, register_exercise, fail_check, int_array, log_int,
+                   as_pair, run_student)
 
 
 NB05 = "05_moe_dispatch"
@@ -87,7 +87,7 @@ def _route_mistake(logits, k, experts, gates):
     return None
 
 
-@_exercise("route_topk", NB05, 1, "top-k routing", "route_topk")
+@register_exercise("route_topk", NB05, 1, "top-k routing", "route_topk")
 def check_route_topk(route_topk, rng):
     """``route_topk(logits, k) -> (experts, gates)``: for ``logits (T, E)``, the ids of the
     ``k`` experts with the largest logits per token (an integer array, best first; experts
@@ -99,22 +99,22 @@ def check_route_topk(route_topk, rng):
     for label, logits, k in cases:
         T, E = logits.shape
         e_t, g_t = ref(logits, k)
-        out = _run("route_topk", route_topk, ("logits",), logits, k)
+        out = run_student("route_topk", route_topk, ("logits",), logits, k)
         where = f"{label} (T={T}, E={E}, k={k})"
-        experts, gates = _pair("route_topk", out, where, "(experts, gates)")
-        experts = _int_array("route_topk", experts, where, "experts",
+        experts, gates = as_pair("route_topk", out, where, "(experts, gates)")
+        experts = int_array("route_topk", experts, where, "experts",
                              hint="expert ids are integers: keep the integer indices that "
                                   "sorting gives you (no float conversion)")
         if experts.shape != e_t.shape:
-            _fail("route_topk", where, f"experts has shape {experts.shape}, expected {e_t.shape}",
+            fail_check("route_topk", where, f"experts has shape {experts.shape}, expected {e_t.shape}",
                   show=False, hint="one row per token, k expert ids per row")
         if experts.size and (experts.min() < 0 or experts.max() >= E):
-            _fail("route_topk", where, f"expert ids must lie in 0..{E - 1}",
+            fail_check("route_topk", where, f"expert ids must lie in 0..{E - 1}",
                   show=False, hint="experts holds column indices of logits, not logit values")
         twice = [t for t in range(T) if len(set(experts[t].tolist())) < k]
         if twice:
             t = twice[0]
-            _fail("route_topk", where, f"token {t} chose an expert twice", experts[t], e_t[t],
+            fail_check("route_topk", where, f"token {t} chose an expert twice", experts[t], e_t[t],
                   hint="a token's k experts are k different columns of its row")
         z = np.asarray(logits, dtype=float)
         yours_z, want_z = np.take_along_axis(z, experts, axis=1), np.take_along_axis(z, e_t, axis=1)
@@ -132,9 +132,9 @@ def check_route_topk(route_topk, rng):
                 what = f"token {t}: these are not the {k} experts with the largest logits, best first"
                 hint = ("sort each token's row of logits from the largest down and keep the "
                         "first k column indices")
-            _fail("route_topk", where, what, experts[t], e_t[t],
+            fail_check("route_topk", where, what, experts[t], e_t[t],
                   hint=hint + " (experts with exactly equal logits may come in any order)")
-        err = max(err, _compare(
+        err = max(err, compare_arrays(
             "route_topk", gates, g_t, where=where, what="gate (in the order of your experts)",
             axes=("token", "choice"),
             hint=lambda: _route_mistake(logits, k, experts, gates) or (
@@ -163,9 +163,9 @@ def _capacity_cases(rng, n_random=6):
     for label, N, E, k, cf, kw in fixed:
         cases.append((label, N, E, k, cf, _choices(rng, N, E, k, **kw)))
     for i in range(n_random):    # any 2-decimal factor and size: no table of C covers them
-        E = _log_int(rng, 2, 64)
+        E = log_int(rng, 2, 64)
         k = int(rng.integers(1, min(E, 4) + 1))
-        N = _log_int(rng, 1, 300, upper=i % 2 == 1)
+        N = log_int(rng, 1, 300, upper=i % 2 == 1)
         cf = round(float(rng.uniform(0.25, 4.0)), 2)
         cases.append((f"random {i}, skewed router", N, E, k, cf, _choices(rng, N, E, k, skew=1.5)))
     return cases
@@ -224,7 +224,7 @@ def _capacity_mistake(yours, experts, E, k, N, cf, kept, C):
     return None
 
 
-@_exercise("capacity", NB05, 2, "capacity factor: which copies are dropped", "capacity_keep")
+@register_exercise("capacity", NB05, 2, "capacity factor: which copies are dropped", "capacity_keep")
 def check_capacity(capacity_keep, rng):
     """``capacity_keep(experts, E, capacity_factor) -> bool (N, k)``: every expert accepts at
     most ``C = ceil(capacity_factor * k * N / E)`` copies, first come first served in token
@@ -237,13 +237,13 @@ def check_capacity(capacity_keep, rng):
         C = expert_capacity(N, E, k, cf)
         allowed = [None] if cf is None else sorted(capacities(N, E, k, cf))
         targets = [ref_keep(experts, E, c) for c in allowed]
-        out = _run("capacity", capacity_keep, ("experts",), experts, E, cf)
+        out = run_student("capacity", capacity_keep, ("experts",), experts, E, cf)
         shown_c = C if len(allowed) == 1 else f"{C} (or {', '.join(str(c) for c in allowed if c != C)} " \
                                               f"with a float product)"
         where = f"{label} (N={N} tokens, E={E}, k={k}, capacity_factor={cf}, so C = {shown_c})"
-        yours = _bool_array("capacity", out, where, "keep")
+        yours = bool_array("capacity", out, where, "keep")
         if yours.shape != experts.shape:
-            _fail("capacity", where, f"keep has shape {yours.shape}, expected {experts.shape}",
+            fail_check("capacity", where, f"keep has shape {yours.shape}, expected {experts.shape}",
                   show=False, hint="one True/False per (token, choice)")
         if any(np.array_equal(yours, t) for t in targets):
             continue
@@ -254,12 +254,12 @@ def check_capacity(capacity_keep, rng):
             else None
         if kept != want:
             i = int(np.argmax(np.array(kept) != np.array(want)))
-            _fail("capacity", where, f"expert {i} keeps {kept[i]} copies", kept[i], want[i],
+            fail_check("capacity", where, f"expert {i} keeps {kept[i]} copies", kept[i], want[i],
                   hint=lambda: (hint and hint()) or (
                       "capacity_factor=None means no limit at all" if cf is None else
                       "an expert keeps a copy while fewer than C copies have reached it; "
                       "C = ceil(CF k N / E) counts all N tokens and their k copies"))
-        _compare("capacity", yours, target, where=where, what="keep", axes=("token", "choice"),
+        compare_arrays("capacity", yours, target, where=where, what="keep", axes=("token", "choice"),
                  exact=True,
                  hint=lambda: (hint and hint()) or (
                      "the right number of copies per expert, but not the right ones: first come, "
@@ -290,7 +290,7 @@ def _moe_case(rng, Ne, E, k, T, h, cf, e, logits=None):
     return chosen, keep, group.bytes_sent.copy(), stats
 
 
-@_exercise("moe_stats", NB05, 2, "drops, all-to-all bytes and load per GPU", "moe_stats")
+@register_exercise("moe_stats", NB05, 2, "drops, all-to-all bytes and load per GPU", "moe_stats")
 def check_moe_stats(moe_stats, rng):
     """``moe_stats(experts, keep, Ne, E, h, e=2) -> dict`` with ``drop_rate`` (fraction of
     the ``N k`` copies dropped), ``bytes_per_gpu`` (array ``(Ne,)``: bytes each GPU sends in
@@ -313,25 +313,25 @@ def check_moe_stats(moe_stats, rng):
     for label, Ne, E, k, T, h, cf, e, logits in cases:
         chosen, keep, ledger, stats = _moe_case(rng, Ne, E, k, T, h, cf, e, logits)
         args = (chosen, keep, Ne, E, h) + (() if e == 2 and label.startswith("E = Ne") else (e,))
-        out = _run("moe_stats", moe_stats, ("experts", "keep"), *args)
+        out = run_student("moe_stats", moe_stats, ("experts", "keep"), *args)
         where = (f"{label} (Ne={Ne} GPUs, E={E}, k={k}, T={T} tokens per GPU, h={h}, e={e}"
                  f"{' not passed' if len(args) == 5 else ''}, capacity_factor={cf})")
         if not isinstance(out, dict) or not {"drop_rate", "bytes_per_gpu", "load_per_gpu"} <= set(out):
-            _fail("moe_stats", where, "return a dict with keys drop_rate, bytes_per_gpu, "
+            fail_check("moe_stats", where, "return a dict with keys drop_rate, bytes_per_gpu, "
                   "load_per_gpu", show=False,
                   hint='return {"drop_rate": ..., "bytes_per_gpu": ..., "load_per_gpu": ...}')
         e_passed = len(args) == 6
 
         def hint(key, general, _out=out, _args=(chosen, keep, Ne, E, h, e, e_passed)):
             return lambda: mistakes.moe_stats_mistake(key, _out[key], *_args) or general
-        _close_number("moe_stats", out["drop_rate"], stats["dropped"] / (Ne * T * k), where=where,
+        close_number("moe_stats", out["drop_rate"], stats["dropped"] / (Ne * T * k), where=where,
                       what="drop_rate", hint=hint("drop_rate", "the fraction of all copies that "
                                                                "were dropped"))
-        _compare("moe_stats", out["load_per_gpu"], stats["load_per_gpu"], where=where,
+        compare_arrays("moe_stats", out["load_per_gpu"], stats["load_per_gpu"], where=where,
                  what="load_per_gpu", axes=("GPU",),
                  hint=hint("load_per_gpu", "the load of a GPU is the number of kept copies its "
                                            "experts compute; expert i lives on GPU i // (E/Ne)"))
-        _compare("moe_stats", out["bytes_per_gpu"], ledger, where=where, what="bytes_per_gpu",
+        compare_arrays("moe_stats", out["bytes_per_gpu"], ledger, where=where, what="bytes_per_gpu",
                  axes=("GPU",),
                  hint=hint("bytes_per_gpu", "a GPU sends h e bytes for each kept copy of its own "
                                             "tokens bound for another GPU (dispatch) and h e for "
@@ -339,7 +339,7 @@ def check_moe_stats(moe_stats, rng):
     return f"{len(cases)} routings (empty GPUs, drops, one GPU): drops, loads and bytes match the simulated all-to-alls"
 
 
-@_exercise("aux_loss", NB05, 1, "the Switch load-balancing loss", "switch_aux_loss")
+@register_exercise("aux_loss", NB05, 1, "the Switch load-balancing loss", "switch_aux_loss")
 def check_aux_loss(switch_aux_loss, rng):
     """``switch_aux_loss(probs, experts, alpha=1e-2) -> float``: ``alpha E sum_i f_i P_i`` with
     ``f_i`` the fraction of the ``N k`` copies routed to expert ``i`` and ``P_i`` the mean
@@ -361,8 +361,8 @@ def check_aux_loss(switch_aux_loss, rng):
         experts, _ = route_topk(logits, k)
         probs = router_probs(logits)
         args = (probs, experts) + (() if alpha is None else (alpha,))
-        out = _run("aux_loss", switch_aux_loss, ("probs", "experts"), *args)
-        _close_number("aux_loss", out, ref(probs, experts, 1e-2 if alpha is None else alpha),
+        out = run_student("aux_loss", switch_aux_loss, ("probs", "experts"), *args)
+        close_number("aux_loss", out, ref(probs, experts, 1e-2 if alpha is None else alpha),
                       where=f"{label} (N={N}, E={E}, k={k}, alpha={alpha})", what="loss",
                       hint=lambda: mistakes.aux_loss_mistake(
                           probs, experts, 1e-2 if alpha is None else alpha, out, alpha is not None)

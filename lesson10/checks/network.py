@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .core import CheckFailed, _describe, _fail, _message
+from .core import CheckFailed, describe_value, fail_check, failure_message
+from .served_attention import ServedAttention, numeric_array as _array, same_values as _same
 
 __all__ = ["RuleBroken", "Referee", "RingNetwork", "AllToAllNetwork", "Send", "ServedAttention",
            "substitute_blocks", "substituted", "served_call", "tokens"]
@@ -55,7 +56,7 @@ class Referee:
     def breach(self, what: str, hint: str):
         """Record the problem (the first one wins) and raise it into the student's code."""
         if self.problem is None:
-            self.problem = _message(self.exercise, self.where, what, hint=hint, show=False)
+            self.problem = failure_message(self.exercise, self.where, what, hint=hint, show=False)
         raise RuleBroken(self.problem)
 
     def verdict(self) -> None:
@@ -64,7 +65,7 @@ class Referee:
             raise CheckFailed(self.problem)
 
     def fail(self, what: str, hint: str):
-        _fail(self.exercise, self.where, what, show=False, hint=hint)
+        fail_check(self.exercise, self.where, what, show=False, hint=hint)
 
 
 class _Served:
@@ -84,20 +85,6 @@ class _Served:
 
     def __repr__(self) -> str:
         return f"<the check's network: {', '.join(self.__wire_methods__)} only>"
-
-
-def _same(x: np.ndarray, y: np.ndarray) -> bool:
-    """Equal by value: same shape and the same numbers (any real dtype)."""
-    return x.dtype.kind in "biuf" and x.shape == y.shape and bool(np.array_equal(x, y))
-
-
-def _array(x):
-    """``x`` as a numeric array, or None (objects, text, ragged lists)."""
-    try:
-        arr = np.asarray(x)
-    except (TypeError, ValueError):
-        return None
-    return arr if arr.dtype.kind in "biuf" else None
 
 
 def tokens(c: int) -> str:
@@ -190,13 +177,13 @@ class RingNetwork(_Served):
         self._calls += 1
         call = f"in call {self._calls} of ring_shift"
         if not isinstance(xs, (list, tuple)) or len(xs) != n:
-            ref.breach(f"ring_shift got {_describe(xs)}; it takes a list with one entry per rank "
+            ref.breach(f"ring_shift got {describe_value(xs)}; it takes a list with one entry per rank "
                        f"(N_c = {n}): entry r is what rank r sends to rank r + 1", _SHIFT_HINT)
         sent = []
         for r, entry in enumerate(xs):
             arrs, box = _entry(entry)
             if not arrs:
-                ref.breach(f"{call}, rank {r} sent {_describe(entry)}: send arrays (the K block, "
+                ref.breach(f"{call}, rank {r} sent {describe_value(entry)}: send arrays (the K block, "
                            f"the V block, or a tuple of them with the positions)", _SHIFT_HINT)
             found = []
             for a in arrs:
@@ -355,7 +342,7 @@ class AllToAllNetwork(_Served):
             ref.breach(*self._refuse)
         if not isinstance(blocks, (list, tuple)) or len(blocks) != n or any(
                 not isinstance(row, (list, tuple)) or len(row) != n for row in blocks):
-            ref.breach(f"all_to_all got {_describe(blocks)}; it takes an N_c x N_c nested list "
+            ref.breach(f"all_to_all got {describe_value(blocks)}; it takes an N_c x N_c nested list "
                        f"(N_c = {n}): blocks[i][j] is the array rank i sends to rank j",
                        "blocks is a list with one entry per sending rank, each a list of N_c "
                        "arrays, one per receiving rank")
@@ -363,7 +350,7 @@ class AllToAllNetwork(_Served):
         for i in range(n):
             for j in range(n):
                 if arrs[i][j] is None:
-                    ref.breach(f"all_to_all: blocks[{i}][{j}] is {_describe(blocks[i][j])}, not an "
+                    ref.breach(f"all_to_all: blocks[{i}][{j}] is {describe_value(blocks[i][j])}, not an "
                                f"array of numbers", "every block is a NumPy array")
         if self._calls > len(self._sends):
             ref.breach(f"all_to_all was called {self._calls} times; {self._purpose} needs "
@@ -431,151 +418,22 @@ class AllToAllNetwork(_Served):
                 ref.fail(*send.missing)
 
 
-# --------------------------------------------------------------------------- the kernel
-class ServedAttention:
-    """The attention kernel of ``check_ulysses_attention``, with the signature of
-    ``lesson10.sim.attention``: ``(q, k, v, causal=False, q_pos=None, k_pos=None) ->
-    (out, lse)``.
-
-    It serves only one rank's head group at a time: ``q`` must be head group j of Q as the
-    all-to-all delivered it (``qh[j]``, shape ``(s, a/N_c, d)``, rows in seq_to_heads'
-    stacking order), ``k`` and ``v`` the matching K/V head group (``(s, a_kv/N_c, d)``,
-    GQA); each head group once, N_c calls in all (:meth:`_finish`). ``q_real`` etc. are the
-    head groups as the inputs hold them (to name a substitution that was bypassed);
-    ``offsets[j]`` (or None) is added to the ``out`` of head group j (the substitution).
-    """
-
-    __name__ = "attention"
-
-    def __init__(self, referee: Referee, shapes, qh, kh, vh, q_real, k_real, v_real, offsets=None):
-        self._ref = referee
-        self._s, self._a, self._a_kv, self._d = shapes
-        self._qh, self._kh, self._vh = qh, kh, vh
-        self._real = {"q": q_real, "k": k_real, "v": v_real}
-        self._offsets = offsets
-        self._returned: dict[int, np.ndarray] = {}     # head group -> the out it returned
-
-    def __repr__(self) -> str:
-        return "<the check's attention kernel: one head group per call>"
-
-    def _group_of(self, x, groups):
-        return next((j for j, g in enumerate(groups) if _same(x, g)), None)
-
-    def __call__(self, q, k, v, causal=False, q_pos=None, k_pos=None):
-        from ..sim.attention import attention
-        ref = self._ref
-        ref.guard()
-        n, s, a, a_kv, d = len(self._qh), self._s, self._a, self._a_kv, self._d
-        q, k, v = (_array(x) for x in (q, k, v))
-        if q is None or k is None or v is None:
-            ref.breach("attention got something that is not an array of numbers",
-                       "pass NumPy arrays q, k, v")
-        j = self._group_of(q, self._qh)
-        if j is None:
-            self._explain_q(q)
-        if j in self._returned:
-            ref.breach(f"attention ran on head group {j} a second time",
-                       "N_c calls, one per head group: rank j attends on its own head group once")
-        for name, x, groups, heads in (("k", k, self._kh, a_kv), ("v", v, self._vh, a_kv)):
-            if not _same(x, groups[j]):
-                jj = self._group_of(x, groups)
-                want = f"{name.upper()} head group {j}, shape {groups[j].shape}"
-                if jj is not None:
-                    what = f"attention got Q head group {j} with {name.upper()} head group {jj}"
-                elif x.shape[1:2] == (a // n,) and a_kv < a:
-                    what = (f"{name} has {x.shape[1]} heads, as many as the query head group: K/V "
-                            f"have a_kv = {a_kv} heads (GQA), so rank {j} holds {want}")
-                else:
-                    what = f"{name} (shape {x.shape}) is not {want} as all_to_all delivered it"
-                ref.breach(what, "pass kh[j] and vh[j] as your seq_to_heads returned them, with "
-                                 "qh[j]; attention maps query head i to K/V head i // g itself (no "
-                                 "np.repeat or np.tile of K/V heads)")
-        out, lse = attention(q, k, v, causal=causal, q_pos=q_pos, k_pos=k_pos)
-        if self._offsets is not None:
-            out = out + self._offsets[j]
-        self._returned[j] = out.copy()
-        return out, lse
-
-    def _explain_q(self, q):
-        ref, n, s, a, d = self._ref, len(self._qh), self._s, self._a, self._d
-        c, g = s // n, a // n
-        hint = ("after seq_to_heads rank j holds qh[j], all s tokens of its head group; call "
-                "attention(qh[j], kh[j], vh[j], ...) once per rank j")
-        if q.shape[:2] == (s, a) and n > 1:
-            ref.breach(f"attention was called on q of shape {q.shape}, all {a} heads of the whole "
-                       f"sequence: in Ulysses each rank j attends only on its head group, shape "
-                       f"{(s, g, d)}", hint)
-        if q.shape[:2] == (c, a) and n > 1:
-            ref.breach(f"attention was called on q of shape {q.shape}, one rank's {c} tokens with all "
-                       f"heads: that is attention before the all-to-all, which sees only the rank's "
-                       f"own keys; rank j must attend on head group j, shape {(s, g, d)}", hint)
-        if q.shape == (s, g, d):
-            j = self._group_of(q, self._real["q"])
-            if j is not None:
-                ref.breach(f"attention got head group {j} of Q as q_shards hold it, not as all_to_all "
-                           f"delivered it (in this case the network delivers other values)",
-                           "rank j holds only what seq_to_heads received for it: pass qh[j] as your "
-                           "seq_to_heads returned it, with the group argument")
-            rows = {row.tobytes() for row in q.astype(float).reshape(s, -1)}
-            for j, grp in enumerate(self._qh):
-                if rows == {row.tobytes() for row in grp.reshape(s, -1)}:
-                    ref.breach(f"q holds the tokens of head group {j} in another order than "
-                               f"seq_to_heads stacks them",
-                               "pass the head group as seq_to_heads returned it (rank 0's tokens "
-                               "first) with the positions of its rows in that same order: the "
-                               "mask compares positions, so the rows need no sorting")
-        heads = f"heads {g} j .. {g} j + {g - 1}" if g > 1 else "head j"
-        ref.breach(f"q (shape {q.shape}) is not the head group of any rank as all_to_all delivered "
-                   f"it: rank j's q is {heads} of all {s} tokens, shape {(s, g, d)}", hint)
-
-    def _output_blocks(self):
-        """What rank j must send to rank i in the output all-to-all: token block i of the
-        output of head group j (None until every head group has its output)."""
-        n = len(self._qh)
-        if len(self._returned) < n:
-            return None
-        c = self._s // n
-        return [[self._returned[j][i * c:(i + 1) * c] for i in range(n)] for j in range(n)]
-
-    def _finish(self) -> None:
-        ref, n = self._ref, len(self._qh)
-        ref.verdict()
-        if len(self._returned) < n:
-            done = sorted(self._returned)
-            ref.fail(f"attention ran on head groups {done} only" if done else
-                     "your ulysses_attention never called the attention it was given",
-                     f"Ulysses attends on every head group: N_c = {n} calls of attention(qh[j], "
-                     f"kh[j], vh[j], causal=causal, q_pos=pos, k_pos=pos), one per rank j, with the "
-                     f"attention passed in")
-
-    def _target(self, causal: bool, pos):
-        """What an honest Ulysses computes here, one ``(c, a, d)`` array per rank."""
-        from ..sim.attention import attention
-        n = len(self._qh)
-        c = self._s // n
-        outs = []
-        for j in range(n):
-            o = attention(self._qh[j], self._kh[j], self._vh[j], causal=causal, q_pos=pos, k_pos=pos)[0]
-            outs.append(o if self._offsets is None else o + self._offsets[j])
-        return [np.concatenate([o[r * c:(r + 1) * c] for o in outs], axis=1) for r in range(n)]
-
-
 # --------------------------------------------------------------------------- calling
 def served_call(referee: Referee, exercise: str, fn, names, *args, calls: str = "", **kwargs):
-    """Call the student's function (``core._run``: errors and changed inputs are reported)
+    """Call the student's function (``core.run_student``: errors and changed inputs are reported)
     with the served objects among its arguments. A rule broken during the call wins over
     whatever the call raised or returned: it is the real cause. ``calls`` names how the
     check calls the function, for a TypeError about its arguments (a signature without the
     ``group`` argument, for example)."""
-    from .core import _StudentError, _run
+    from .core import StudentError, run_student
     try:
-        return _run(exercise, fn, names, *args, **kwargs)
-    except (_StudentError, CheckFailed) as exc:
+        return run_student(exercise, fn, names, *args, **kwargs)
+    except (StudentError, CheckFailed) as exc:
         referee.verdict()
         cause = exc.__cause__
-        if isinstance(exc, _StudentError) and isinstance(cause, TypeError) and calls \
+        if isinstance(exc, StudentError) and isinstance(cause, TypeError) and calls \
                 and "argument" in str(cause):
             lines = [line for line in str(exc).splitlines() if not line.startswith("hint:")]
-            raise _StudentError("\n".join(lines + [f"hint: the check calls it as {calls}: give your "
+            raise StudentError("\n".join(lines + [f"hint: the check calls it as {calls}: give your "
                                                     f"function that signature"])) from cause
         raise

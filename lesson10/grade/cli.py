@@ -178,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             rep = grade_notebook(path, opts, content=contents[path], files=helpers[path],
                                  student=item.student)
         except Exception as exc:  # noqa: BLE001 - a grader bug: report it, go on
-            from .notebook import _report
-            rep = _report(path, None, ok=False, error=f"grader error: {type(exc).__name__}: "
+            from .notebook import notebook_report
+            rep = notebook_report(path, None, ok=False, error=f"grader error: {type(exc).__name__}: "
                                                       f"{exc}", sandboxed=sandboxed,
                           student=item.student)
         rep["seconds"] = round(time.monotonic() - start, 3)

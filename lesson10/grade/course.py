@@ -16,9 +16,6 @@ from ..checks import EXERCISES
 #: course notebooks that have no exercise (graded 0 of 0, not executed)
 NOTEBOOKS_WITHOUT_EXERCISES = ("06_multiprocess",)
 
-#: the function the judge calls for an exercise, where its name differs from the id
-FUNCTION_NAMES = {"capacity": "capacity_keep", "aux_loss": "switch_aux_loss"}
-
 #: what an exercise should use instead of the course's code (said when it calls some)
 USE_INSTEAD = {
     "sp_forward": "use your reduce_scatter and all_gather and the op the check passes in",
@@ -51,9 +48,9 @@ def exercises(notebook_id: str) -> list:
 
 def function_name(exercise_id: str) -> str:
     """The name of the student's function: the exercise's own record of it when the checks
-    keep one (``Exercise.function``), else :data:`FUNCTION_NAMES`, else the id."""
+    keep one (``Exercise.function``), else the id."""
     recorded = getattr(EXERCISES.get(exercise_id), "function", "")
-    return recorded or FUNCTION_NAMES.get(exercise_id, exercise_id)
+    return recorded or exercise_id
 
 
 def full_marks(notebook_id: str | None) -> int:

@@ -17,7 +17,7 @@ def _blocks(row: dict, reports: list[dict], *, seed=None, sandboxed=None) -> lis
     mine = [r for r in reports if r["student"] == row["student"]]
     out: list[tuple] = [("h1", f"Feedback for {row['student']}"),
                         ("p", f"**Score: {row['points']} / {row['max_points']}**")]
-    info = _reports._seed_line(seed, sandboxed)
+    info = _reports.seed_line(seed, sandboxed)
     if info:
         out.append(("p", info))
     out.append(("table", [["notebook", "exercise", "result", "points"]] +
@@ -75,7 +75,7 @@ def to_markdown(blocks: list[tuple]) -> str:
             head, *body = value
             lines.append("| " + " | ".join(head) + " |")
             lines.append("|" + "---|" * len(head))
-            lines += ["| " + " | ".join(_reports._md_cell(c) for c in r) + " |" for r in body]
+            lines += ["| " + " | ".join(_reports.md_cell(c) for c in r) + " |" for r in body]
             lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

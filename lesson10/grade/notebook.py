@@ -36,7 +36,7 @@ class Options:
     limits: sandbox.Limits = field(default_factory=sandbox.Limits)
 
 
-def _report(path: Path, notebook_id, entries=(), *, feedback=(), ok=True, error=None,
+def notebook_report(path: Path, notebook_id, entries=(), *, feedback=(), ok=True, error=None,
             sandboxed=True, student: str | None = None) -> dict:
     entries = list(entries)
     return {"notebook": str(path), "student": student or path.resolve().parent.name,
@@ -150,24 +150,24 @@ def grade_notebook(path, opts: Options, content: bytes | None = None,
     path = Path(path)
     sandboxed = opts.sandboxed
     if content is None and not path.is_file():
-        return _report(path, None, ok=False, error="no such file", sandboxed=sandboxed,
+        return notebook_report(path, None, ok=False, error="no such file", sandboxed=sandboxed,
                        student=student)
     nb, why = _read(path, content)
     guess = course.identify({}, path)[0]
     if nb is None:
-        return _report(path, guess, _zero(guess, "unreadable", why), feedback=[why],
+        return notebook_report(path, guess, _zero(guess, "unreadable", why), feedback=[why],
                        sandboxed=sandboxed, student=student)
     notebook_id, how = course.identify(nb, path)
     if notebook_id is None:
         msg = f"cannot tell which course notebook this is: {how}; it scores 0"
-        return _report(path, None, _zero(None, "unknown notebook", msg), feedback=[msg],
+        return notebook_report(path, None, _zero(None, "unknown notebook", msg), feedback=[msg],
                        sandboxed=sandboxed, student=student)
     problem = course.language_problem(nb)
     if problem:
-        return _report(path, notebook_id, _zero(notebook_id, "not python", problem),
+        return notebook_report(path, notebook_id, _zero(notebook_id, "not python", problem),
                        feedback=[problem], sandboxed=sandboxed, student=student)
     if not course.exercises(notebook_id):
-        return _report(path, notebook_id, feedback=[f"{notebook_id} has no exercises to grade"],
+        return notebook_report(path, notebook_id, feedback=[f"{notebook_id} has no exercises to grade"],
                        sandboxed=sandboxed, student=student)
 
     import tempfile
@@ -181,7 +181,7 @@ def grade_notebook(path, opts: Options, content: bytes | None = None,
             run = judge.run_notebook(course.code_cells(nb), notebook_id, settings, deadline,
                                      workdir, files if files is not None else helper_files(path))
         except judge.Failure as exc:
-            return _report(path, notebook_id, _zero(notebook_id, "grader error", str(exc)),
+            return notebook_report(path, notebook_id, _zero(notebook_id, "grader error", str(exc)),
                            ok=False, error=str(exc), sandboxed=sandboxed, student=student)
     entries = _entries(notebook_id, nb, run)
     feedback = list(run.notes)
@@ -194,7 +194,7 @@ def grade_notebook(path, opts: Options, content: bytes | None = None,
     if opts.save_executed is not None:
         _save(_executed(nb, run), executed_path(opts.save_executed, student or
                                                 path.resolve().parent.name, path))
-    report = _report(path, notebook_id, entries, feedback=feedback, sandboxed=sandboxed,
+    report = notebook_report(path, notebook_id, entries, feedback=feedback, sandboxed=sandboxed,
                      student=student)
     if sandboxed:
         report["sandbox_cpu_seconds"] = round(run.sandbox_cpu, 3)

@@ -28,7 +28,7 @@ def summary(reports: list[dict], students: list[dict] | None = None) -> dict:
             "students": gradebook.rows(reports) if students is None else students}
 
 
-def _seed_line(seed, sandboxed) -> str:
+def seed_line(seed, sandboxed) -> str:
     parts = []
     if seed is not None:
         parts.append(f"seed {seed} (`--seed {seed}` repeats this grading exactly)")
@@ -79,7 +79,7 @@ def table(reports: list[dict], students: list[dict] | None = None, seed=None) ->
     return "\n".join(lines)
 
 
-def _md_cell(text, limit: int = 700) -> str:
+def md_cell(text, limit: int = 700) -> str:
     text = str(text or "")
     if len(text) > limit:
         text = text[:limit] + " ..."
@@ -95,28 +95,28 @@ def markdown(reports: list[dict], students: list[dict] | None = None, *, seed=No
     got = sum(r["points"] for r in rows)
     total = sum(r["max_points"] for r in rows)
     lines = [f"## Score: {got} / {total}", ""]
-    note = _seed_line(seed, sandboxed)
+    note = seed_line(seed, sandboxed)
     if note:
         lines += [note, ""]
     paths = {(r["student"], n): p for r in rows for n, p in r["notebooks"].items()}
     for r in rows:
         if len(rows) > 1:
-            lines += [f"### {_md_cell(r['student'])}: {r['points']} / {r['max_points']}", ""]
+            lines += [f"### {md_cell(r['student'])}: {r['points']} / {r['max_points']}", ""]
         lines += ["| notebook | exercise | result | points | message |", "|---|---|---|---|---|"]
         for e in r["exercises"]:
             where = paths.get((r["student"], e["notebook"]), f"{e['notebook']} (not handed in)")
-            lines.append(f"| {_md_cell(where)} | {e['exercise']} | {e['status']} | "
-                         f"{e['points']}/{e['max_points']} | {_md_cell(e['message'])} |")
+            lines.append(f"| {md_cell(where)} | {e['exercise']} | {e['status']} | "
+                         f"{e['points']}/{e['max_points']} | {md_cell(e['message'])} |")
         extra = [f"not graded: {i['path']} (another copy of {i['notebook']}; graded: "
                  f"{i['graded']})" for i in r["ignored"]]
         extra += [f"not a course notebook: {p}" for p in r["unknown"]]
         if extra:
-            lines += [""] + [f"- {_md_cell(x)}" for x in extra]
+            lines += [""] + [f"- {md_cell(x)}" for x in extra]
         lines.append("")
     for rep in reports:
         if rep.get("error"):
-            lines.append(f"- **grader error** in {_md_cell(rep['notebook'])}: "
-                         f"{_md_cell(rep['error'])}")
+            lines.append(f"- **grader error** in {md_cell(rep['notebook'])}: "
+                         f"{md_cell(rep['error'])}")
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -197,7 +197,7 @@ def overview(reports: list[dict], row: dict, *, seed=None, sandboxed=None, notes
                          f"score: the course staff will grade it again.")
         for f in rep.get("feedback", [])[:10]:
             lines.append(f"{rep['notebook']}: {f}")
-    seedline = _seed_line(seed, sandboxed)
+    seedline = seed_line(seed, sandboxed)
     if seedline:
         lines.append(seedline.replace("`", "") + ".")
     return "\n".join(lines)

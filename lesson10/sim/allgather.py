@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import attention, check_doc_ids, visible
-from .ring import _prepare
+from .ring import check_qkv_shards
 
 __all__ = ["allgather_attention"]
 
@@ -32,7 +32,7 @@ def allgather_attention(q_shards, k_shards, v_shards, positions, causal: bool = 
     ``return_stats=True`` also a dict with ``work`` (visible pairs per rank, ``(N_c,)``),
     ``lse`` (per rank, ``(c, a)``) and ``bytes_sent`` (per rank, this call).
     """
-    q, k, v, positions, group = _prepare(q_shards, k_shards, v_shards, positions, group,
+    q, k, v, positions, group = check_qkv_shards(q_shards, k_shards, v_shards, positions, group,
                                           "allgather_attention")
     n = len(q)
     k_pos = np.concatenate(positions)               # rank order, as all_gather concatenates

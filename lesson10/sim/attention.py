@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..layouts import visible  # noqa: F401  (the one visibility mask, re-exported)
+
 __all__ = ["attention", "merge", "visible", "check_doc_ids"]
 
 
@@ -48,24 +50,6 @@ def check_doc_ids(doc_ids, s=None, where: str = "doc_ids"):
         raise ValueError(f"{where}: doc_ids must be integer document ids (e.g. 0, 0, 0, 1, 1, 2), "
                          f"got dtype {ids.dtype}")
     return ids.astype(np.int64, copy=False)
-
-
-def visible(q_pos, k_pos, causal: bool = False, doc_ids=None) -> np.ndarray:
-    """Bool ``(s_q, s_k)``: which keys each query sees. ``k_pos[j] <= q_pos[i]`` when causal,
-    and ``doc_ids[k_pos[j]] == doc_ids[q_pos[i]]`` with a document mask (positions are global
-    token ids, ``doc_ids`` has one entry per global position)."""
-    q_pos, k_pos = np.asarray(q_pos), np.asarray(k_pos)
-    mask = np.ones((q_pos.size, k_pos.size), dtype=bool)
-    if causal:
-        mask &= k_pos[None, :] <= q_pos[:, None]
-    if doc_ids is not None:
-        doc_ids = np.asarray(doc_ids)
-        for name, pos in (("q_pos", q_pos), ("k_pos", k_pos)):
-            if pos.size and (pos.min() < 0 or pos.max() >= doc_ids.size):
-                raise ValueError(f"{name} holds token ids outside 0..{doc_ids.size - 1}, the "
-                                 f"positions that doc_ids describes")
-        mask &= doc_ids[k_pos][None, :] == doc_ids[q_pos][:, None]
-    return mask
 
 
 def _real_finite(x, name: str) -> np.ndarray:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layouts import shard_positions
+from ..layouts import check_permutation, shard_positions
 
 __all__ = ["SimGroup", "CommRecord", "shard_sequence", "gather_sequence", "check_shards"]
 
@@ -226,7 +226,7 @@ def gather_sequence(shards, positions) -> np.ndarray:
     if len(shards) != len(positions):
         raise ValueError(f"gather_sequence: {len(shards)} shards but {len(positions)} position arrays")
     pos = np.concatenate([np.asarray(p) for p in positions])
-    _check_permutation(pos, "gather_sequence")
+    check_permutation(pos, "gather_sequence")
     for r, (x, p) in enumerate(zip(shards, positions)):
         if np.shape(x)[:1] != (len(p),):
             raise ValueError(f"gather_sequence: rank {r} holds {np.shape(x)[:1]} tokens but "
@@ -280,12 +280,3 @@ def check_group(group, n: int, where: str, needs: tuple = ()):
     if group.n != n:
         raise ValueError(f"{where}: {n} shards for a group of {group.n} ranks")
     return group
-
-
-def _check_permutation(pos: np.ndarray, where: str) -> None:
-    """The concatenated positions of all ranks must be the token ids 0..s-1, each once."""
-    s = pos.size
-    if pos.ndim != 1 or not np.issubdtype(pos.dtype, np.integer) or (
-            s and (pos.min() < 0 or pos.max() >= s or np.bincount(pos, minlength=s).max() > 1)):
-        raise ValueError(f"{where}: the positions of all ranks together must hold every token id "
-                         f"0..{s - 1} exactly once (use layouts.shard_positions)")

@@ -35,6 +35,9 @@ from .. import cost
 from ..cost import expert_capacity  # the one exact formula; re-exported here
 from .comm import check_group, check_shards
 from .nodes import check_nodes, node_bytes, node_limited_scores
+from .sampling import sample_topk
+
+_sample_topk = sample_topk        # its former name here
 
 __all__ = [
     "route_topk", "router_probs", "expert_capacity", "capacity_keep", "apply_expert",
@@ -243,16 +246,8 @@ def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=N
     received = group.all_to_all([[xs[i][idx[i][d][0]] for d in range(n)] for i in range(n)])
 
     # 3. expert compute on rank d, on the copies it received (in source-rank order)
-    back = []
-    for d in range(n):
-        ids = np.concatenate([routes[i][0][idx[i][d]] for i in range(n)])
-        batch = np.concatenate(received[d]).reshape(-1, h)
-        out = np.empty_like(batch)
-        for ex in range(d * per_rank, (d + 1) * per_rank):
-            rows = ids == ex
-            out[rows] = apply_expert(experts[ex], batch[rows])
-        sizes = np.cumsum([len(b) for b in received[d]])[:-1]
-        back.append(np.split(out, sizes))            # back[d][i]: outputs for rank i's copies
+    back = [_run_local_experts(d, routes, idx, received[d], experts, per_rank, h)
+            for d in range(n)]                       # back[d][i]: outputs for rank i's copies
 
     # 4. combine: the outputs go home and are summed with the gates
     returned = group.all_to_all(back)                # returned[i][d]
@@ -267,9 +262,21 @@ def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=N
         return ys
     kept_experts = np.concatenate([c[m] for (c, _), m in zip(routes, keep)])
     load_e = np.bincount(kept_experts, minlength=E)
-    stats = {"capacity": capacity, "dropped": int(sum((~m).sum() for m in keep)),
-             "load_per_expert": load_e, "load_per_gpu": load_e.reshape(n, per_rank).sum(1)}
-    return ys, stats
+    return ys, {"capacity": capacity, "dropped": int(sum((~m).sum() for m in keep)),
+                "load_per_expert": load_e, "load_per_gpu": load_e.reshape(n, per_rank).sum(1)}
+
+
+def _run_local_experts(d, routes, idx, received, experts, per_rank: int, h: int) -> list:
+    """Rank ``d``'s experts on the copies it received (``received[i]`` from rank ``i``, in
+    source-rank order); returns their outputs split back per source rank."""
+    n = len(routes)
+    ids = np.concatenate([routes[i][0][idx[i][d]] for i in range(n)])
+    batch = np.concatenate(received).reshape(-1, h)
+    out = np.empty_like(batch)
+    for ex in range(d * per_rank, (d + 1) * per_rank):
+        rows = ids == ex
+        out[rows] = apply_expert(experts[ex], batch[rows])
+    return np.split(out, np.cumsum([len(b) for b in received])[:-1])
 
 
 # --------------------------------------------------------------------------- simulator
@@ -318,99 +325,64 @@ class MoEStats:
         return asdict(self)
 
 
-def _draw_excluding(cdf: np.ndarray, p: np.ndarray, prev: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """One exact draw per row from the weights ``p`` with the experts ``prev[row]`` removed.
-
-    Inverse-CDF sampling on the per-row CDF ``F(i) = cdf[i] - sum_{c in prev, c <= i} p[c]``
-    by a vectorised binary search over the ``E`` experts (``log2 E`` steps). Rows whose
-    remaining weight is below ``1e-9`` of the total return ``prev[:, 0]`` (a repeat)."""
-    E = cdf.size
-    pc = p[prev]                                               # (m, j) removed weights
-
-    def F(i):
-        return cdf[i] - (pc * (prev <= i[:, None])).sum(axis=1)
-
-    remaining = F(np.full(u.size, E - 1))
-    target = u * remaining
-    lo, hi = np.zeros(u.size, dtype=np.int64), np.full(u.size, E - 1, dtype=np.int64)
-    while np.any(lo < hi):
-        mid = (lo + hi) // 2
-        right = F(mid) <= target
-        lo = np.where(right, mid + 1, lo)
-        hi = np.where(right, hi, mid)
-    # where the remaining weight is lost in rounding, answer "repeat" (an expert already
-    # chosen) so that the caller falls back to the Gumbel top-k on the log-weights
-    lost = remaining <= 1e-9 * cdf[-1]
-    return np.where(lost, prev[:, 0], lo)
+def _check_sim_args(T, E, k, Ne, h, skew, seed) -> int:
+    """ValueError for a bad :func:`simulate_moe` size, skew or seed; returns ``k`` checked."""
+    for name, val, lo in (("T (tokens, all GPUs)", T, 1), ("E (experts)", E, 1),
+                          ("Ne (GPUs)", Ne, 1), ("h", h, 1)):
+        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {val!r}")
+    k = _check_k(k, E)
+    if E % Ne:
+        raise ValueError(f"E = {E} experts do not split over Ne = {Ne} GPUs; use E a multiple of Ne")
+    if T % Ne:
+        raise ValueError(f"T = {T} tokens do not split over Ne = {Ne} GPUs; use T a multiple of Ne")
+    if isinstance(skew, bool) or not isinstance(skew, numbers.Real) or not np.isfinite(skew) or skew < 0:
+        raise ValueError(f"skew must be a finite number >= 0, got {skew!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    return k
 
 
-def _alias_table(p: np.ndarray):
-    """Walker's alias table for O(1) draws from the weights ``p`` (``E`` entries).
-
-    A draw is: pick a column ``i`` uniformly, keep ``i`` with probability ``prob[i]``,
-    else take ``alias[i]``. Built in ``O(E)``."""
-    E = p.size
-    scaled = p * (E / p.sum())
-    prob, alias = np.ones(E), np.arange(E)
-    small = [i for i in range(E) if scaled[i] < 1.0]
-    large = [i for i in range(E) if scaled[i] >= 1.0]
-    while small and large:
-        lo, hi = small.pop(), large.pop()
-        prob[lo], alias[lo] = scaled[lo], hi
-        scaled[hi] -= 1.0 - scaled[lo]
-        (small if scaled[hi] < 1.0 else large).append(hi)
-    return prob, alias                                   # leftovers keep prob 1 (rounding)
-
-
-def _alias_draw(table, size: int, rng) -> np.ndarray:
-    prob, alias = table
-    E = prob.size
-    u = rng.random(size) * E
-    col = np.minimum(u.astype(np.int64), E - 1)
-    return np.where(u - col < prob[col], col, alias[col])
+def _expert_log_weights(E, skew, bias, popularity, pop_seq):
+    """``(popularity, logw)``: the experts' popularity (drawn from ``pop_seq`` unless given)
+    and their routing log-weights ``skew * popularity + bias``."""
+    if popularity is None:
+        popularity = np.random.default_rng(pop_seq).standard_normal(E)
+    popularity = np.asarray(popularity, dtype=float)
+    with np.errstate(over="ignore"):                   # an overflow to inf is reported below
+        logw = skew * popularity
+    if bias is not None:
+        logw = logw + np.asarray(bias, dtype=float)
+    if logw.shape != (E,):
+        raise ValueError(f"popularity and bias must be arrays of shape ({E},)")
+    if not np.all(np.isfinite(logw)):
+        raise ValueError(f"skew * popularity + bias must be finite for every expert (NaN or inf in "
+                         f"popularity/bias, or skew = {skew!r} too large); lower skew or fix them")
+    return popularity, logw
 
 
-def _sample_topk(logw: np.ndarray, T: int, k: int, rng, max_rounds: int = 3) -> np.ndarray:
-    """``T`` draws of ``k`` distinct experts from Plackett-Luce with log-weights ``logw``:
-    the same law as the top-``k`` of ``logw + Gumbel noise`` per token, without building
-    the ``(T, E)`` score matrix. Slot by slot, every token draws from the weights of the
-    experts it has not chosen yet: first by cheap rejection (redraw on a repeat), then,
-    for the tokens still repeating, by an exact inverse-CDF draw that excludes their
-    chosen experts. (Tokens whose remaining weights all underflow to 0 finish with the
-    Gumbel top-k itself.) No Python loop over tokens."""
+def _draw_choices(logw, T, k, nodes, max_nodes, route_seq) -> np.ndarray:
+    """Every token's ``k`` experts ``(T, k)``: the top-``k`` of ``logw + Gumbel noise``
+    (node-limited: explicit scores in chunks through :func:`route_topk`)."""
     E = logw.size
-    dtype = np.int16 if E <= np.iinfo(np.int16).max else np.int32
-    with np.errstate(over="ignore"):                   # a gap beyond 1e308 is weight 0
-        p = np.exp(logw - logw.max())
-    cdf = np.cumsum(p)
-    table = _alias_table(p)
-    choices = np.empty((T, k), dtype=dtype)
-    done = np.zeros(T, dtype=bool)                  # finished by the Gumbel fallback
-    for j in range(k):
-        pending = np.arange(T) if not done.any() else np.nonzero(~done)[0]
-        for attempt in range(max_rounds + 3):
-            if j == 0:
-                choices[pending, 0] = _alias_draw(table, pending.size, rng)
-                pending = pending[:0]
-                break
-            prev = choices[:, :j] if pending.size == T else choices[pending, :j]
-            if attempt < max_rounds:                               # rejection: draw from all
-                draw = _alias_draw(table, pending.size, rng).astype(dtype)
-            else:                                                  # exact: exclude the chosen
-                u = rng.random(pending.size)
-                draw = _draw_excluding(cdf, p, prev.astype(np.int64), u).astype(dtype)
-            ok = ~(prev == draw[:, None]).any(axis=1)
-            choices[pending[ok], j] = draw[ok]
-            pending = pending[~ok]
-            if pending.size == 0:
-                break
-        for start in range(0, pending.size, 1 << 15):             # last resort, chunked
-            rows = pending[start:start + (1 << 15)]
-            scores = logw[None, :] + rng.gumbel(size=(rows.size, E))
-            np.put_along_axis(scores, choices[rows, :j].astype(np.int64), -np.inf, axis=1)
-            choices[rows, j:] = np.argsort(-scores, axis=1, kind="stable")[:, :k - j]
-            done[rows] = True
-    return choices
+    if max_nodes is not None and max_nodes < nodes:       # explicit scores, then route_topk
+        rng = np.random.default_rng(route_seq)
+        return np.concatenate([route_topk(logw + rng.gumbel(size=(m, E)), k, nodes=nodes,
+                                          max_nodes=max_nodes)[0]
+                               for m in np.diff(np.r_[0:T:4096, T])])
+    return sample_topk(logw, T, k, np.random.default_rng(route_seq))
+
+
+def _kept_per_source(choices, keep, E: int, Ne: int) -> np.ndarray:
+    """Kept copies per (source GPU, expert), ``(Ne, E)``: one bincount per GPU's tokens."""
+    per_gpu_t = choices.shape[0] // Ne
+    src_exp = np.empty((Ne, E), dtype=np.int64)
+    for g in range(Ne):
+        blk = choices[g * per_gpu_t:(g + 1) * per_gpu_t]
+        if keep is not None:
+            blk = blk[keep[g * per_gpu_t:(g + 1) * per_gpu_t]]
+        src_exp[g] = np.bincount(blk.ravel(), minlength=E)
+    return src_exp
 
 
 def simulate_moe(T: int, E: int, k: int, Ne: int, capacity_factor=None, skew: float = 0.0,
@@ -431,54 +403,18 @@ def simulate_moe(T: int, E: int, k: int, Ne: int, capacity_factor=None, skew: fl
     stats then add the inter- and intra-node bytes. ``max_nodes``: node-limited routing
     (:func:`route_topk` on the scores above, built explicitly in chunks of tokens).
     """
-    for name, val, lo in (("T (tokens, all GPUs)", T, 1), ("E (experts)", E, 1),
-                          ("Ne (GPUs)", Ne, 1), ("h", h, 1)):
-        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < lo:
-            raise ValueError(f"{name} must be an integer >= {lo}, got {val!r}")
-    k = _check_k(k, E)
-    if E % Ne:
-        raise ValueError(f"E = {E} experts do not split over Ne = {Ne} GPUs; use E a multiple of Ne")
-    if T % Ne:
-        raise ValueError(f"T = {T} tokens do not split over Ne = {Ne} GPUs; use T a multiple of Ne")
-    if isinstance(skew, bool) or not isinstance(skew, numbers.Real) or not np.isfinite(skew) or skew < 0:
-        raise ValueError(f"skew must be a finite number >= 0, got {skew!r}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    k = _check_sim_args(T, E, k, Ne, h, skew, seed)
     capacity = expert_capacity(T, E, k, capacity_factor)
     pop_seq, route_seq = np.random.SeedSequence(seed).spawn(2)
-    if popularity is None:
-        popularity = np.random.default_rng(pop_seq).standard_normal(E)
-    popularity = np.asarray(popularity, dtype=float)
-    with np.errstate(over="ignore"):                   # an overflow to inf is reported below
-        logw = skew * popularity
-    if bias is not None:
-        logw = logw + np.asarray(bias, dtype=float)
-    if logw.shape != (E,):
-        raise ValueError(f"popularity and bias must be arrays of shape ({E},)")
-    if not np.all(np.isfinite(logw)):
-        raise ValueError(f"skew * popularity + bias must be finite for every expert (NaN or inf in "
-                         f"popularity/bias, or skew = {skew!r} too large); lower skew or fix them")
-
+    popularity, logw = _expert_log_weights(E, skew, bias, popularity, pop_seq)
     nodes, max_nodes = check_nodes(E, k, nodes, max_nodes)
     if nodes is not None and Ne % nodes:
         raise ValueError(f"Ne = {Ne} GPUs do not split evenly over nodes = {nodes}; use a number "
                          f"of nodes that divides Ne")
-    if max_nodes is not None and max_nodes < nodes:       # explicit scores, then route_topk
-        rng = np.random.default_rng(route_seq)
-        choices = np.concatenate([route_topk(logw + rng.gumbel(size=(m, E)), k, nodes=nodes,
-                                             max_nodes=max_nodes)[0]
-                                  for m in np.diff(np.r_[0:T:4096, T])])
-    else:
-        choices = _sample_topk(logw, T, k, np.random.default_rng(route_seq))
+    choices = _draw_choices(logw, T, k, nodes, max_nodes, route_seq)
     keep = capacity_keep(choices, E, capacity) if capacity is not None else None
     per_gpu_e, per_gpu_t = E // Ne, T // Ne
-    # kept copies per (source GPU, expert): one bincount per GPU's block of tokens
-    src_exp = np.empty((Ne, E), dtype=np.int64)
-    for g in range(Ne):
-        blk = choices[g * per_gpu_t:(g + 1) * per_gpu_t]
-        if capacity is not None:
-            blk = blk[keep[g * per_gpu_t:(g + 1) * per_gpu_t]]
-        src_exp[g] = np.bincount(blk.ravel(), minlength=E)
+    src_exp = _kept_per_source(choices, keep, E, Ne)
     traffic = src_exp.reshape(Ne, Ne, per_gpu_e).sum(axis=2)   # [source GPU, expert GPU]
     local = np.diag(traffic)
     bytes_per_gpu = ((traffic.sum(1) - local) + (traffic.sum(0) - local)) * float(h * e)

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layouts import shard_positions
-from .attention import attention, check_doc_ids, merge, visible
-from .comm import _check_permutation, check_group, check_shards
+from ..layouts import block_plan, check_permutation, plan_pairs, ring_source, shard_positions
+from .attention import attention, check_doc_ids, merge
+from .comm import check_group, check_shards
 
 __all__ = ["ring_attention", "RingStats"]
 
@@ -46,9 +46,11 @@ class RingStats:
     n_skipped: int = 0
 
 
-def _prepare(q_shards, k_shards, v_shards, positions, group, name, needs=()):
-    """Validate the per-rank inputs shared by ring and Ulysses attention; ``needs``: the
-    collectives a group other than a SimGroup must offer (see ``comm.check_group``)."""
+def check_qkv_shards(q_shards, k_shards, v_shards, positions, group, name, needs=()):
+    """The per-rank inputs of every sim attention method, checked: ``(q, k, v, positions,
+    group)``, with ``positions`` a list of arrays (a layout name becomes
+    :func:`lesson10.layouts.shard_positions`). ``needs``: the collectives a group other than
+    a SimGroup must offer (see ``comm.check_group``)."""
     q = check_shards(q_shards, f"{name}: q_shards")
     n = len(q)
     k = check_shards(k_shards, f"{name}: k_shards", n)
@@ -69,7 +71,7 @@ def _prepare(q_shards, k_shards, v_shards, positions, group, name, needs=()):
     for r, p in enumerate(positions):
         if p.shape != (c,):
             raise ValueError(f"{name}: rank {r} holds {c} tokens but positions[{r}] has shape {p.shape}")
-    _check_permutation(np.concatenate(positions), name)
+    check_permutation(np.concatenate(positions), name)
     group = check_group(group, n, name, needs)
     return q, k, v, positions, group
 
@@ -85,7 +87,7 @@ def ring_attention(q_shards, k_shards, v_shards, positions, causal: bool = True,
     ``(c, a, d)`` per rank), equal to full attention restricted to each rank's tokens;
     with ``return_stats=True`` returns ``(out_shards, RingStats)``.
     """
-    q, k, v, positions, group = _prepare(q_shards, k_shards, v_shards, positions, group,
+    q, k, v, positions, group = check_qkv_shards(q_shards, k_shards, v_shards, positions, group,
                                           "ring_attention", needs=("ring_shift",))
     n = len(q)
     doc_ids = check_doc_ids(doc_ids, n * q[0].shape[0], "ring_attention")
@@ -98,9 +100,9 @@ def ring_attention(q_shards, k_shards, v_shards, positions, causal: bool = True,
     skipped = np.zeros((n, n), dtype=bool)
     for rnd in range(n):
         for r in range(n):
-            src = (r - rnd) % n                     # whose K/V block rank r holds now
+            src = ring_source(r, rnd, n)            # whose K/V block rank r holds now
             sources[rnd, r] = src
-            work[rnd, r] = visible(positions[r], positions[src], causal, doc_ids).sum()
+            work[rnd, r] = plan_pairs(block_plan(positions[r], positions[src], causal, doc_ids))
             if work[rnd, r] == 0:                   # fully masked: (0, -inf) changes nothing
                 skipped[rnd, r] = True
                 continue

@@ -19,13 +19,32 @@ import numpy as np
 
 from .attention import attention as _attention, check_doc_ids
 from .comm import check_group, check_shards
-from .ring import _prepare
+from .ring import check_qkv_shards
 
 __all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "kv_replication"]
 
 
 def _group(n, group):
     return check_group(group, n, "shards", needs=("all_to_all",))
+
+
+def _all_to_all_axes(shards, group, name: str, split: int, join: int):
+    """The Ulysses all-to-all: each rank splits axis ``split`` into ``N_c`` blocks, block
+    ``j`` goes to rank ``j``, and each rank joins what it receives along axis ``join`` in
+    rank order. ``split=1, join=0``: sequence -> heads; ``split=0, join=1``: back."""
+    xs = check_shards(shards, name)
+    n = len(xs)
+    group = _group(n, group)
+    if xs[0].ndim < 2:
+        raise ValueError(f"{name}: shards must be (tokens, heads, ...), got {xs[0].shape}")
+    size = xs[0].shape[split]
+    if size % n:
+        unit = "heads" if split == 1 else "tokens"
+        advice = "; the number of heads must be a multiple of N_c" if split == 1 else ""
+        raise ValueError(f"{name}: {size} {unit} do not split over N_c = {n} ranks{advice}")
+    blocks = [np.split(x, n, axis=split) for x in xs]        # blocks[i][j]: rank i -> rank j
+    received = group.all_to_all(blocks)
+    return [np.concatenate(row, axis=join) for row in received]
 
 
 def seq_to_heads(shards, group=None):
@@ -35,18 +54,7 @@ def seq_to_heads(shards, group=None):
     ``(N_c c, a/N_c, d)``, heads ``j a/N_c ..`` for the tokens of ranks ``0, 1, ..., N_c-1``
     in that order (rank 0's tokens first). ``a`` must be a multiple of ``N_c``.
     """
-    xs = check_shards(shards, "seq_to_heads")
-    n = len(xs)
-    group = _group(n, group)
-    if xs[0].ndim < 2:
-        raise ValueError(f"seq_to_heads: shards must be (tokens, heads, ...), got {xs[0].shape}")
-    a = xs[0].shape[1]
-    if a % n:
-        raise ValueError(f"seq_to_heads: {a} heads do not split over N_c = {n} ranks; the number "
-                         f"of heads must be a multiple of N_c")
-    blocks = [np.split(x, n, axis=1) for x in xs]            # blocks[i][j]: rank i -> rank j
-    received = group.all_to_all(blocks)
-    return [np.concatenate(row, axis=0) for row in received]
+    return _all_to_all_axes(shards, group, "seq_to_heads", split=1, join=0)
 
 
 def heads_to_seq(shards, group=None):
@@ -55,17 +63,7 @@ def heads_to_seq(shards, group=None):
     ``shards[j]``: ``(s, a/N_c, d)``, all tokens (in rank order) for head group ``j``.
     Returns ``out[r]``: ``(s/N_c, a, d)``, the tokens of rank ``r`` with all heads.
     """
-    xs = check_shards(shards, "heads_to_seq")
-    n = len(xs)
-    group = _group(n, group)
-    if xs[0].ndim < 2:
-        raise ValueError(f"heads_to_seq: shards must be (tokens, heads, ...), got {xs[0].shape}")
-    s = xs[0].shape[0]
-    if s % n:
-        raise ValueError(f"heads_to_seq: {s} tokens do not split over N_c = {n} ranks")
-    blocks = [np.split(x, n, axis=0) for x in xs]            # blocks[j][r]: rank j -> rank r
-    received = group.all_to_all(blocks)
-    return [np.concatenate(row, axis=1) for row in received]
+    return _all_to_all_axes(shards, group, "heads_to_seq", split=0, join=1)
 
 
 def kv_replication(a: int, a_kv: int, n: int) -> int:
@@ -97,7 +95,7 @@ def ulysses_attention(q_shards, k_shards, v_shards, positions, causal: bool = Tr
     :func:`lesson10.sim.attention` (None: that one); it is called once per head group, with
     ``doc_ids=`` only when a document mask is given.
     """
-    q, k, v, positions, group = _prepare(q_shards, k_shards, v_shards, positions, group,
+    q, k, v, positions, group = check_qkv_shards(q_shards, k_shards, v_shards, positions, group,
                                           "ulysses_attention", needs=("all_to_all",))
     kernel = _attention if attention is None else attention
     n = len(q)

@@ -27,7 +27,7 @@ import numbers
 import numpy as np
 
 from .attention import check_doc_ids
-from .ring import _prepare, ring_attention
+from .ring import check_qkv_shards, ring_attention
 from .ulysses import heads_to_seq, seq_to_heads
 
 __all__ = ["usp_attention", "usp_groups"]
@@ -79,7 +79,7 @@ def usp_attention(q_shards, k_shards, v_shards, positions, ulysses_size: int, ca
     ids or a layout name, ``doc_ids`` the document of each global position). Needs
     ``ulysses_size`` to divide ``N``, ``a`` and ``a_kv``.
     """
-    q, k, v, positions, group = _prepare(q_shards, k_shards, v_shards, positions, group,
+    q, k, v, positions, group = check_qkv_shards(q_shards, k_shards, v_shards, positions, group,
                                           "usp_attention")
     n = len(q)
     uly_groups, rings = usp_groups(n, ulysses_size)

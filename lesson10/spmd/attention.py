@@ -27,11 +27,12 @@ import math
 import torch
 
 __all__ = ["attention", "merge", "local_attention", "local_attention_backward", "visible_mask",
-           "check_doc_ids"]
+           "check_doc_ids", "check_float", "check_local_qkv", "require_rank", "merge_block",
+           "block_kwargs", "acc_dtype"]
 
 
 # --------------------------------------------------------------------------- checks
-def _check_float(**tensors):
+def check_float(**tensors):
     """Every argument must be a floating-point tensor, all of one dtype (no silent casts)."""
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
@@ -46,7 +47,7 @@ def _check_float(**tensors):
 
 
 def _check_qkv(q, k, v):
-    _check_float(q=q, k=k, v=v)
+    check_float(q=q, k=k, v=v)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"q, k, v must be 4-D (b, s, a, d); got shapes {tuple(q.shape)}, {tuple(k.shape)}, "
@@ -65,6 +66,60 @@ def _check_qkv(q, k, v):
     if q.shape[3] == 0:
         raise ValueError("the head dim d (dim 3) is 0: attention needs d >= 1")
     return a // a_kv
+
+
+def require_rank(where: str) -> None:
+    """RuntimeError unless a torch.distributed process group is running (``where``: the
+    function's name, for the message)."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(f"{where} runs inside a rank: use lesson10.spmd.launch or torchrun")
+
+
+def check_local_qkv(q, k, v, where: str) -> None:
+    """The local shards of a context-parallel method: floating point of one dtype, q
+    ``(b, c, a, d)`` and k, v ``(b, c, a_kv, d)`` of one shape, ``a`` a multiple of ``a_kv``
+    (GQA); a ValueError that says which rule broke otherwise."""
+    check_float(q=q, k=k, v=v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{where}: {name} must be a local shard of shape (b, s/N_c, a, d), "
+                             f"got {tuple(t.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"{where}: k and v must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"{where}: q {tuple(q.shape)} and k/v {tuple(k.shape)} must agree in "
+                         "batch, local sequence length and head dim (only the head count may "
+                         "differ: GQA)")
+    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+        raise ValueError(f"{where}: the number of query heads ({q.shape[2]}) must be a multiple "
+                         f"of the number of K/V heads ({k.shape[2]}) (GQA)")
+
+
+def acc_dtype(dtype):
+    """The accumulation dtype of a blockwise method: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def merge_block(out, lse, rows, o_b, l_b) -> None:
+    """Merge one block's ``(o_b, l_b)`` into the running ``out`` ``(b, s, a, d)`` and ``lse``
+    ``(b, a, s)`` (the kernels' layout) at the query ``rows`` (a slice), in place: the lse
+    formula of :func:`merge`, which wants ``(b, s, a)``, and the transposes around it."""
+    o_m, l_m = merge(out[:, rows], lse[:, :, rows].transpose(1, 2), o_b, l_b.transpose(1, 2))
+    out[:, rows] = o_m
+    lse[:, :, rows] = l_m.transpose(1, 2)
+
+
+def block_kwargs(block, q_pos, k_pos, causal: bool, doc_ids=None) -> dict:
+    """The mask arguments of :func:`local_attention` for one
+    :class:`lesson10.layouts.Block`: none, the kernel's causal mask, or the global
+    positions of its rows (``q_pos``, ``k_pos``: int64 tensors of the whole local blocks)."""
+    if block.mask == "none":
+        return {"causal": False}
+    if block.mask == "causal":
+        return {"causal": True}
+    return {"causal": causal, "q_pos": q_pos[block.q], "k_pos": k_pos[block.k], "doc_ids": doc_ids}
 
 
 _IMPLS = ("auto", "kernel", "einsum")
@@ -180,7 +235,7 @@ def merge(o1, lse1, o2, lse2):
     ``(0, -inf)``, never NaN. Returns ``(o, lse)`` in that float type.
     """
     for name, t in (("o1", o1), ("lse1", lse1), ("o2", o2), ("lse2", lse2)):
-        _check_float(**{name: t})
+        check_float(**{name: t})
     if o1.shape != o2.shape or lse1.shape != lse2.shape or o1.shape[:-1] != lse1.shape:
         raise ValueError(f"merge needs o (..., s, a, d) and lse (..., s, a) of matching shapes; got "
                          f"o1 {tuple(o1.shape)}, lse1 {tuple(lse1.shape)}, o2 {tuple(o2.shape)}, "
@@ -300,6 +355,30 @@ def local_attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale
     return out, lse.transpose(1, 2).contiguous()
 
 
+def _kernel_backward(dout, q, k, v, out, lse, kind, scale, g: int):
+    """The fused kernel's backward of one block (CPU flash; CUDA memory-efficient SDPA, with
+    GQA K/V repeated and their gradients summed back)."""
+    s_q, s_k = q.shape[1], k.shape[1]
+    dot, qt, kt, vt, ot = (t.transpose(1, 2) for t in (dout, q, k, v, out))
+    if q.device.type == "cpu":
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dot, qt, kt, vt, ot, lse.contiguous(), 0.0, kind, scale=scale)
+    else:  # CUDA, untested here
+        if g > 1:
+            kt, vt = kt.repeat_interleave(g, dim=1), vt.repeat_interleave(g, dim=1)
+        pad = (-s_q) % 32
+        lse_p = torch.nn.functional.pad(lse, (0, pad)) if pad else lse
+        zero = torch.zeros((), dtype=torch.int64, device=q.device)
+        dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            dot.contiguous(), qt, kt, vt, None, ot, lse_p.contiguous(), zero, zero, 0.0,
+            [True, True, True, False], kind, scale=scale)
+        if g > 1:
+            b, a, _, d = dk.shape
+            dk = dk.view(b, a // g, g, s_k, d).sum(2)
+            dv = dv.view(b, a // g, g, s_k, d).sum(2)
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
 def local_attention_backward(dout, q, k, v, out, lse, causal: bool = False, q_pos=None, k_pos=None,
                              scale=None, impl="auto", doc_ids=None):
     """Gradients ``(dq, dk, dv)`` of one attention block, recomputed from ``(out, lse)``.
@@ -313,7 +392,7 @@ def local_attention_backward(dout, q, k, v, out, lse, causal: bool = False, q_po
     """
     g = _check_qkv(q, k, v)
     for name, t in (("dout", dout), ("out", out)):
-        _check_float(**{name: t})
+        check_float(**{name: t})
     s_q, s_k = q.shape[1], k.shape[1]
     if dout.shape != q.shape or out.shape != q.shape:
         raise ValueError(f"dout {tuple(dout.shape)} and out {tuple(out.shape)} must have the shape "
@@ -323,26 +402,8 @@ def local_attention_backward(dout, q, k, v, out, lse, causal: bool = False, q_po
                          f"local_attention, got {tuple(getattr(lse, 'shape', ()))}")
     kind = _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, q.device, doc_ids)
     scale_v = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    use = _choose_impl(impl, kind, q, k)
-    if use == "kernel":
-        dot, qt, kt, vt, ot = (t.transpose(1, 2) for t in (dout, q, k, v, out))
-        if q.device.type == "cpu":
-            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                dot, qt, kt, vt, ot, lse.contiguous(), 0.0, kind, scale=scale)
-        else:  # CUDA, untested here
-            if g > 1:
-                kt, vt = kt.repeat_interleave(g, dim=1), vt.repeat_interleave(g, dim=1)
-            pad = (-s_q) % 32
-            lse_p = torch.nn.functional.pad(lse, (0, pad)) if pad else lse
-            zero = torch.zeros((), dtype=torch.int64, device=q.device)
-            dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-                dot.contiguous(), qt, kt, vt, None, ot, lse_p.contiguous(), zero, zero, 0.0,
-                [True, True, True, False], kind, scale=scale)
-            if g > 1:
-                b, a, _, d = dk.shape
-                dk = dk.view(b, a // g, g, s_k, d).sum(2)
-                dv = dv.view(b, a // g, g, s_k, d).sum(2)
-        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+    if _choose_impl(impl, kind, q, k) == "kernel":
+        return _kernel_backward(dout, q, k, v, out, lse, kind, scale, g)
     # einsum path
     if g > 1:
         k = k.repeat_interleave(g, dim=2)

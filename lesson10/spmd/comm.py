@@ -1,73 +1,24 @@
-"""Byte counting for real runs.
-
-Every collective or point-to-point call a method makes goes through a wrapper in
-this module (or calls :func:`record` itself), so a run can be measured::
+"""The collectives of the methods: each wrapper is the ``torch.distributed`` call plus its
+bytes at ring-algorithm cost, recorded with :func:`lesson10.spmd.bytecount.record` (all-reduce
+2(n-1)/n of the tensor, all-gather and reduce-scatter (n-1)/n of the full tensor, all-to-all
+the blocks that leave the rank). They work on plain tensors (no autograd); the autograd
+Functions of sp.py, ulysses.py and moe.py call them in their forward and backward. The byte
+counter (``count_bytes``, ``record``, ``SIDE_OPS``) lives in :mod:`lesson10.spmd.bytecount`
+and is re-exported here::
 
     with count_bytes() as c:
         out = ring_attention(q, k, v)
     c.sent            # bytes this rank put on the wire
     c.by_op           # {"p2p": ..., "all_to_all": ...}
-
-Bytes are counted at ring-algorithm cost, like ``lesson10.sim.SimGroup``:
-all-reduce 2(n-1)/n of the tensor, all-gather and reduce-scatter (n-1)/n of the
-full tensor, all-to-all the blocks that leave the rank, p2p what is sent.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+import math
 
-_active: list["ByteCounter"] = []
+import torch
+import torch.distributed as dist
 
-#: ops that are not activation traffic: shape/count exchanges, replicated weight-gradient
-#: sums, and SP's backward re-gather of the LayerNorm output it kept only a shard of
-SIDE_OPS = ("metadata", "param_grad", "ag_recompute")
-
-
-@dataclass
-class ByteCounter:
-    sent: int = 0
-    calls: int = 0
-    by_op: dict = field(default_factory=dict)
-
-    @property
-    def activation(self) -> int:
-        """The bytes the lesson's formulas count: everything but :data:`SIDE_OPS`."""
-        return int(sum(v for op, v in self.by_op.items() if op not in SIDE_OPS))
-
-    def add(self, op: str, nbytes: int) -> None:
-        nbytes = int(nbytes)
-        self.sent += nbytes
-        self.calls += 1
-        self.by_op[op] = self.by_op.get(op, 0) + nbytes
-
-
-def record(op: str, nbytes: int) -> None:
-    """Add ``nbytes`` sent by this rank under the name ``op`` to every open counter."""
-    for c in _active:
-        c.add(op, nbytes)
-
-
-@contextmanager
-def count_bytes():
-    """Context manager yielding a :class:`ByteCounter` of the bytes sent inside it."""
-    c = ByteCounter()
-    _active.append(c)
-    try:
-        yield c
-    finally:
-        _active.remove(c)
-
-
-# ----------------------------------------------------------------------------
-# Collective wrappers: the torch.distributed call plus its bytes at ring cost.
-# They work on plain tensors (no autograd); the autograd Functions of sp.py,
-# ulysses.py and moe.py call them in their forward and backward.
-
-import math  # noqa: E402
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+from .bytecount import SIDE_OPS, ByteCounter, count_bytes, record  # noqa: F401  (re-exported)
 
 
 def group_size(group=None) -> int:
@@ -141,6 +92,19 @@ def reduce_scatter(x: torch.Tensor, dim: int = 0, group=None, op: str = "reduce_
     return out
 
 
+def _split_sizes(sizes, rows: int, n: int, name: str) -> list[int]:
+    """``sizes`` as ``n`` ints; ``None``: ``rows`` split evenly (a ValueError if it cannot be)."""
+    if sizes is None:
+        if rows % n:
+            raise ValueError(f"all_to_all_single: {rows} rows cannot be split evenly over {n} "
+                             f"ranks; pass {name} or pad to a multiple of n.")
+        return [rows // n] * n
+    sizes = [int(v) for v in sizes]
+    if len(sizes) != n:
+        raise ValueError(f"{name} {sizes} must have {n} entries")
+    return sizes
+
+
 def all_to_all_single(x: torch.Tensor, output_split_sizes=None, input_split_sizes=None,
                       group=None, op: str = "all_to_all") -> torch.Tensor:
     """Block transpose along dim 0: rows ``input_split_sizes[j]`` go to rank ``j``.
@@ -153,22 +117,11 @@ def all_to_all_single(x: torch.Tensor, output_split_sizes=None, input_split_size
     n = group_size(group)
     r = group_rank(group)
     rows = x.shape[0]
-    if input_split_sizes is None:
-        if rows % n:
-            raise ValueError(f"all_to_all_single: {rows} rows cannot be split evenly over {n} "
-                             "ranks; pass input_split_sizes or pad to a multiple of n.")
-        input_split_sizes = [rows // n] * n
-    input_split_sizes = [int(v) for v in input_split_sizes]
-    if len(input_split_sizes) != n or sum(input_split_sizes) != rows:
+    input_split_sizes = _split_sizes(input_split_sizes, rows, n, "input_split_sizes")
+    if sum(input_split_sizes) != rows:
         raise ValueError(f"input_split_sizes {input_split_sizes} must have {n} entries "
                          f"summing to dim 0 = {rows}")
-    if output_split_sizes is None:
-        output_split_sizes = [rows // n] * n if rows % n == 0 else None
-        if output_split_sizes is None:  # pragma: no cover - caught above
-            raise ValueError("output_split_sizes needed")
-    output_split_sizes = [int(v) for v in output_split_sizes]
-    if len(output_split_sizes) != n:
-        raise ValueError(f"output_split_sizes needs {n} entries, got {output_split_sizes}")
+    output_split_sizes = _split_sizes(output_split_sizes, rows, n, "output_split_sizes")
     row_bytes = math.prod(x.shape[1:]) * x.element_size()
     record(op, (rows - input_split_sizes[r]) * row_bytes)
     x = x.contiguous()

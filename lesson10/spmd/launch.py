@@ -45,6 +45,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .device import DTYPES, current_device, synchronize, synchronize_device, torch_dtype  # noqa: F401
+
 __all__ = [
     "launch", "RankError", "LaunchTimeout", "choose_backend",
     "init_from_env", "is_torchrun", "shutdown", "current_device", "DTYPES", "torch_dtype",
@@ -165,37 +167,6 @@ def backend_reason(nprocs: int, backend: str = "auto") -> str:
         return (f"gloo on the CPU, although {n_gpu} GPU(s) are visible: NCCL needs one GPU per rank "
                 f"(two ranks cannot share a GPU), and {nprocs} ranks would need {nprocs}")
     return "gloo on the CPU: this torch build has no NCCL"
-
-
-def current_device() -> torch.device:
-    """The device of this rank: ``cuda:LOCAL_RANK`` under NCCL, else CPU."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-#: dtype names accepted by the workers, the benchmarks and the command line
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """``"float32"`` -> ``torch.float32`` (one of :data:`DTYPES`); ValueError otherwise."""
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
-    return DTYPES[name]
-
-
-def synchronize() -> None:
-    """Wait for this rank's GPU work (a no-op on CPU), before reading a clock."""
-    if current_device().type == "cuda":
-        torch.cuda.synchronize()
-
-
-def synchronize_device(like: torch.Tensor) -> None:
-    """Wait for the GPU work queued on ``like``'s device (a no-op for a CPU tensor): CUDA runs
-    kernels and NCCL transfers asynchronously, so a clock read without it times the launch."""
-    if like.is_cuda:
-        torch.cuda.synchronize(like.device)
 
 
 def _check_importable(fn) -> None:

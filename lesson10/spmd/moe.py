@@ -247,6 +247,30 @@ class ExpertParallelMoE(nn.Module):
         return self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = self._check_input(x)
+        x = x.reshape(-1, self.h)                                # (T, h)
+        k = self.k
+        # 1. route (router in float32 or wider)
+        w_r = self.router_w
+        if self.reduce_router_grad:
+            w_r = copy_to_tp(w_r, self.group, op="param_grad")  # replicated: sum its grads
+        logits = x.to(w_r.dtype) @ w_r                           # (T, E)
+        experts, gates = route_topk(logits, k, self.bias, self.nodes, self.max_nodes)
+        # 2. count exchange and capacity: which copies go where
+        send, send_splits, recv_counts, all_counts, kept, N = self._dispatch_plan(experts)
+        tok, slot = send // k, send % k                          # (m_send,)
+        recv_splits = recv_counts.sum(1).tolist()                # rows from each rank
+        # 3. dispatch
+        xr = all_to_all(x[tok], recv_splits, send_splits, self.group)   # (m_recv, h)
+        # 4. local experts; rows arrive as (source rank, expert) blocks
+        yr = self._local_experts(xr, recv_counts)
+        # 5. combine and weighted sum
+        yb = all_to_all(yr, send_splits, recv_splits, self.group)        # (m_send, h)
+        y = torch.zeros_like(x).index_add(0, tok, gates[tok, slot, None].to(x.dtype) * yb)
+        self._balance_stats(logits, all_counts, kept, N)
+        return y.reshape(shape)
+
+    def _check_input(self, x) -> torch.Size:
         if not isinstance(x, torch.Tensor) or x.dim() == 0:
             raise ValueError(f"x must be a tensor (..., h) of this rank's tokens, got "
                              f"{type(x).__name__} {tuple(getattr(x, 'shape', ()))}")
@@ -254,67 +278,53 @@ class ExpertParallelMoE(nn.Module):
             hint = f" (or build the layer with dtype={x.dtype})" if x.is_floating_point() else ""
             raise ValueError(f"x has dtype {x.dtype} but the experts are {self.w1.dtype}: pass "
                              f"x.to({self.w1.dtype}){hint}")
-        shape = x.shape
-        if shape[-1] != self.h:
-            raise ValueError(f"expected tokens of size h = {self.h}, got shape {tuple(shape)}")
-        x = x.reshape(-1, self.h)                                # (T, h)
+        if x.shape[-1] != self.h:
+            raise ValueError(f"expected tokens of size h = {self.h}, got shape {tuple(x.shape)}")
+        return x.shape
+
+    def _dispatch_plan(self, experts):
+        """One exchange of per-expert counts, then capacity, first come first served over
+        the ranks: ``(send, send_splits, recv_counts, all_counts, kept, N)`` with ``send``
+        this rank's kept copies (flat ``t k + j``) grouped by expert."""
         n, r = comm.group_size(self.group), comm.group_rank(self.group)
         E, k, El = self.E, self.k, self.E // n
-        T = x.shape[0]
-
-        # 1. route (router in float32 or wider)
-        w_r = self.router_w
-        if self.reduce_router_grad:
-            w_r = copy_to_tp(w_r, self.group, op="param_grad")  # replicated: sum its grads
-        logits = x.to(w_r.dtype) @ w_r                           # (T, E)
-        experts, gates = route_topk(logits, k, self.bias, self.nodes, self.max_nodes)
-
-        # 2. count exchange: per-expert counts of every rank, (N_e, E)
         flat = experts.reshape(-1)                               # (T k,) row-major (t, j)
         counts = torch.bincount(flat, minlength=E)               # (E,)
-        dev = counts.device
         all_counts = comm.all_gather(counts[None], dim=0, group=self.group,
                                      op="metadata")              # (N_e, E)
         N = int(all_counts.sum()) // k                           # tokens over all ranks
         C = expert_capacity(N, E, k, self.capacity_factor)
         before = all_counts.cumsum(0) - all_counts               # copies of earlier ranks
-        if C is None:
-            kept = all_counts                                    # (N_e, E)
-        else:
-            kept = (C - before).clamp(min=0).minimum(all_counts)
+        kept = all_counts if C is None else (C - before).clamp(min=0).minimum(all_counts)
         # this rank's copies grouped by expert (stable: each group in (t, j) order)
         perm = torch.sort(flat, stable=True).indices             # (T k,)
         sorted_e = flat[perm]
         start = counts.cumsum(0) - counts                        # first sorted slot per expert
-        arrival = torch.arange(flat.numel(), device=dev) - start[sorted_e]
+        arrival = torch.arange(flat.numel(), device=counts.device) - start[sorted_e]
         send = perm[arrival < kept[r][sorted_e]]                 # kept copies, grouped by expert
-        tok, slot = send // k, send % k                          # (m_send,)
         send_splits = kept[r].reshape(n, El).sum(1).tolist()     # rows to each rank
         recv_counts = kept[:, r * El:(r + 1) * El]               # (N_e, E/N_e) rows per source, expert
-        recv_splits = recv_counts.sum(1).tolist()                # rows from each rank
+        return send, send_splits, recv_counts, all_counts, kept, N
 
-        # 3. dispatch
-        xr = all_to_all(x[tok], recv_splits, send_splits, self.group)   # (m_recv, h)
-
-        # 4. local experts; rows arrive as (source rank, expert) blocks
-        eid = torch.arange(El, device=dev).repeat(n).repeat_interleave(recv_counts.reshape(-1))
+    def _local_experts(self, xr, recv_counts):
+        """This rank's experts on the rows received, ``(source rank, expert)`` blocks; the
+        outputs in arrival order."""
+        n, El = recv_counts.shape
+        eid = torch.arange(El, device=xr.device).repeat(n).repeat_interleave(recv_counts.reshape(-1))
         order = torch.sort(eid, stable=True).indices             # group rows by local expert
         xg = xr[order]                                           # (m_recv, h) by expert
         sizes = torch.bincount(eid, minlength=El).tolist()
         outs = [torch.relu(xe @ self.w1[e]) @ self.w2[e]         # (rows_e, h), rows_e may be 0
                 for e, xe in enumerate(torch.split(xg, sizes))]
         yg = torch.cat(outs) if outs else xg
-        yr = yg[torch.argsort(order)]                            # back to arrival order
+        return yg[torch.argsort(order)]                          # back to arrival order
 
-        # 5. combine and weighted sum
-        yb = all_to_all(yr, send_splits, recv_splits, self.group)        # (m_send, h)
-        y = torch.zeros_like(x).index_add(0, tok, gates[tok, slot, None].to(x.dtype) * yb)
-
-        # balancing statistics (global) and this rank's share of the Switch loss
+    def _balance_stats(self, logits, all_counts, kept, N) -> None:
+        """Balancing statistics (global) and this rank's share of the Switch loss."""
+        E, k = self.E, self.k
         total = all_counts.sum(0)
         self.counts, self.load = total, kept.sum(0)
         self.dropped = int(total.sum() - self.load.sum())
         Nz = max(N, 1)                                           # no token anywhere: loss 0
         f = total.to(logits.dtype) / (k * Nz)                    # share of copies per expert
         self.aux_loss = self.alpha * E * (f * torch.softmax(logits, -1).sum(0)).sum() / Nz
-        return y.reshape(shape)

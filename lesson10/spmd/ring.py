@@ -27,48 +27,28 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..layouts import layout_name, shard_positions
-from .attention import (_check_float, check_doc_ids, local_attention, local_attention_backward,
-                        merge, visible_mask)
+from ..layouts import Block, block_plan, ring_source, shard_positions
+from .attention import (acc_dtype, block_kwargs, check_doc_ids, check_local_qkv, local_attention,
+                        local_attention_backward, merge_block, require_rank)
 from . import comm
 from .comm import record
-from .launch import synchronize_device
+from .device import synchronize_device
+from .shard import layout_positions
 
-__all__ = ["RingComm", "ring_options", "ring_attention", "RingAttention", "ring_blocks"]
-
-RING_LAYOUTS = ("contiguous", "zigzag")
-
-
-# ------------------------------------------------------------------ communicator
-class _Shift:
-    """An in-flight shift: ``wait()`` then read ``received`` (same shapes as sent).
-    ``done_at``: with a paced link, the ``perf_counter`` time before which ``wait()`` does
-    not return (the transfer's start plus bytes / bandwidth)."""
-
-    def __init__(self, handles, sent, received, done_at: float = 0.0):
-        self.handles, self.sent, self.received = handles, sent, received
-        self.done_at = done_at
-
-    def wait(self):
-        for h in self.handles:
-            h.wait()
-        self.handles = []
-        self.sent = None                    # sent: the sender may drop its block now
-        left = self.done_at - time.perf_counter()
-        if left > 0:                                   # the emulated link is still busy
-            time.sleep(left)
-        return self.received
+__all__ = ["RingComm", "RingSettings", "ring_settings", "set_ring_settings", "ring_options",
+           "ring_attention", "RingAttention", "ring_blocks", "RingPlan"]
 
 
-class RingComm:
-    """Point-to-point ring inside ``group``: send to rank ``r+1``, receive from ``r-1``.
-
-    Two knobs for experiments live here, not in ``ring_attention``'s signature; set them
-    with :func:`ring_options` around a call (the backward reuses the forward's values):
+# ------------------------------------------------------------------ settings
+@dataclass(frozen=True)
+class RingSettings:
+    """The experiment knobs of the ring, apart from its arguments (benchmarks set them):
 
     * ``overlap`` (default True): start each transfer before the round's compute; False
       waits for it first, so nothing hides (benchmark 2 of ``bench ring``);
@@ -82,6 +62,85 @@ class RingComm:
       bandwidth`` seconds after it started: ``wait()`` sleeps for what is left. Compute
       in between hides that time, as on a real link (the c* experiment, ``bench cstar``).
     """
+    overlap: bool = True
+    timings: list | None = None
+    bandwidth: float | None = None
+
+    def __post_init__(self):
+        bw = self.bandwidth
+        if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float))
+                               or not bw > 0 or bw == float("inf")):
+            raise ValueError(f"bandwidth must be a finite number of bytes/s > 0 (or None: the "
+                             f"backend's own speed), got {bw!r}")
+        object.__setattr__(self, "overlap", bool(self.overlap))
+
+
+_current = [RingSettings()]
+
+
+def ring_settings() -> RingSettings:
+    """The :class:`RingSettings` the next ring attention call uses."""
+    return _current[0]
+
+
+def set_ring_settings(settings: RingSettings) -> RingSettings:
+    """Use ``settings`` for the ring attention calls from now on; returns the previous ones."""
+    if not isinstance(settings, RingSettings):
+        raise ValueError(f"settings must be a RingSettings, got {type(settings).__name__}")
+    old, _current[0] = _current[0], settings
+    return old
+
+
+@contextmanager
+def ring_options(overlap: bool = True, timings: list | None = None, bandwidth: float | None = None):
+    """Run the ring attention calls inside the ``with`` block with these
+    :class:`RingSettings` (see there); restored afterwards. The backward of a call uses the
+    settings of its forward."""
+    old = set_ring_settings(RingSettings(overlap, timings, bandwidth))
+    try:
+        yield
+    finally:
+        set_ring_settings(old)
+
+
+# ------------------------------------------------------------------ communicator
+class _Shift:
+    """An in-flight shift: ``wait()`` then read ``received`` (same shapes as sent)."""
+
+    def __init__(self, handles, sent, received):
+        self.handles, self.sent, self.received = handles, sent, received
+
+    def wait(self):
+        for h in self.handles:
+            h.wait()
+        self.handles = []
+        self.sent = None                    # sent: the sender may drop its block now
+        return self.received
+
+
+class _PacedShift(_Shift):
+    """A shift on an emulated slower link: ``wait()`` does not return before ``done_at``
+    (a ``perf_counter`` time: the transfer's start plus bytes / bandwidth)."""
+
+    def __init__(self, handles, sent, received, done_at: float):
+        super().__init__(handles, sent, received)
+        self.done_at = done_at
+
+    def wait(self):
+        received = super().wait()
+        left = self.done_at - time.perf_counter()
+        if left > 0:                                   # the emulated link is still busy
+            time.sleep(left)
+        return received
+
+
+class RingComm:
+    """Point-to-point ring inside ``group``: send to rank ``r+1``, receive from ``r-1``.
+
+    ``overlap``, ``timings``, ``bandwidth``: a :class:`RingSettings` (see there); ring
+    attention builds its communicator from :func:`ring_settings`, which
+    :func:`ring_options` sets around a call.
+    """
 
     def __init__(self, group=None, overlap: bool = True, timings: list | None = None,
                  bandwidth: float | None = None):
@@ -91,12 +150,17 @@ class RingComm:
         to_global = (lambda i: i) if group is None else (lambda i: dist.get_global_rank(group, i))
         self.next = to_global((self.rank + 1) % self.size)
         self.prev = to_global((self.rank - 1) % self.size)
+        self.settings = RingSettings(overlap, timings, bandwidth)
         self.overlap, self.timings, self.bandwidth = overlap, timings, bandwidth
+
+    @classmethod
+    def with_settings(cls, group, settings: RingSettings) -> "RingComm":
+        return cls(group, settings.overlap, settings.timings, settings.bandwidth)
 
     def shift(self, tensors, tag: int = 0) -> _Shift:
         """Start sending every tensor to ``r+1`` and receiving as many from ``r-1`` (async).
 
-        Returns a :class:`_Shift`; the sent tensors must not change until ``wait()``.
+        Returns a shift to ``wait()`` on; the sent tensors must not change until then.
         Every sent byte is recorded as ``"p2p"`` in :func:`lesson10.spmd.comm.count_bytes`.
         Without overlap the transfer completes before this returns.
         """
@@ -112,8 +176,9 @@ class RingComm:
             record("p2p", t.numel() * t.element_size())
             nbytes += t.numel() * t.element_size()
         start = time.perf_counter()
-        done_at = start + nbytes / self.bandwidth if self.bandwidth else 0.0
-        shift = _Shift(dist.batch_isend_irecv(ops), sent, received, done_at)
+        handles = dist.batch_isend_irecv(ops)
+        shift = _PacedShift(handles, sent, received, start + nbytes / self.bandwidth) \
+            if self.bandwidth else _Shift(handles, sent, received)
         if not self.overlap:
             shift.wait()
         return shift
@@ -130,161 +195,118 @@ class RingComm:
                                  "wait_s": wait_s})
 
 
-_OPTIONS = {"overlap": True, "timings": None, "bandwidth": None}
-
-
-@contextmanager
-def ring_options(overlap: bool = True, timings: list | None = None, bandwidth: float | None = None):
-    """Run the ring attention calls inside the ``with`` block with these
-    :class:`RingComm` settings (see there); restored afterwards."""
-    if bandwidth is not None and (isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float))
-                                  or not bandwidth > 0 or bandwidth == float("inf")):
-        raise ValueError(f"bandwidth must be a finite number of bytes/s > 0 (or None: the "
-                         f"backend's own speed), got {bandwidth!r}")
-    old = dict(_OPTIONS)
-    _OPTIONS.update(overlap=bool(overlap), timings=timings, bandwidth=bandwidth)
-    try:
-        yield
-    finally:
-        _OPTIONS.update(old)
-
-
 # -------------------------------------------------------------------- the plan
-def ring_blocks(layout: str, causal: bool, rank: int, src: int, c: int):
-    """The blocks rank ``rank`` computes against the K/V of rank ``src``.
-
-    A list of ``(q_slice, kv_slice, causal)`` over the local ``c`` tokens; empty when
-    everything is masked.
-    """
-    full = slice(0, c)
-    if not causal:
-        return [(full, full, False)]
-    if src == rank:
-        return [(full, full, True)]      # local tokens are in increasing order
-    if layout == "contiguous":
-        return [(full, full, False)] if src < rank else []
-    half = c // 2
-    if src < rank:
-        return [(full, slice(0, half), False)]      # all queries vs the early K/V chunk
-    return [(slice(half, c), full, False)]          # the late query chunk vs all K/V
+def ring_blocks(layout: str, causal: bool, rank: int, src: int, c: int, n: int | None = None):
+    """The blocks rank ``rank`` computes against the K/V of rank ``src`` for a named layout:
+    :func:`lesson10.layouts.block_plan` as ``(q_slice, kv_slice, masked)`` over the local
+    ``c`` tokens; empty when everything is masked. ``n`` (default ``max(rank, src) + 1``, which
+    gives the same blocks for the contiguous and zig-zag layouts): the ring size."""
+    n = max(rank, src) + 1 if n is None else n
+    pos = shard_positions(n * c, n, layout)
+    return [(b.q, b.k, b.mask != "none") for b in block_plan(pos[rank], pos[src], causal)]
 
 
-def _doc_plan(layout: str, causal: bool, doc, n: int, c: int, device):
-    """With a document mask: ``plan(rank, src)`` -> blocks ``(q_slice, kv_slice, kwargs)``
-    over the whole local block, with the global positions and ``doc_ids`` for the mask, or
-    ``[]`` when no query of ``rank`` sees any key of ``src`` (the block is skipped)."""
-    pos = [torch.as_tensor(p, dtype=torch.long, device=device)
-           for p in shard_positions(n * c, n, layout)]
-    full = slice(0, c)
+@dataclass
+class RingPlan:
+    """Everything one ring call needs besides the tensors, decided once at the API boundary
+    and shared by forward and backward: the group and mask, this rank's query positions,
+    per round the K/V positions and the :class:`lesson10.layouts.Block` s to compute, the
+    kernel choice and the :class:`RingSettings` of the call."""
+    group: object
+    causal: bool
+    doc: object
+    q_pos: torch.Tensor
+    k_pos: list
+    blocks: list
+    scale: object
+    impl: str
+    settings: RingSettings
 
-    def plan(rank, src):
-        mask = visible_mask(pos[rank], pos[src], causal, doc_ids=doc)
-        if not bool(mask.any()):
-            return []
-        return [(full, full, dict(causal=causal, q_pos=pos[rank], k_pos=pos[src], doc_ids=doc))]
-    return plan
+    @classmethod
+    def build(cls, positions, rank, causal, doc, device, group, scale, impl, settings):
+        n = len(positions)
+        srcs = [ring_source(rank, step, n) for step in range(n)]
+        doc_np = None if doc is None else doc.cpu().numpy()
+        blocks = [block_plan(positions[rank], positions[j], causal, doc_np) for j in srcs]
+        as_t = lambda p: torch.as_tensor(np.asarray(p), dtype=torch.long, device=device)  # noqa: E731
+        return cls(group, causal, doc, as_t(positions[rank]), [as_t(positions[j]) for j in srcs],
+                   blocks, scale, impl, settings)
 
-
-def _layout_plan(layout: str, causal: bool, c: int):
-    def plan(rank, src):
-        return [(qs, ks, dict(causal=cz)) for qs, ks, cz in ring_blocks(layout, causal, rank, src, c)]
-    return plan
-
-
-def _acc_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _check(q, k, v, layout, group):
-    _check_float(q=q, k=k, v=v)
-    if layout not in RING_LAYOUTS:
-        raise ValueError(f"ring_attention supports layout in {RING_LAYOUTS}, got {layout!r}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be a local shard of shape (b, s/N_c, a, d), got {tuple(t.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-        raise ValueError(
-            f"q {tuple(q.shape)} and k/v {tuple(k.shape)} must agree in batch, local sequence "
-            "length and head dim")
-    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
-        raise ValueError(
-            f"the number of query heads ({q.shape[2]}) must be a multiple of the number of K/V "
-            f"heads ({k.shape[2]}) (GQA)")
-    c = q.shape[1]
-    if layout == "zigzag" and c % 2:
-        raise ValueError(
-            f"the zigzag layout gives each rank two chunks of c/2 tokens, so the local length c "
-            f"must be even (s a multiple of 2*N_c); got c = {c}. Pad the sequence.")
-    comm.check_same_shape(q, group, "ring_attention: q")
-    comm.check_same_shape(k, group, "ring_attention: k")
+    def kwargs(self, step: int, blk: Block) -> dict:
+        return block_kwargs(blk, self.q_pos, self.k_pos[step], self.causal, self.doc)
 
 
 # ------------------------------------------------------------------- autograd
+def _forward_round(q, kv, plan: RingPlan, step: int, out, lse):
+    """Attend this rank's queries to the K/V block of round ``step``; merge into (out, lse)."""
+    for blk in plan.blocks[step]:
+        o_b, l_b = local_attention(q[:, blk.q], kv[0][:, blk.k], kv[1][:, blk.k],
+                                   scale=plan.scale, impl=plan.impl, **plan.kwargs(step, blk))
+        if out is None and blk.q == slice(0, q.shape[1]):  # the first block covers every query
+            out, lse = o_b.to(acc_dtype(q.dtype)), l_b.to(acc_dtype(q.dtype))
+            continue
+        if out is None:
+            out = q.new_zeros(q.shape[:3] + (kv[1].shape[3],), dtype=acc_dtype(q.dtype))
+            lse = q.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"),
+                             dtype=acc_dtype(q.dtype))
+        merge_block(out, lse, blk.q, o_b, l_b)
+    return out, lse
+
+
+def _backward_round(dout, q, kv, out, lse, plan: RingPlan, step: int, dq):
+    """This rank's share of the gradients of round ``step``: adds to ``dq``, returns the
+    dK/dV of the K/V block it holds."""
+    acc = acc_dtype(q.dtype)
+    dk_b = torch.zeros(kv[0].shape, dtype=acc, device=q.device)
+    dv_b = torch.zeros(kv[1].shape, dtype=acc, device=q.device)
+    for blk in plan.blocks[step]:
+        g_q, g_k, g_v = local_attention_backward(
+            dout[:, blk.q], q[:, blk.q], kv[0][:, blk.k], kv[1][:, blk.k], out[:, blk.q],
+            lse[:, :, blk.q], scale=plan.scale, impl=plan.impl, **plan.kwargs(step, blk))
+        dq[:, blk.q] += g_q
+        dk_b[:, blk.k] += g_k
+        dv_b[:, blk.k] += g_v
+    return dk_b, dv_b
+
+
 class RingAttention(torch.autograd.Function):
     """``out = ring_attention(q, k, v)`` with the ring backward (see the module doc)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, layout, group, scale, impl, doc):
-        ring = RingComm(group, **_OPTIONS)
-        r, n, c = ring.rank, ring.size, q.shape[1]
-        plan = _layout_plan(layout, causal, c) if doc is None else \
-            _doc_plan(layout, causal, doc, n, c, q.device)
-        acc = _acc_dtype(q.dtype)
+    def forward(ctx, q, k, v, plan: RingPlan):
+        ring = RingComm.with_settings(plan.group, plan.settings)
+        n = ring.size
         out = lse = None
         kv = [k, v]
         for step in range(n):
-            src = (r - step) % n
             t0 = ring.clock(q)
             pending = ring.shift(kv, tag=0) if step < n - 1 else None
             t1 = ring.clock(q)
-            for qs, ks, kw in plan(r, src):
-                o_b, l_b = local_attention(q[:, qs], kv[0][:, ks], kv[1][:, ks], scale=scale,
-                                           impl=impl, **kw)
-                if out is None:       # round 0 covers every query (each sees itself)
-                    out, lse = o_b.to(acc), l_b.to(acc)
-                else:
-                    o_m, l_m = merge(out[:, qs], lse[:, :, qs].transpose(1, 2), o_b, l_b.transpose(1, 2))
-                    out[:, qs] = o_m
-                    lse[:, :, qs] = l_m.transpose(1, 2)
+            out, lse = _forward_round(q, kv, plan, step, out, lse)
             t2 = ring.clock(q)
             if pending is not None:
                 kv = pending.wait()
             ring.log("forward", step, t2 - t1, (t1 - t0) + (ring.clock(q) - t2))
         out_q = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out_q, lse)
-        ctx.cfg = (causal, layout, group, scale, impl, ring.overlap, ring.timings, doc,
-                   ring.bandwidth)
+        ctx.plan = plan
         return out_q
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        causal, layout, group, scale, impl, overlap, timings, doc, bandwidth = ctx.cfg
-        ring = RingComm(group, overlap, timings, bandwidth)
-        r, n, c = ring.rank, ring.size, q.shape[1]
-        plan = _layout_plan(layout, causal, c) if doc is None else \
-            _doc_plan(layout, causal, doc, n, c, q.device)
-        acc = _acc_dtype(q.dtype)
+        plan = ctx.plan
+        ring = RingComm.with_settings(plan.group, plan.settings)
+        n = ring.size
         dout = dout.contiguous()
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        dq = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
         kv = [k, v]
         travelling = None                              # the dK/dV accumulators on their way
         for step in range(n):
-            src = (r - step) % n
             t0 = ring.clock(q)
             pending = ring.shift(kv, tag=0) if step < n - 1 else None
             t1 = ring.clock(q)
-            dk_b = torch.zeros(k.shape, dtype=acc, device=k.device)
-            dv_b = torch.zeros(v.shape, dtype=acc, device=v.device)
-            for qs, ks, kw in plan(r, src):
-                g_q, g_k, g_v = local_attention_backward(
-                    dout[:, qs], q[:, qs], kv[0][:, ks], kv[1][:, ks], out[:, qs],
-                    lse[:, :, qs], scale=scale, impl=impl, **kw)
-                dq[:, qs] += g_q
-                dk_b[:, ks] += g_k
-                dv_b[:, ks] += g_v
+            dk_b, dv_b = _backward_round(dout, q, kv, out, lse, plan, step, dq)
             t2 = ring.clock(q)
             if travelling is not None:                 # add our share to the arriving sums
                 got_k, got_v = travelling.wait()
@@ -295,25 +317,30 @@ class RingAttention(torch.autograd.Function):
                 kv = pending.wait()
             ring.log("backward", step, t2 - t1, (t1 - t0) + (ring.clock(q) - t2))
         dk, dv = travelling.wait()                     # N_c hops: our own dK/dV, complete
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
-def ring_attention(q, k, v, causal: bool = True, layout: str = "zigzag", group=None, *,
+def ring_attention(q, k, v, causal: bool = True, layout="zigzag", group=None, *,
                    scale=None, impl: str = "auto", doc_ids=None):
     """Exact attention over the whole sequence from local shards, by a ring of K/V blocks.
 
     ``q``: ``(b, c, a, d)``, ``k``/``v``: ``(b, c, a_kv, d)``, this rank's ``c = s/N_c``
-    tokens in ``layout`` order (``"zigzag"`` or ``"contiguous"``). Returns this rank's
-    output ``(b, c, a, d)``; differentiable in ``q``, ``k``, ``v``.
+    tokens in ``layout`` order. ``layout``: a layout name (``"zigzag"``, ``"contiguous"``,
+    ``"striped"``) or this rank's positions (a sequence or 1-D tensor of the global token
+    indices of its local tokens, in order; all ranks together must hold ``0..s-1`` once):
+    any permutation is exact, and causal blocks that are fully masked are skipped
+    (:func:`lesson10.layouts.block_plan`). Returns this rank's output ``(b, c, a, d)``;
+    differentiable in ``q``, ``k``, ``v``.
 
     Bytes per rank: forward ``N_c - 1`` shifts of the compact K and V (``4ch/g`` in
     bf16); backward ``N_c - 1`` K/V shifts plus ``N_c`` dK/dV shifts (in float32 for
     low-precision inputs); plus a shape check (``"metadata"``) so that ranks with
-    different shards get a ValueError instead of a hang. ``impl``: local kernel choice
-    (see :func:`lesson10.spmd.attention.local_attention`). Overlap and per-round
-    timings: :func:`ring_options`. ``doc_ids``: the document of every global position
-    (length ``s``, the same on every rank), a document mask; a block in which no query
-    sees any key is skipped (it still travels: the same bytes).
+    different shards get a ValueError instead of a hang (and, for positions, their
+    all-gather, also ``"metadata"``). ``impl``: local kernel choice (see
+    :func:`lesson10.spmd.attention.local_attention`). Overlap and per-round timings:
+    :func:`ring_options`. ``doc_ids``: the document of every global position (length
+    ``s``, the same on every rank), a document mask; a block in which no query sees any
+    key is skipped (it still travels: the same bytes).
 
     Worked example, ``N_c = 2``, zig-zag, ``s = 8``: rank 0 holds tokens
     ``[0, 1, 6, 7]``, rank 1 ``[2, 3, 4, 5]``. Round 0: each rank attends causally to its
@@ -322,12 +349,13 @@ def ring_attention(q, k, v, causal: bool = True, layout: str = "zigzag", group=N
     (src 0 < 1), so all its queries attend to the early chunk ``0, 1`` only. Both do half
     a block: balanced.
     """
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("ring_attention runs inside a rank: use lesson10.spmd.launch or torchrun")
-    try:
-        layout = layout_name(layout)
-    except ValueError:
-        pass                                # _check names the layouts the ring supports
-    _check(q, k, v, layout, group)
-    doc = check_doc_ids(doc_ids, dist.get_world_size(group) * q.shape[1], q.device, "ring_attention")
-    return RingAttention.apply(q, k, v, bool(causal), layout, group, scale, impl, doc)
+    require_rank("ring_attention")
+    check_local_qkv(q, k, v, "ring_attention")
+    comm.check_same_shape(q, group, "ring_attention: q")
+    comm.check_same_shape(k, group, "ring_attention: k")
+    positions = layout_positions(layout, q.shape[1], group, q.device)
+    n = len(positions)
+    doc = check_doc_ids(doc_ids, n * q.shape[1], q.device, "ring_attention")
+    plan = RingPlan.build(positions, comm.group_rank(group), bool(causal), doc, q.device, group,
+                          scale, impl, ring_settings())
+    return RingAttention.apply(q, k, v, plan)

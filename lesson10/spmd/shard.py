@@ -10,12 +10,15 @@ global order, which is what ring attention expects.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from .comm import check_same_shape, record
+from ..layouts import check_permutation, layout_name, shard_positions
 
-__all__ = ["shard_sequence", "gather_sequence", "local_positions"]
+from .comm import all_gather, check_same_shape, record
+
+__all__ = ["shard_sequence", "gather_sequence", "local_positions", "layout_positions"]
 
 
 def _group_info(group):
@@ -37,8 +40,42 @@ def _dim(x, dim: int, name: str) -> int:
 
 
 def _positions(s: int, n: int, layout: str):
-    from ..layouts import shard_positions  # raises a clear ValueError for bad s / layout
-    return shard_positions(s, n, layout)
+    return shard_positions(s, n, layout)  # raises a clear ValueError for bad s / layout
+
+
+def layout_positions(layout, c: int, group=None, device=None) -> list[np.ndarray]:
+    """The global token ids of every rank's ``c`` local tokens, ``[pos_0, ..., pos_{n-1}]``.
+
+    ``layout``: a layout name (``lesson10.layouts.shard_positions``, no communication) or this
+    rank's own positions, a sequence or 1-D tensor of ``c`` ints (then one all-gather of them,
+    recorded as ``"metadata"``; all ranks together must hold ``0..s-1`` once, else a
+    ValueError on every rank). Every rank of ``group`` must pass the same kind.
+    """
+    r, n = _group_info(group)
+    if isinstance(layout, str):
+        if c == 0:                        # empty shards: nothing to place (any known layout)
+            layout_name(layout)
+            return [np.zeros(0, dtype=np.int64) for _ in range(n)]
+        return shard_positions(n * c, n, layout)
+    try:
+        mine = torch.as_tensor(layout).reshape(-1)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"layout must be a layout name or this rank's positions (a sequence of "
+                         f"ints), got {layout!r}") from None
+    if mine.dtype.is_floating_point or mine.dtype.is_complex or mine.dtype == torch.bool:
+        raise ValueError(f"positions must be integer token ids, got dtype {mine.dtype}")
+    mine = mine.to(torch.long)
+    if n > 1:
+        dev = device if device is not None and dist.get_backend(group) == "nccl" else "cpu"
+        mine = mine.to(dev)
+        check_same_shape(mine, group, "positions", hint="every rank passes the positions of its "
+                         "own tokens, as many as it holds")
+        mine = all_gather(mine[None], dim=0, group=group, op="metadata")
+    pos = [row.cpu().numpy() for row in mine.reshape(n, -1)]
+    if pos[0].size != c:
+        raise ValueError(f"positions: each rank holds {c} tokens but passed {pos[0].size} positions")
+    check_permutation(np.concatenate(pos), "positions")
+    return pos
 
 
 def local_positions(s: int, layout: str = "zigzag", group=None) -> torch.Tensor:

@@ -76,30 +76,21 @@ class _ReduceFromTP(torch.autograd.Function):
         return dy, None
 
 
-class _GatherFromSP(torch.autograd.Function):
-    """All-gather along ``dim`` forward; reduce-scatter along ``dim`` backward."""
+class _SeqCollective(torch.autograd.Function):
+    """A sequence-dim collective and its dual: ``forward(x, dim, group, gather)`` all-gathers
+    along ``dim`` (backward: reduce-scatter) when ``gather``, else reduce-scatters (backward:
+    all-gather). Megatron's ``g`` and ``g-bar`` of sequence parallelism, one Function."""
 
     @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return comm.all_gather(x, dim=dim, group=group)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return comm.reduce_scatter(dy, dim=ctx.dim, group=ctx.group), None, None
-
-
-class _ReduceScatterToSP(torch.autograd.Function):
-    """Reduce-scatter along ``dim`` forward; all-gather along ``dim`` backward."""
-
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return comm.reduce_scatter(x, dim=dim, group=group)
+    def forward(ctx, x, dim, group, gather):
+        ctx.dim, ctx.group, ctx.gather = dim, group, gather
+        move = comm.all_gather if gather else comm.reduce_scatter
+        return move(x, dim=dim, group=group)
 
     @staticmethod
     def backward(ctx, dy):
-        return comm.all_gather(dy, dim=ctx.dim, group=ctx.group), None, None
+        dual = comm.reduce_scatter if ctx.gather else comm.all_gather
+        return dual(dy, dim=ctx.dim, group=ctx.group), None, None, None
 
 
 def copy_to_tp(x, group=None, op: str = "all_reduce"):
@@ -117,12 +108,12 @@ def reduce_from_tp(x, group=None):
 
 def gather_from_sp(x, dim: int = 1, group=None):
     """SP -> TP region: ``(b, s/t, h)`` -> ``(b, s, h)``; backward reduce-scatters."""
-    return _GatherFromSP.apply(x, dim, group)
+    return _SeqCollective.apply(x, dim, group, True)
 
 
 def reduce_scatter_to_sp(x, dim: int = 1, group=None):
     """TP partial sums -> SP region: ``(b, s, h)`` partial -> ``(b, s/t, h)`` summed."""
-    return _ReduceScatterToSP.apply(x, dim, group)
+    return _SeqCollective.apply(x, dim, group, False)
 
 
 def sp_shard(x: torch.Tensor, group=None, dim: int = 1) -> torch.Tensor:
@@ -286,6 +277,15 @@ class _SPColumnLinear(torch.autograd.Function):
         return dx, dw, db, None
 
 
+def _my_part(size: int, group, who: str, what: str) -> slice:
+    """This rank's contiguous ``size/t`` of a weight dimension (a ValueError unless t divides it)."""
+    n, r = comm.group_size(group), comm.group_rank(group)
+    if size % n:
+        raise ValueError(f"{who}: {size} {what} do not split over t = {n} ranks; use a "
+                         f"multiple of {n}.")
+    return slice(r * size // n, (r + 1) * size // n)
+
+
 class ColumnParallelLinear(nn.Module):
     """``y = x W^T + b`` with the rows of ``W`` (output columns of ``y``) split over ranks.
 
@@ -298,12 +298,7 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  sequence_parallel: bool = False, group=None):
         super().__init__()
-        n, r = comm.group_size(group), comm.group_rank(group)
-        out = weight.shape[0]
-        if out % n:
-            raise ValueError(f"ColumnParallelLinear: {out} output features do not split over "
-                             f"t = {n} ranks; use a multiple of {n}.")
-        rows = slice(r * out // n, (r + 1) * out // n)
+        rows = _my_part(weight.shape[0], group, "ColumnParallelLinear", "output features")
         self.weight = nn.Parameter(weight.detach()[rows].clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach()[rows].clone())
         self.sequence_parallel, self.group = sequence_parallel, group
@@ -330,12 +325,7 @@ class RowParallelLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  sequence_parallel: bool = False, group=None):
         super().__init__()
-        n, r = comm.group_size(group), comm.group_rank(group)
-        inp = weight.shape[1]
-        if inp % n:
-            raise ValueError(f"RowParallelLinear: {inp} input features do not split over "
-                             f"t = {n} ranks; use a multiple of {n}.")
-        cols = slice(r * inp // n, (r + 1) * inp // n)
+        cols = _my_part(weight.shape[1], group, "RowParallelLinear", "input features")
         self.weight = nn.Parameter(weight.detach()[:, cols].clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         self.sequence_parallel, self.group = sequence_parallel, group

@@ -26,69 +26,54 @@ import torch
 import torch.nn.functional as F
 
 from . import comm
-from .attention import _check_float
+from .attention import check_float
 
 __all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "layout_order"]
 
 
-def _seq_to_heads(x, group):
-    """``(b, c, H, d)`` token shard -> ``(b, N c, H/N, d)`` head shard (plain tensors)."""
+#: the two directions of the Ulysses all-to-all: (dim split over the ranks, dim gathered)
+_TO_HEADS, _TO_SEQ = (2, 1), (1, 2)
+_WHAT = {_TO_HEADS: ("seq_to_heads", "heads", "the head count must be a multiple of N_c."),
+         _TO_SEQ: ("heads_to_seq", "tokens", "")}
+
+
+def _all_to_all_4d(x, group, dims):
+    """The Ulysses all-to-all on plain ``(b, s, a, d)`` tensors: split dim ``dims[0]`` into
+    ``N`` blocks, send block ``j`` to rank ``j``, concatenate the blocks received along dim
+    ``dims[1]`` in rank order. ``_TO_HEADS``: ``(b, c, H, d) -> (b, N c, H/N, d)``;
+    ``_TO_SEQ`` is its inverse (and so its backward)."""
     n = comm.group_size(group)
-    b, c, H, d = x.shape
-    if H % n:
-        raise ValueError(f"seq_to_heads: {H} heads do not split over N_c = {n} ranks; "
-                         f"the head count must be a multiple of N_c.")
-    x = x.reshape(b, c, n, H // n, d)            # (b, c, N, H/N, d): head groups
-    x = x.permute(2, 0, 1, 3, 4).contiguous()    # (N, b, c, H/N, d): block j -> rank j
-    y = comm.all_to_all_single(x, group=group)   # (N, b, c, H/N, d): block j from rank j
-    y = y.permute(1, 0, 2, 3, 4)                 # (b, N, c, H/N, d): token blocks in rank order
-    return y.reshape(b, n * c, H // n, d)        # (b, s, H/N, d)
+    split, join = dims
+    if x.shape[split] % n:
+        where, unit, advice = _WHAT[dims]
+        raise ValueError(f"{where}: {x.shape[split]} {unit} do not split over N_c = {n} ranks"
+                         + (f"; {advice}" if advice else ""))
+    blocks = torch.stack(x.chunk(n, dim=split)).contiguous()   # (N, ...): block j -> rank j
+    got = comm.all_to_all_single(blocks, group=group)         # (N, ...): block j from rank j
+    return torch.cat(got.unbind(0), dim=join)
 
 
-def _heads_to_seq(y, group):
-    """``(b, N c, H/N, d)`` head shard -> ``(b, c, H, d)`` token shard (plain tensors)."""
-    n = comm.group_size(group)
-    b, s, Hn, d = y.shape
-    if s % n:
-        raise ValueError(f"heads_to_seq: {s} tokens do not split over N_c = {n} ranks")
-    c = s // n
-    y = y.reshape(b, n, c, Hn, d)                # (b, N, c, H/N, d): token block j of rank j
-    y = y.permute(1, 0, 2, 3, 4).contiguous()    # (N, b, c, H/N, d): block j -> rank j
-    x = comm.all_to_all_single(y, group=group)   # (N, b, c, H/N, d): head group j from rank j
-    x = x.permute(1, 2, 0, 3, 4)                 # (b, c, N, H/N, d)
-    return x.reshape(b, c, n * Hn, d)            # (b, c, H, d)
+class _UlyssesAllToAll(torch.autograd.Function):
+    """The all-to-all of ``dims``; its backward is the all-to-all of the reversed dims."""
 
-
-class _SeqToHeads(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _seq_to_heads(x, group)
+    def forward(ctx, x, group, dims):
+        ctx.group, ctx.dims = group, dims
+        return _all_to_all_4d(x, group, dims)
 
     @staticmethod
     def backward(ctx, dy):
-        return _heads_to_seq(dy, ctx.group), None
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y, group):
-        ctx.group = group
-        return _heads_to_seq(y, group)
-
-    @staticmethod
-    def backward(ctx, dx):
-        return _seq_to_heads(dx, ctx.group), None
+        return _all_to_all_4d(dy, ctx.group, ctx.dims[::-1]), None, None
 
 
 def seq_to_heads(x: torch.Tensor, group=None) -> torch.Tensor:
     """All-to-all ``(b, s/N_c, H, d)`` -> ``(b, s, H/N_c, d)``; backward is :func:`heads_to_seq`."""
-    return _SeqToHeads.apply(x, group)
+    return _UlyssesAllToAll.apply(x, group, _TO_HEADS)
 
 
 def heads_to_seq(y: torch.Tensor, group=None) -> torch.Tensor:
     """All-to-all ``(b, s, H/N_c, d)`` -> ``(b, s/N_c, H, d)``; backward is :func:`seq_to_heads`."""
-    return _HeadsToSeq.apply(y, group)
+    return _UlyssesAllToAll.apply(y, group, _TO_SEQ)
 
 
 def layout_order(s: int, n: int, layout: str) -> torch.Tensor:
@@ -99,7 +84,7 @@ def layout_order(s: int, n: int, layout: str) -> torch.Tensor:
 
 
 def _check(q, k, v, n, replicate_kv):
-    _check_float(q=q, k=k, v=v)
+    check_float(q=q, k=k, v=v)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("ulysses_attention expects q, k, v of shape (b, s/N_c, heads, d); got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")

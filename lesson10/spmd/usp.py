@@ -27,7 +27,7 @@ import torch.distributed as dist
 from ..layouts import layout_name, shard_positions
 from ..sim.usp import check_heads, check_ulysses_size  # the USP rules, shared with sim
 from . import comm
-from .attention import _check_float
+from .attention import check_local_qkv, require_rank
 from .ring import ring_attention
 from .ulysses import heads_to_seq, seq_to_heads
 
@@ -71,8 +71,7 @@ def usp_attention(q, k, v, causal: bool = True, layout: str = "zigzag", ulysses_
     Returns this rank's output ``(b, c, a, d)``, differentiable; ``doc_ids``: a document
     mask over the ``s`` global positions.
     """
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("usp_attention runs inside a rank: use lesson10.spmd.launch or torchrun")
+    require_rank("usp_attention")
     try:
         layout = layout_name(layout)
     except ValueError:
@@ -82,11 +81,7 @@ def usp_attention(q, k, v, causal: bool = True, layout: str = "zigzag", ulysses_
                          f"ring), got {layout!r}")
     n, rank = comm.group_size(group), comm.group_rank(group)
     u = check_ulysses_size(ulysses_size, n)
-    _check_float(q=q, k=k, v=v)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be a local shard tensor (b, s/N, heads, d), got "
-                             f"{tuple(getattr(t, 'shape', ()))}")
+    check_local_qkv(q, k, v, "usp_attention")
     a, a_kv = q.shape[2], k.shape[2]
     check_heads(a, a_kv, u, n)
     comm.check_same_shape(q, group, "usp_attention: q")

@@ -40,7 +40,7 @@ from .. import cost
 from . import comm
 from .attention import attention
 from .comm import SIDE_OPS
-from .launch import current_device, synchronize, torch_dtype
+from .device import current_device, synchronize, torch_dtype
 
 __all__ = ["hello", "check_attention", "check_sp", "check_moe", "run_checks",
            "uniform_router_tokens", "SIDE_OPS", "TOL"]
@@ -138,15 +138,12 @@ def hello() -> dict:
 
 # -------------------------------------------------------------- attention
 def _attention_method(method: str):
-    from .allgather import allgather_attention
-    from .ring import ring_attention
-    from .ulysses import ulysses_attention
-    from .usp import usp_attention
-    methods = {"ring": ring_attention, "ulysses": ulysses_attention,
-               "allgather": allgather_attention, "usp": usp_attention}
-    if method not in methods:
-        raise ValueError(f"method must be one of {sorted(methods)}, got {method!r}")
-    return methods[method]
+    """The registry's record of an attention method (:mod:`lesson10.methods`)."""
+    from .. import methods
+    if method not in methods.attention_names():
+        raise ValueError(f"method must be one of {sorted(methods.attention_names())}, got "
+                         f"{method!r}")
+    return methods.get(method)
 
 
 def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a_kv: int = 2,
@@ -169,42 +166,26 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
     document lengths (summing to ``s``) for a document mask (ring, allgather, usp).
     Extras: ``tokens`` (this rank's global positions), ``kv_heads_sent``.
     """
+    case = dict(locals())                                  # the arguments, as passed
     from .ring import ring_options
     from .shard import local_positions, shard_sequence
-
-    case = dict(method=method, b=b, s=s, a=a, a_kv=a_kv, d=d, causal=causal, layout=layout,
-                dtype=dtype, seed=seed, replicate_kv=replicate_kv, impl=impl, overlap=overlap,
-                split=split, ulysses_size=ulysses_size, docs=docs)
-    fn = _attention_method(method)
-    layout = layout or ("contiguous" if method == "ulysses" else "zigzag")
-    case["layout"] = layout
-    world, rank = dist.get_world_size(), dist.get_rank()
-    group, n, which = None, world, 0
-    if split > 1:
-        if world % split:
-            raise ValueError(f"split = {split} does not divide the {world} ranks")
-        n, which = world // split, rank // (world // split)
-        groups = [dist.new_group(list(range(i, i + n))) for i in range(0, world, n)]
-        group = groups[which]
+    record = _attention_method(method)
+    fn = record.spmd_function()
+    layout = case["layout"] = layout or record.default_layout
+    group, n, which = _split_world(split)
     dt, dev = torch_dtype(dtype), current_device()
     g = torch.Generator().manual_seed(seed + 1000 * which)
     q, dout = (torch.randn(b, s, a, d, generator=g, dtype=torch.float64).to(dt) for _ in range(2))
     k, v = (torch.randn(b, s, a_kv, d, generator=g, dtype=torch.float64).to(dt) for _ in range(2))
-    doc = None
-    if docs is not None:
-        if method == "ulysses" or sum(docs) != s or min(docs) < 1:
-            return {"method": method, "case": case,
-                    "error": f"docs: document lengths >= 1 summing to s = {s}, for the ring, "
-                             f"allgather or usp (got {docs} with {method})"}
-        doc = torch.as_tensor(np.repeat(np.arange(len(docs)), docs))
+    if docs is not None and (method == "ulysses" or sum(docs) != s or min(docs) < 1):
+        return {"method": method, "case": case,
+                "error": f"docs: document lengths >= 1 summing to s = {s}, for the ring, "
+                         f"allgather or usp (got {docs} with {method})"}
+    doc = None if docs is None else torch.as_tensor(np.repeat(np.arange(len(docs)), docs))
     ref = [t.double().requires_grad_() for t in (q, k, v)]
     o_ref, _ = attention(*ref, causal=causal, doc_ids=doc)
     o_ref.backward(dout.double())
-    kw = {"replicate_kv": replicate_kv} if method == "ulysses" else {"impl": impl}
-    if method == "usp":
-        kw["ulysses_size"] = ulysses_size
-    if doc is not None:
-        kw["doc_ids"] = doc
+    kw = _method_kwargs(method, replicate_kv, impl, ulysses_size, doc)
     try:
         pos = local_positions(s, layout, group)
         loc = [shard_sequence(t.to(dev), layout, group).detach().requires_grad_() for t in (q, k, v)]
@@ -219,13 +200,34 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
     for name, mine, full in zip(("dq", "dk", "dv"), loc, ref):
         errs.tensor(name, mine.grad, full.grad[:, pos])
     sent_kv = math.lcm(a_kv, n) if method == "ulysses" and replicate_kv and a_kv % n else a_kv
-    if method == "usp":
-        formula = cost.usp_bytes(s, a * d, ulysses_size, n // ulysses_size, g=a / a_kv,
-                                 e=_elem(dtype)) * b
-    else:
-        formula = cost.comm_bytes(method, s, a * d, n, g=a / sent_kv, e=_elem(dtype)) * b
+    extra_opts = {"ulysses_size": ulysses_size} if method == "usp" else {}
+    formula = record.bytes_fwd(s, a * d, n, g=a / sent_kv, e=_elem(dtype), **extra_opts) * b
     return _result(method, case, n, errs, fwd, bwd, formula, seconds,
                    tokens=pos.tolist(), kv_heads_sent=sent_kv)
+
+
+def _split_world(split: int):
+    """``(group, n, which)``: with ``split = m``, the world cut into ``m`` groups of
+    consecutive ranks (``new_group``, every rank joins every one) and this rank's; else the
+    world."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if split <= 1:
+        return None, world, 0
+    if world % split:
+        raise ValueError(f"split = {split} does not divide the {world} ranks")
+    n, which = world // split, rank // (world // split)
+    groups = [dist.new_group(list(range(i, i + n))) for i in range(0, world, n)]
+    return groups[which], n, which
+
+
+def _method_kwargs(method: str, replicate_kv, impl, ulysses_size, doc) -> dict:
+    """The method's own keyword arguments (see :data:`lesson10.methods.METHODS` options)."""
+    kw = {"replicate_kv": replicate_kv} if method == "ulysses" else {"impl": impl}
+    if method == "usp":
+        kw["ulysses_size"] = ulysses_size
+    if doc is not None:
+        kw["doc_ids"] = doc
+    return kw
 
 
 # ----------------------------------------------------------------------- SP
@@ -244,10 +246,8 @@ def check_sp(b: int = 2, s: int = 8, h: int = 16, ffn: int = 32, p: float = 0.1,
     ``formula_fwd = cost.comm_bytes("sp", s, h, t, e) * b * blocks / 2``. Extras: ``tokens_per_rank`` of the LayerNorm input, ``dropped``
     (the fraction of block 0's outputs its dropout zeroed, in the reference).
     """
+    case = dict(locals())                                  # the arguments, as passed
     from .sp import ReferenceBlock, SequenceParallelBlock, sp_shard
-
-    case = dict(b=b, s=s, h=h, ffn=ffn, p=p, sequence_parallel=sequence_parallel, blocks=blocks,
-                seed=seed, dtype=dtype)
     dt, dev = torch_dtype(dtype), current_device()
     t, r = dist.get_world_size(), dist.get_rank()
     refs = [ReferenceBlock(h, ffn, p, seed=seed + i, dropout_seed=99 + i, dtype=dt) for i in range(blocks)]
@@ -280,17 +280,10 @@ def check_sp(b: int = 2, s: int = 8, h: int = 16, ffn: int = 32, p: float = 0.1,
         y, fwd, bwd, seconds = _timed_step(forward, dyl.to(dev))
     except ValueError as e:
         return {"method": "sp", "case": case, "error": str(e)}
-    rows = slice(r * ffn // t, (r + 1) * ffn // t)
     errs = _Errors()
     errs.tensor("out", y, yr[:, tok])
     errs.tensor("dx", xl.grad, xr.grad[:, tok])
-    for i, (m, ref) in enumerate(zip(mods, refs64)):
-        want = {"ln.weight": ref.ln.weight.grad, "ln.bias": ref.ln.bias.grad,
-                "fc1.weight": ref.fc1.weight.grad[rows], "fc1.bias": ref.fc1.bias.grad[rows],
-                "fc2.weight": ref.fc2.weight.grad[:, rows], "fc2.bias": ref.fc2.bias.grad}
-        got = dict(m.named_parameters())
-        for k in want:
-            errs.tensor(f"grad {i}.{k}", got[k].grad, want[k])
+    _sp_grad_errors(errs, mods, refs64, slice(r * ffn // t, (r + 1) * ffn // t))
     formula = cost.comm_bytes("sp", s, h, t, e=_elem(dtype)) * b * blocks / 2
     return _result("sp", case, t, errs, fwd, bwd, formula, seconds, tokens_per_rank=xl.shape[1],
                    dropped=dropped)
@@ -312,6 +305,17 @@ def uniform_router_tokens(T: int, h: int, E: int, k: int, start: int = 0, dtype=
         for j in range(k):
             x[t, (start + t * k + j) % E] = k - j
     return x, torch.eye(h, E, dtype=dtype)
+
+
+def _sp_grad_errors(errs, mods, refs64, rows: slice) -> None:
+    """Every weight gradient of the blocks against this rank's shard of the reference's."""
+    for i, (m, ref) in enumerate(zip(mods, refs64)):
+        want = {"ln.weight": ref.ln.weight.grad, "ln.bias": ref.ln.bias.grad,
+                "fc1.weight": ref.fc1.weight.grad[rows], "fc1.bias": ref.fc1.bias.grad[rows],
+                "fc2.weight": ref.fc2.weight.grad[:, rows], "fc2.bias": ref.fc2.bias.grad}
+        got = dict(m.named_parameters())
+        for k in want:
+            errs.tensor(f"grad {i}.{k}", got[k].grad, want[k])
 
 
 def check_moe(T=16, h: int = 8, E: int = 4, k: int = 2, d_ff: int = 16, capacity_factor=None,
@@ -339,42 +343,22 @@ def check_moe(T=16, h: int = 8, E: int = 4, k: int = 2, d_ff: int = 16, capacity
     ``nodes`` / ``max_nodes``: node-limited routing (DeepSeek-V3); extra ``nodes_used``:
     the most nodes any token's experts span.
     """
-    from ..sim.moe import capacity_keep, route_topk as sim_route
-    from ..sim.moe import moe_reference as sim_reference, switch_aux_loss as sim_aux
-    from ..sim.moe import update_expert_bias as sim_update
-    from .moe import ExpertParallelMoE, init_moe_weights, moe_reference
-
-    case = dict(T=T, h=h, E=E, k=k, d_ff=d_ff, capacity_factor=capacity_factor, routing=routing,
-                seed=seed, dtype=dtype, alpha=alpha, bias=bias, rate=rate, nodes=nodes,
-                max_nodes=max_nodes)
+    case = dict(locals())                                  # the arguments, as passed
     dt, dev = torch_dtype(dtype), current_device()
     n, r = dist.get_world_size(), dist.get_rank()
     Ts = list(T) if isinstance(T, (list, tuple)) else [T] * n
     if len(Ts) != n:
         raise ValueError(f"T lists {len(Ts)} token counts for {n} ranks")
-    router_w, w1, w2 = init_moe_weights(h, E, d_ff, seed, dt)
-    g = torch.Generator().manual_seed(seed + 7)
-    if routing == "uniform":
-        x = torch.cat([uniform_router_tokens(Ts[i], h, E, k, i, dt)[0] for i in range(n)])
-        router_w = uniform_router_tokens(1, h, E, k, 0, dt)[1]
-    elif routing == "random":
-        x = torch.randn(sum(Ts), h, generator=g, dtype=dt)
-    else:
-        raise ValueError(f"routing must be 'uniform' or 'random', got {routing!r}")
-    dy = torch.randn(sum(Ts), h, generator=g, dtype=dt)
+    x, dy, router_w, w1, w2 = _moe_inputs(Ts, h, E, k, d_ff, seed, dt, routing)
     b_t = None if bias is None else torch.tensor(bias, dtype=router_w.dtype)
     lo, hi = sum(Ts[:r]), sum(Ts[:r + 1])
     try:
-        layer = ExpertParallelMoE(h, E, d_ff, k, capacity_factor=capacity_factor,
-                                  router_w=router_w, w1=w1, w2=w2, alpha=alpha, nodes=nodes,
-                                  max_nodes=max_nodes).to(dev)
+        layer = _moe_layer(h, E, d_ff, k, capacity_factor, router_w, w1, w2, alpha, nodes,
+                           max_nodes, b_t, dev)
     except ValueError as e:
         return {"method": "moe", "case": case, "error": str(e)}
-    if b_t is not None:
-        layer.bias.copy_(b_t)
     xl = x[lo:hi].clone().to(dev).requires_grad_()
     dyl = dy[lo:hi].to(dev)
-
     outs = []
 
     def forward():
@@ -385,11 +369,65 @@ def check_moe(T=16, h: int = 8, E: int = 4, k: int = 2, d_ff: int = 16, capacity
     y = outs[0].detach()
     aux_total = layer.aux_loss.detach().clone()
     dist.all_reduce(aux_total)
+    route = dict(k=k, capacity_factor=capacity_factor, bias=b_t, nodes=nodes, max_nodes=max_nodes)
+    errs = _moe_errors(layer, x, dy, router_w, w1, w2, y, xl, aux_total, alpha, (lo, hi), route)
+    extra = _moe_bookkeeping(x, router_w, Ts, E, h, dtype, layer, aux_total, route)
+    if dtype == "float64":
+        _moe_sim_errors(errs, x, router_w, w1, w2, y, aux_total, alpha, (lo, hi), route)
+    if rate is not None:
+        extra["bias_changed"] = _moe_bias_update(errs, layer, rate)
+    formula = cost.moe_a2a_bytes(k, Ts[r], h, n, e=_elem(dtype)) if Ts[r] else 0.0
+    return _result("moe", case, n, errs, fwd, bwd, formula, seconds, **extra)
+
+
+def _moe_layer(h, E, d_ff, k, capacity_factor, router_w, w1, w2, alpha, nodes, max_nodes, bias,
+               dev):
+    """The layer under test, with the run's weights and routing bias, on ``dev``."""
+    from .moe import ExpertParallelMoE
+    layer = ExpertParallelMoE(h, E, d_ff, k, capacity_factor=capacity_factor, router_w=router_w,
+                              w1=w1, w2=w2, alpha=alpha, nodes=nodes, max_nodes=max_nodes).to(dev)
+    if bias is not None:
+        layer.bias.copy_(bias)
+    return layer
+
+
+def _moe_bias_update(errs, layer, rate) -> bool:
+    """The layer's bias update against the simulation's; whether the bias changed."""
+    from ..sim.moe import update_expert_bias as sim_update
+    before = layer.bias.detach().cpu().clone()
+    new = layer.update_bias(rate).detach().cpu().clone()
+    errs.value("bias", new.numpy(), sim_update(before.numpy(), layer.load.cpu().numpy(), rate))
+    return bool((new != before).any())
+
+
+def _moe_inputs(Ts, h, E, k, d_ff, seed, dt, routing):
+    """The whole run's tokens ``x``, output gradient ``dy`` and weights, drawn from ``seed``."""
+    from .moe import init_moe_weights
+    n = len(Ts)
+    router_w, w1, w2 = init_moe_weights(h, E, d_ff, seed, dt)
+    g = torch.Generator().manual_seed(seed + 7)
+    if routing == "uniform":
+        x = torch.cat([uniform_router_tokens(Ts[i], h, E, k, i, dt)[0] for i in range(n)])
+        router_w = uniform_router_tokens(1, h, E, k, 0, dt)[1]
+    elif routing == "random":
+        x = torch.randn(sum(Ts), h, generator=g, dtype=dt)
+    else:
+        raise ValueError(f"routing must be 'uniform' or 'random', got {routing!r}")
+    dy = torch.randn(sum(Ts), h, generator=g, dtype=dt)
+    return x, dy, router_w, w1, w2
+
+
+def _moe_errors(layer, x, dy, router_w, w1, w2, y, xl, aux_total, alpha, rows, route) -> "_Errors":
+    """This rank's output and gradients against autograd through the single-process layer."""
+    from .moe import moe_reference
+    n, r = dist.get_world_size(), dist.get_rank()
+    lo, hi = rows
     xr, rw, rw1, rw2 = (t.clone().requires_grad_() for t in (x, router_w, w1, w2))
-    yr, auxr = moe_reference(xr, rw, rw1, rw2, k, capacity_factor, b_t, alpha, nodes=nodes,
-                             max_nodes=max_nodes)
+    yr, auxr = moe_reference(xr, rw, rw1, rw2, route["k"], route["capacity_factor"],
+                             route["bias"], alpha, nodes=route["nodes"],
+                             max_nodes=route["max_nodes"])
     ((yr * dy).sum() + auxr).backward()
-    El = E // n
+    El = w1.shape[0] // n
     errs = _Errors()
     errs.tensor("y", y, yr[lo:hi])
     errs.tensor("dx", xl.grad, xr.grad[lo:hi])
@@ -397,36 +435,53 @@ def check_moe(T=16, h: int = 8, E: int = 4, k: int = 2, d_ff: int = 16, capacity
     errs.tensor("w1_grad", layer.w1.grad, rw1.grad[r * El:(r + 1) * El])
     errs.tensor("w2_grad", layer.w2.grad, rw2.grad[r * El:(r + 1) * El])
     errs.value("aux", float(aux_total), float(auxr.detach()))
-    # routing bookkeeping with the NumPy simulation (an independent implementation)
-    bias_np = None if b_t is None else b_t.numpy()
+    return errs
+
+
+def _sim_routing(x, router_w, route):
+    """The router's logits (float64 NumPy) and the simulation's top-k experts for them."""
+    from ..sim.moe import route_topk as sim_route
+    bias_np = None if route["bias"] is None else route["bias"].numpy()
     logits = (x.double() @ router_w.double()).numpy()
-    experts, _ = sim_route(logits, k, bias_np, nodes=nodes, max_nodes=max_nodes)
-    N = sum(Ts)
-    cap = cost.expert_capacity(N, E, k, capacity_factor)
+    experts, _ = sim_route(logits, route["k"], bias_np, nodes=route["nodes"],
+                           max_nodes=route["max_nodes"])
+    return logits, experts
+
+
+def _moe_bookkeeping(x, router_w, Ts, E, h, dtype, layer, aux_total, route) -> dict:
+    """Drops and remote copies counted independently with :mod:`lesson10.sim.moe`, next to
+    what the layer reports."""
+    from ..sim.moe import capacity_keep
+    n, r = dist.get_world_size(), dist.get_rank()
+    nodes, El = route["nodes"], E // n
+    _, experts = _sim_routing(x, router_w, route)
+    N, k = sum(Ts), route["k"]
+    cap = cost.expert_capacity(N, E, k, route["capacity_factor"])
     kept = capacity_keep(experts, E, cap)
     home = experts // El                                          # (N, k) rank of each expert
     owner = np.repeat(np.arange(n), Ts)[:, None]                  # (N, 1) rank of each token
-    extra = {"capacity": cap, "ref_dropped": int((~kept).sum()),
-             "dropped_mine": int(((owner == r) & ~kept).sum()),
-             "remote_sent": int(((owner == r) & (home != r) & kept).sum()),
-             "remote_received": int(((owner != r) & (home == r) & kept).sum()),
-             "row_bytes": h * _elem(dtype), "copies": N * k, "T_mine": Ts[r],
-             "dropped": int(layer.dropped), "load": layer.load.tolist(),
-             "counts": layer.counts.tolist(), "aux_value": float(aux_total),
-             "w_grad_zero": [bool((layer.w1.grad[e] == 0).all()) for e in range(El)],
-             "nodes_used": int(max((len(set((row // (E // nodes)).tolist())) for row in experts),
-                                   default=0)) if nodes else None}
-    if dtype == "float64":
-        experts_np = [(w1[e].numpy(), w2[e].numpy()) for e in range(E)]
-        ys = sim_reference(x.numpy(), router_w.numpy(), experts_np, k, capacity_factor, bias_np,
-                           nodes=nodes, max_nodes=max_nodes)
-        errs.value("sim", y.cpu().numpy(), ys[lo:hi])
-        p = np.exp(logits - logits.max(1, keepdims=True))
-        errs.value("sim_aux", float(aux_total), sim_aux(p / p.sum(1, keepdims=True), experts, alpha))
-    if rate is not None:
-        before = layer.bias.detach().cpu().clone()
-        new = layer.update_bias(rate).detach().cpu().clone()
-        errs.value("bias", new.numpy(), sim_update(before.numpy(), layer.load.cpu().numpy(), rate))
-        extra["bias_changed"] = bool((new != before).any())
-    formula = cost.moe_a2a_bytes(k, Ts[r], h, n, e=_elem(dtype)) if Ts[r] else 0.0
-    return _result("moe", case, n, errs, fwd, bwd, formula, seconds, **extra)
+    return {"capacity": cap, "ref_dropped": int((~kept).sum()),
+            "dropped_mine": int(((owner == r) & ~kept).sum()),
+            "remote_sent": int(((owner == r) & (home != r) & kept).sum()),
+            "remote_received": int(((owner != r) & (home == r) & kept).sum()),
+            "row_bytes": h * _elem(dtype), "copies": N * k, "T_mine": Ts[r],
+            "dropped": int(layer.dropped), "load": layer.load.tolist(),
+            "counts": layer.counts.tolist(), "aux_value": float(aux_total),
+            "w_grad_zero": [bool((layer.w1.grad[e] == 0).all()) for e in range(El)],
+            "nodes_used": int(max((len(set((row // (E // nodes)).tolist())) for row in experts),
+                                  default=0)) if nodes else None}
+
+
+def _moe_sim_errors(errs, x, router_w, w1, w2, y, aux_total, alpha, rows, route) -> None:
+    """float64 only: the output and the aux loss against :mod:`lesson10.sim.moe`."""
+    from ..sim.moe import moe_reference as sim_reference, switch_aux_loss as sim_aux
+    lo, hi = rows
+    logits, experts = _sim_routing(x, router_w, route)
+    bias_np = None if route["bias"] is None else route["bias"].numpy()
+    experts_np = [(w1[e].numpy(), w2[e].numpy()) for e in range(w1.shape[0])]
+    ys = sim_reference(x.numpy(), router_w.numpy(), experts_np, route["k"],
+                       route["capacity_factor"], bias_np, nodes=route["nodes"],
+                       max_nodes=route["max_nodes"])
+    errs.value("sim", y.cpu().numpy(), ys[lo:hi])
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    errs.value("sim_aux", float(aux_total), sim_aux(p / p.sum(1, keepdims=True), experts, alpha))
