@@ -72,7 +72,7 @@ def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contig
         ax.set_yticks([r * step + (step - 1) / 2 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=7)
     ax.set_xlabel("key token")
     ax.set_ylabel("query token (by owning rank)", fontsize=8)
-    ax.set_title(f"{layout}, round {round}: rank r holds K/V of rank (r-{round}) mod {n}", fontsize=9)
+    ax.set_title(f"{layout}, round {round}: rank r holds K/V of rank (r-{round}) mod {n}", fontsize=9, y=1.0, pad=4)
     _legend(ax, [("computed", "computed this round"), ("earlier", "computed in an earlier round"),
                  ("empty", "later round (K/V not here yet)"), ("masked", "masked (key > query)")],
             loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=7)
@@ -88,7 +88,7 @@ def draw_ring_rounds(fig=None, *, n: int = 4, s: int = 16, layout: str = "contig
     bx.set_ylim(0, max(work.max(), 1) * 1.15)
     so_far = layouts.ring_time(work[: round + 1])
     bx.set_title(f"ring time so far {so_far} (total {layouts.ring_time(work)}, "
-                 f"ideal {work.sum() / n:g})", fontsize=9)
+                 f"ideal {work.sum() / n:g})", fontsize=9, y=1.0, pad=4)
     bx.legend(loc="upper left", fontsize=8)
     return fig
 
@@ -213,7 +213,7 @@ def draw_sp_strip(fig=None, *, t: int = 4, sp: bool = False, s: int = 8192, h: i
     memory = cost.activation_bytes(s, 1, h, a, t=t, sp=sp)
     ax.set_title(f"{'TP + SP' if sp else 'TP'}, t = {t}: sent per GPU per layer (forward) = {recipe} = "
                  f"{sent / 1e6:.1f} MB;  activations stored = {memory / 1e6:.0f} MB "
-                 f"(s = {s}, h = {h}, FlashAttention)", fontsize=9)
+                 f"(s = {s}, h = {h}, FlashAttention)", fontsize=9, y=1.0, pad=4)
     fig.sp_strip_bytes = sent
     return fig
 
@@ -264,7 +264,8 @@ def draw_block_size(fig=None, *, h: int = 4096, link="InfiniBand", g: int = 1, c
     if c is not None:
         verdict = "hidden" if tc >= tt else "exposed"
         setting += f"\nc = {c:,.0f}: compute {tc * 1e3:.3g} ms, transfer {tt * 1e3:.3g} ms ({verdict})"
-    ax.set_title(setting, fontsize=9)
+    ax.set_title(setting, fontsize=9, y=1.0, pad=4)   # a fixed place: no search for tick labels
+    ax.minorticks_off()                                # log axes' minor ticks cost most of a redraw
     ax.set_xlabel("block size c (tokens per rank)")
     ax.set_ylabel("time per round (ms)")
     ax.legend(loc="lower right", fontsize=8)
@@ -340,7 +341,7 @@ def draw_ulysses_grid(fig=None, *, n: int = 4, s: int = 8, heads: int = 8, kv_he
     ax.set_ylabel("token")
     kept = s * heads // n // n
     ax.set_title(f"{'sequence sharding' if state == 'sequence' else 'head sharding (after all-to-all)'}: "
-                 f"each rank keeps {kept} cells, sends {(n - 1) * kept}", fontsize=9)
+                 f"each rank keeps {kept} cells, sends {(n - 1) * kept}", fontsize=9, y=1.0, pad=4)
 
     # K/V heads: which ranks need each one in head sharding (query head j uses K/V head j // g)
     g = heads // kv_heads
@@ -367,7 +368,7 @@ def draw_ulysses_grid(fig=None, *, n: int = 4, s: int = 8, heads: int = 8, kv_he
                    f"so Ulysses alone scales to {kv_heads} rank{'s' if kv_heads > 1 else ''}; "
                    f"copy K/V heads (more bytes) "
                    f"or combine with ring attention")
-        kx.set_title(textwrap.fill(warning, 90), fontsize=8, color=COLORS["split"])
+        kx.set_title(textwrap.fill(warning, 90), fontsize=8, color=COLORS["split"], y=1.0, pad=4)
     fig.ulysses_warning = warning
     return fig
 
@@ -423,7 +424,7 @@ def draw_moe_capacity(fig=None, *, E: int = 8, Ne: int = 4, k: int = 2, T: int =
         ax.axvline(gpu * E // Ne - 0.5, color=COLORS["masked"], lw=1)
     ax.legend(loc="upper right", fontsize=8)
     ax.set_title(f"N = {Ne * T} tokens, top-{k}, skew {skew:g}: dropped {100 * r['drop_rate']:.1f}% "
-                 f"of copies", fontsize=9)
+                 f"of copies", fontsize=9, y=1.0, pad=4)
     load = r["load_per_gpu"]
     busiest = load.max()
     bx.bar(range(Ne), load, color=COLORS["computed"], label="copies computed")
@@ -433,7 +434,7 @@ def draw_moe_capacity(fig=None, *, E: int = 8, Ne: int = 4, k: int = 2, T: int =
     bx.yaxis.set_major_locator(MaxNLocator(integer=True))
     bx.set_ylim(0, max(busiest, 1) * 1.4)
     mean = load.mean()
-    bx.set_title(f"max/mean load = {busiest / mean:.2f}" if mean > 0 else "no load", fontsize=9)
+    bx.set_title(f"max/mean load = {busiest / mean:.2f}" if mean > 0 else "no load", fontsize=9, y=1.0, pad=4)
     bx.legend(loc="upper right", fontsize=8)
     fig.moe_routing = r
     return fig
