@@ -354,3 +354,10 @@ def test_five_solutions_get_full_marks_and_blank_notebooks_zero(jobs, capsys):
         assert rep["ok"] and rep["points"] == (rep["max_points"] if full else 0), rep
         assert statuses == ({"passed"} if full else {"not attempted"}), (rep["notebook"], statuses)
     assert report["points"] == sum(e.points for e in checks.EXERCISES.values())
+
+
+def test_a_python_under_tmp_is_bound_into_the_private_tmp_not_covered_by_it(box):
+    argv = sandbox.bwrap_argv(box, sandbox.Limits(), {})
+    tmp_at = next(i for i, a in enumerate(argv) if a == "--tmpfs" and argv[i + 1] == "/tmp")
+    binds = [i for i, a in enumerate(argv) if a == "--ro-bind"]
+    assert binds and tmp_at < min(binds)      # a venv in /tmp/... (a CI clone) stays visible

@@ -98,13 +98,15 @@ def bwrap_argv(standin: Path, limits: Limits, env: dict[str, str]) -> list[str]:
     binds = python_paths()
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--clearenv"]
+    # the private /tmp first: a Python (a venv) that lives under the host's /tmp is bound
+    # into it afterwards, not covered by it
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(16 * 2**20), "--tmpfs", "/dev/shm",
+             "--size", str(limits.tmp), "--tmpfs", "/tmp",
+             "--dir", "/tmp/work", "--dir", "/tmp/mpl"]
     argv += _system_binds()
     for p in binds:
         argv += ["--ro-bind", p, p]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(16 * 2**20), "--tmpfs", "/dev/shm",
-             "--size", str(limits.tmp), "--tmpfs", "/tmp",
-             "--dir", "/tmp/work", "--dir", "/tmp/mpl", "--chdir", "/tmp/work",
-             "--ro-bind", str(standin), MOUNT]
+    argv += ["--chdir", "/tmp/work", "--ro-bind", str(standin), MOUNT]
     hidden = hidden_paths(binds)
     for p in hidden:
         argv += ["--size", "4096", "--tmpfs", p]
