@@ -38,6 +38,7 @@ __all__ = [
     "moe_comm_ratio",
     "expert_capacity",
     "sp_block_activation_bytes",
+    "link_split",
 ]
 
 #: Hardware presets used in the lesson. GPUs carry ``flops`` (dense bf16 peak, FLOP/s)
@@ -226,6 +227,30 @@ def min_block_size(F, W, causal: bool = False, g=1, e=2) -> float:
     F, W = peak_flops(F), link_bandwidth(W)
     g, e = _positive("g (GQA group size)", g), _positive("e (bytes per element)", e)
     return F / W * (2 if causal else 1) / g * e / 2
+
+
+def link_split(nbytes, pattern: str, rank: int, n: int, node_size: int) -> tuple[float, float]:
+    """``(inside the node, across nodes)``: how rank ``rank``'s ``nbytes`` split over the
+    links, ``n`` ranks in nodes of ``node_size`` (node ``i // node_size``).
+
+    ``pattern``: ``"ring"``, every byte to the next rank ``r+1 mod n`` (ring steps and the
+    ring collectives: all-gather, reduce-scatter, all-reduce), so only the last rank of a
+    node sends across; ``"all_to_all"``, equal blocks to each of the ``n-1`` others, of
+    which ``node_size - 1`` share the node. Two nodes of 4 and an all-to-all: 3/7 of the
+    bytes stay inside, 4/7 cross.
+    """
+    n, node_size = _count("n (ranks)", n), _count("node_size", node_size)
+    if n % node_size:
+        raise ValueError(f"n = {n} ranks do not fill nodes of node_size = {node_size}; every "
+                         f"node runs the same number of ranks")
+    nbytes = _nonneg("nbytes", nbytes)
+    if pattern == "ring":
+        across = n > node_size and (rank + 1) % n // node_size != rank // node_size
+        return (0.0, nbytes) if across else (nbytes, 0.0)
+    if pattern == "all_to_all":
+        inside = nbytes * (node_size - 1) / (n - 1) if n > 1 else nbytes
+        return inside, nbytes - inside
+    raise ValueError(f"pattern must be 'ring' or 'all_to_all', got {pattern!r}")
 
 
 # --------------------------------------------------------------------------- mixture of experts

@@ -53,7 +53,16 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--no-causal", action="store_true")
     p.add_argument("--no-overlap", action="store_true")
     p.add_argument("--ulysses-size", type=int, default=None,
-                   help="usp: Ulysses degree u (ranks per group; default 2)")
+                   help="usp: Ulysses degree u (ranks per group; default: the ranks per node)")
+    p.add_argument("--max-nodes", type=int, default=None,
+                   help="moe: node-limited routing, each token uses experts on at most this "
+                        "many nodes (DeepSeek-V3)")
+    p.add_argument("--dispatch", default="auto", choices=["auto", "flat", "two_level"],
+                   help="moe: flat all-to-all, or two-level (one copy per token per remote node, "
+                        "then a fan-out inside the node); auto: two-level across nodes")
+    p.add_argument("--node-size", type=int, default=None,
+                   help="pretend nodes of this many ranks (default: torchrun's LOCAL_WORLD_SIZE, "
+                        "else one node): bytes are then split into inside / across nodes")
     add_size_args(p)
     p.set_defaults(seq=1024, dtype="float32")
     return p
@@ -61,19 +70,21 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 def cases(args, n: int) -> list[tuple]:
     """``(worker name, kwargs)`` for each checked run of ``args.method`` on ``n`` ranks."""
+    topo = {"node_size": args.node_size} if getattr(args, "node_size", None) else {}
     if _REGISTRY[args.method].worker == "check_attention":
-        extra = {"ulysses_size": args.ulysses_size or 2} if args.method == "usp" else {}
+        extra = {"ulysses_size": args.ulysses_size} if args.method == "usp" else {}
         return [("check_attention", dict(
             method=args.method, b=args.batch, s=args.seq, a=args.heads,
             a_kv=args.kv_heads or args.heads, d=args.dim, causal=not args.no_causal,
-            layout=args.layout, dtype=args.dtype, overlap=not args.no_overlap, **extra))]
+            layout=args.layout, dtype=args.dtype, overlap=not args.no_overlap, **extra, **topo))]
     h = args.heads * args.dim
     if args.method == "sp":
         return [("check_sp", dict(b=args.batch, s=args.seq, h=h, ffn=4 * h, p=0.1,
-                                  sequence_parallel=sp, blocks=1, dtype=args.dtype))
+                                  sequence_parallel=sp, blocks=1, dtype=args.dtype, **topo))
                 for sp in (False, True)]
     E = max(4, 2 * n)
-    base = dict(T=max(E, args.seq // n), h=max(h, E), E=E, d_ff=2 * h, k=2, dtype=args.dtype)
+    base = dict(T=max(E, args.seq // n), h=max(h, E), E=E, d_ff=2 * h, k=2, dtype=args.dtype,
+                max_nodes=args.max_nodes, dispatch=args.dispatch, **topo)
     return [("check_moe", dict(base, routing="uniform")),
             ("check_moe", dict(base, routing="random", capacity_factor=1.25))]
 
@@ -99,9 +110,32 @@ def report(res: dict) -> str:
         f"  max |error| vs single-process reference: {res['max_err']:.2e} "
         f"-> {'OK' if res['ok'] else 'FAILED, above the tolerance'}{worst}",
         f"    (tolerance {res['tol']:g} x max(1, |value|) for each of: {errs})",
-        f"  bytes sent per rank, forward: {res['fwd']:,} (lesson's formula: "
+        f"  bytes sent per rank, forward: {res['fwd']:,} ({_formula_name(res)}: "
         f"{res['formula_fwd']:,.0f})" + (f"; besides: {side}" if side else ""),
-        f"  bytes sent per rank, backward: {res['bwd']:,}"])
+        f"  bytes sent per rank, backward: {res['bwd']:,}", *_link_lines(res)])
+
+
+def _formula_name(res: dict) -> str:
+    return ("the lesson's formula for the flat dispatch" if res.get("dispatch") == "two_level"
+            else "lesson's formula")
+
+
+def _link_lines(res: dict) -> list[str]:
+    """Where the bytes went, when the ranks span nodes; USP's ``u`` and warnings."""
+    lines = []
+    if res.get("ulysses_size"):
+        lines.append(f"  ulysses_size u = {res['ulysses_size']} (ring of {res['n'] // res['ulysses_size']})")
+    lines += [f"  warning: {w}" for w in res.get("warnings", [])]
+    if res.get("nodes", 1) > 1:
+        f, b = res["fwd_link"], res["bwd_link"]
+        lines.append(f"  on {res['nodes']} nodes of {res['node_size']} ranks, rank 0 sent inside "
+                     f"its node {f['intra']:,} forward + {b['intra']:,} backward, across nodes "
+                     f"{f['inter']:,} + {b['inter']:,}")
+        want = res.get("link_expected")
+        if want:
+            lines.append(f"    {res.get('dispatch', '')} dispatch, from the routing: inside "
+                         f"{want['intra']:,}, across {want['inter']:,} forward")
+    return lines
 
 
 def main(argv=None) -> int:

@@ -34,7 +34,8 @@ import numpy as np
 from .. import cost
 from ..cost import expert_capacity  # the one exact formula; re-exported here
 from .comm import check_group, check_shards
-from .nodes import check_nodes, node_bytes, node_limited_scores
+from ..topology import check_nodes
+from .nodes import node_bytes, node_limited_scores
 from .sampling import sample_topk
 
 _sample_topk = sample_topk        # its former name here

@@ -20,42 +20,11 @@ and in the combine (sent back by the expert's GPU). Dropped copies are not sent.
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
+from ..topology import check_nodes  # noqa: F401  (the rule, shared with spmd)
+
 __all__ = ["check_nodes", "node_limited_scores", "node_bytes"]
-
-
-def _int(name, val, lo=1) -> int:
-    if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < lo:
-        raise ValueError(f"{name} must be an integer >= {lo}, got {val!r}")
-    return int(val)
-
-
-def check_nodes(E: int, k: int, nodes, max_nodes):
-    """Validate ``(nodes, max_nodes)`` for ``E`` experts and top-``k``; returns them as ints
-    (``max_nodes=None`` means no limit and is returned as ``nodes``)."""
-    if nodes is None:
-        if max_nodes is not None:
-            raise ValueError("max_nodes needs nodes: pass nodes= (how many nodes the experts are "
-                             "split over) together with max_nodes=")
-        return None, None
-    nodes = _int("nodes", nodes)
-    if E % nodes:
-        raise ValueError(f"E = {E} experts do not split evenly over nodes = {nodes}; use a number "
-                         f"of nodes that divides E")
-    if max_nodes is None:
-        return nodes, nodes
-    max_nodes = _int("max_nodes", max_nodes)
-    if max_nodes > nodes:
-        raise ValueError(f"max_nodes = {max_nodes} is more than the nodes = {nodes} there are; "
-                         f"use 1 <= max_nodes <= nodes")
-    if max_nodes * (E // nodes) < k:
-        raise ValueError(f"max_nodes = {max_nodes} nodes hold only {max_nodes * (E // nodes)} "
-                         f"experts, fewer than k = {k}; raise max_nodes to at least "
-                         f"{-(-k // (E // nodes))}")
-    return nodes, max_nodes
 
 
 def node_limited_scores(scores: np.ndarray, k: int, nodes: int, max_nodes: int) -> np.ndarray:

@@ -22,9 +22,9 @@ takes the rest of the degree. Bytes per rank (:func:`lesson10.cost.usp_bytes`)::
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
+
+from ..topology import check_heads, usp_group_ranks
 
 from .attention import check_doc_ids
 from .ring import check_qkv_shards, ring_attention
@@ -33,41 +33,10 @@ from .ulysses import heads_to_seq, seq_to_heads
 __all__ = ["usp_attention", "usp_groups"]
 
 
-def check_ulysses_size(ulysses_size, n: int) -> int:
-    """``u = ulysses_size`` as an int, if it is >= 1 and divides the ``n`` ranks (shared by
-    the real version); else a ValueError that says what to do."""
-    if isinstance(ulysses_size, bool) or not isinstance(ulysses_size, numbers.Integral) \
-            or ulysses_size < 1:
-        raise ValueError(f"ulysses_size must be an integer >= 1, got {ulysses_size!r}")
-    u = int(ulysses_size)
-    if n % u:
-        raise ValueError(f"usp_attention: N = {n} ranks do not split into Ulysses groups of "
-                         f"ulysses_size = {u}; use a ulysses_size that divides N (N = "
-                         f"ulysses_size * ring_size)")
-    return u
-
-
 def usp_groups(n: int, ulysses_size: int):
     """``(ulysses_groups, ring_groups)``: the rank lists of the ``r = n/u`` Ulysses groups
     (consecutive ranks) and of the ``u`` rings (ranks ``j, u + j, 2u + j, ...``)."""
-    u = check_ulysses_size(ulysses_size, n)
-    r = n // u
-    return ([list(range(i * u, (i + 1) * u)) for i in range(r)],
-            [list(range(j, n, u)) for j in range(u)])
-
-
-def check_heads(a: int, a_kv: int, u: int, n: int) -> None:
-    """USP's only head limit (shared by the real version): GQA needs ``a_kv | a``, and the
-    Ulysses part needs ``ulysses_size | a_kv`` (whole K/V heads per rank); else a ValueError
-    that says what to do."""
-    if a_kv == 0 or a % a_kv:
-        raise ValueError(f"usp_attention: {a} query heads are not a multiple of {a_kv} K/V heads")
-    if a_kv % u:
-        raise ValueError(
-            f"usp_attention: ulysses_size = {u} ranks cannot split n_kv = {a_kv} K/V heads into "
-            f"whole heads: the Ulysses part is limited to ulysses_size <= n_kv, dividing n_kv. "
-            f"Use a ulysses_size that divides {a_kv} (and N = {n}) and let the ring take the "
-            f"rest of the degree (ring_size = N / ulysses_size)")
+    return usp_group_ranks(n, ulysses_size)
 
 
 def usp_attention(q_shards, k_shards, v_shards, positions, ulysses_size: int, causal: bool = True,

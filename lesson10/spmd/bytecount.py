@@ -7,47 +7,104 @@ Every collective or point-to-point call a method makes goes through a wrapper of
         out = ring_attention(q, k, v)
     c.sent            # bytes this rank put on the wire
     c.by_op           # {"p2p": ..., "all_to_all": ...}
+    c.intra, c.inter  # of c.activation: to ranks on this node / on other nodes
 
 Bytes are counted at ring-algorithm cost, like ``lesson10.sim.SimGroup``:
 all-reduce 2(n-1)/n of the tensor, all-gather and reduce-scatter (n-1)/n of the
 full tensor, all-to-all the blocks that leave the rank, p2p what is sent.
+
+**Per link.** Each record names where its bytes go (``to=``: a global rank, or ``{rank:
+bytes}``), and :mod:`lesson10.topology` says whether that rank is on this node. The ring
+collectives send everything to the next rank of the group, so in a ring laid out node by
+node only the last rank of each node sends across the network; an all-to-all sends each
+block to its own rank. Two nodes of two, a ring all-gather of a 1 MB shard::
+
+    rank 0 -> 1: 3 MB intra      rank 1 -> 2: 3 MB inter
+    rank 2 -> 3: 3 MB intra      rank 3 -> 0: 3 MB inter
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-__all__ = ["ByteCounter", "SIDE_OPS", "count_bytes", "record"]
+from .. import topology
+
+__all__ = ["ByteCounter", "SIDE_OPS", "LINKS", "count_bytes", "record"]
+
+#: where a byte goes: to a rank on this node, on another node, or unknown (no ``to=``)
+LINKS = ("intra", "inter", "unknown")
 
 _active: list["ByteCounter"] = []
 
 #: ops that are not activation traffic: shape/count exchanges, replicated weight-gradient
-#: sums, and SP's backward re-gather of the LayerNorm output it kept only a shard of
-SIDE_OPS = ("metadata", "param_grad", "ag_recompute")
+#: sums, SP's backward re-gather of the LayerNorm output it kept only a shard of, and the
+#: gates and expert ids a two-level MoE dispatch sends along with each relayed token
+SIDE_OPS = ("metadata", "param_grad", "ag_recompute", "routing")
 
 
 @dataclass
 class ByteCounter:
+    """The bytes this rank sent: ``sent`` in all, ``by_op`` per op name, ``by_link`` per op
+    name and link (``{op: {"intra": ..., "inter": ...}}``)."""
     sent: int = 0
     calls: int = 0
     by_op: dict = field(default_factory=dict)
+    by_link: dict = field(default_factory=dict)
 
     @property
     def activation(self) -> int:
         """The bytes the lesson's formulas count: everything but :data:`SIDE_OPS`."""
         return int(sum(v for op, v in self.by_op.items() if op not in SIDE_OPS))
 
-    def add(self, op: str, nbytes: int) -> None:
+    def link(self, link: str) -> int:
+        """Activation bytes (no :data:`SIDE_OPS`) sent over ``link`` (one of :data:`LINKS`)."""
+        return int(sum(v.get(link, 0) for op, v in self.by_link.items() if op not in SIDE_OPS))
+
+    @property
+    def intra(self) -> int:
+        """Activation bytes sent to ranks on this node."""
+        return self.link("intra")
+
+    @property
+    def inter(self) -> int:
+        """Activation bytes sent to ranks on other nodes (what crosses the network)."""
+        return self.link("inter")
+
+    def add(self, op: str, nbytes: int, links: dict | None = None) -> None:
         nbytes = int(nbytes)
         self.sent += nbytes
         self.calls += 1
         self.by_op[op] = self.by_op.get(op, 0) + nbytes
+        mine = self.by_link.setdefault(op, {})
+        for link, b in (links or {"unknown": nbytes}).items():
+            mine[link] = mine.get(link, 0) + int(b)
 
 
-def record(op: str, nbytes: int) -> None:
-    """Add ``nbytes`` sent by this rank under the name ``op`` to every open counter."""
-    for c in _active:
-        c.add(op, nbytes)
+def record(op: str, nbytes: int, to=None) -> None:
+    """Add ``nbytes`` sent by this rank under the name ``op`` to every open counter.
+
+    ``to``: the global rank they go to, or ``{global rank: bytes}`` when they go to several
+    (its values must add up to ``nbytes``); ``None``: the link is unknown."""
+    if _active:
+        links = _links(int(nbytes), to)
+        for c in _active:
+            c.add(op, nbytes, links)
+
+
+def _links(nbytes: int, to) -> dict:
+    """``{"intra": ..., "inter": ...}`` for bytes sent from this rank to ``to``."""
+    if to is None:
+        return {"unknown": nbytes}
+    import torch.distributed as dist
+    me = dist.get_rank() if dist.is_initialized() else 0
+    topo = topology.current()
+    dests = {int(to): nbytes} if not isinstance(to, dict) else {int(r): int(b) for r, b in to.items()}
+    if sum(dests.values()) != nbytes:
+        raise ValueError(f"record: the bytes per destination {dests} do not add up to {nbytes}")
+    out = {"intra": 0, "inter": 0}
+    for rank, b in dests.items():
+        out["intra" if topo.same_node(me, rank) else "inter"] += b
+    return out
 
 
 @contextmanager

@@ -31,6 +31,18 @@ def group_rank(group=None) -> int:
     return dist.get_rank(group)
 
 
+def global_rank(i: int, group=None) -> int:
+    """The global rank of rank ``i`` of ``group``."""
+    return i if group is None else dist.get_global_rank(group, i)
+
+
+def ring_next(group=None) -> int:
+    """The global rank of the next rank of ``group`` (``r + 1 mod n``): where a ring
+    collective sends this rank's bytes (the link its bytes are counted on)."""
+    n = group_size(group)
+    return global_rank((group_rank(group) + 1) % n, group)
+
+
 def _nbytes(x: torch.Tensor) -> int:
     return x.numel() * x.element_size()
 
@@ -44,7 +56,7 @@ def all_reduce(x: torch.Tensor, group=None, op: str = "all_reduce") -> torch.Ten
     """
     n = group_size(group)
     if n > 1:
-        record(op, 2 * (n - 1) * _nbytes(x) // n)
+        record(op, 2 * (n - 1) * _nbytes(x) // n, to=ring_next(group))
         dist.all_reduce(x, group=group)
     return x
 
@@ -61,7 +73,7 @@ def all_gather(x: torch.Tensor, dim: int = 0, group=None, op: str = "all_gather"
         return x
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(n)]
-    record(op, (n - 1) * _nbytes(x))
+    record(op, (n - 1) * _nbytes(x), to=ring_next(group))
     dist.all_gather(parts, x, group=group)
     return torch.cat(parts, dim=dim)
 
@@ -80,7 +92,7 @@ def reduce_scatter(x: torch.Tensor, dim: int = 0, group=None, op: str = "reduce_
         return x
     chunks = [c.contiguous() for c in x.chunk(n, dim=dim)]
     out = torch.empty_like(chunks[0])
-    record(op, (n - 1) * _nbytes(x) // n)
+    record(op, (n - 1) * _nbytes(x) // n, to=ring_next(group))
     try:
         dist.reduce_scatter(out, chunks, group=group)
     except RuntimeError as e:  # old gloo builds have no reduce_scatter: same sum, via all_reduce
@@ -123,7 +135,8 @@ def all_to_all_single(x: torch.Tensor, output_split_sizes=None, input_split_size
                          f"summing to dim 0 = {rows}")
     output_split_sizes = _split_sizes(output_split_sizes, rows, n, "output_split_sizes")
     row_bytes = math.prod(x.shape[1:]) * x.element_size()
-    record(op, (rows - input_split_sizes[r]) * row_bytes)
+    record(op, (rows - input_split_sizes[r]) * row_bytes,
+           to={global_rank(j, group): b * row_bytes for j, b in enumerate(input_split_sizes) if j != r})
     x = x.contiguous()
     out = x.new_empty((sum(output_split_sizes), *x.shape[1:]))
     if n == 1:

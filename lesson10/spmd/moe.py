@@ -12,7 +12,9 @@
    token order (rank 0's tokens first) with no further communication, and every rank
    knows every split size of the next step;
 3. **dispatch**: ``all_to_all_single`` with uneven splits; each kept (token, expert)
-   copy goes to the rank of its expert, grouped by expert;
+   copy goes to the rank of its expert, grouped by expert. Across nodes, the two-level
+   dispatch of :mod:`lesson10.spmd.moe_dispatch` sends a token once per remote node and
+   fans it out there (``dispatch="two_level"``, the default when the group spans nodes);
 4. **experts**: each local expert ``relu(x W1) W2`` runs on its rows (possibly none);
 5. **combine**: the inverse all-to-all brings the outputs home; ``y[t] = sum_j
    gate[t, j] * out[t, j]`` over the kept copies (dropped copies add nothing; the
@@ -32,9 +34,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import topology
 from ..cost import expert_capacity
-from ..sim.nodes import check_nodes
+from ..topology import check_nodes
 from . import comm
+from .moe_dispatch import all_to_all, flat_exchange, two_level_exchange
 from .sp import copy_to_tp
 
 __all__ = ["ExpertParallelMoE", "all_to_all", "route_topk", "expert_capacity",
@@ -42,25 +46,6 @@ __all__ = ["ExpertParallelMoE", "all_to_all", "route_topk", "expert_capacity",
 
 
 # ------------------------------------------------------------------ helpers
-class _AllToAll(torch.autograd.Function):
-    """``all_to_all_single`` with uneven splits; backward = the same with splits swapped."""
-
-    @staticmethod
-    def forward(ctx, x, output_splits, input_splits, group):
-        ctx.splits, ctx.group = (output_splits, input_splits), group
-        return comm.all_to_all_single(x, output_splits, input_splits, group)
-
-    @staticmethod
-    def backward(ctx, dy):
-        out_s, in_s = ctx.splits
-        return comm.all_to_all_single(dy, in_s, out_s, ctx.group), None, None, None
-
-
-def all_to_all(x: torch.Tensor, output_splits, input_splits, group=None) -> torch.Tensor:
-    """Differentiable ``all_to_all_single`` along dim 0: ``input_splits[j]`` rows go to rank ``j``."""
-    return _AllToAll.apply(x, list(output_splits), list(input_splits), group)
-
-
 def route_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None, nodes=None,
                max_nodes=None):
     """``logits (T, E)`` -> ``(experts (T, k) long, gates (T, k))``.
@@ -187,13 +172,17 @@ class ExpertParallelMoE(nn.Module):
     is replicated, so its gradient is all-reduced over ``group`` in the backward
     (``reduce_router_grad=False`` if a data-parallel wrapper already does that).
     ``bias`` is DeepSeek-V3's routing bias (a buffer); :meth:`update_bias` moves it.
-    ``nodes`` / ``max_nodes``: node-limited routing (see :func:`route_topk`).
+    ``nodes`` / ``max_nodes``: node-limited routing (see :func:`route_topk`); ``nodes``
+    defaults to the number of nodes the group spans (:func:`lesson10.topology.current`).
+    ``dispatch``: ``"flat"`` (one all-to-all, a copy per (token, expert)), ``"two_level"``
+    (a copy per (token, remote node), then a fan-out inside the node: needs the group to fill
+    its nodes evenly, in order) or ``"auto"`` (two-level when the group spans nodes).
     """
 
     def __init__(self, h: int, E: int, d_ff: int, k: int, capacity_factor=None, group=None,
                  router_w=None, w1=None, w2=None, seed: int = 0, dtype=torch.float32,
                  alpha: float = 1e-2, reduce_router_grad: bool = True, nodes=None,
-                 max_nodes=None):
+                 max_nodes=None, dispatch: str = "auto"):
         super().__init__()
         for name, val in (("h", h), ("E", E), ("d_ff", d_ff)):
             if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 1:
@@ -204,6 +193,10 @@ class ExpertParallelMoE(nn.Module):
                              f"use E a multiple of N_e.")
         _check_k(k, E)
         expert_capacity(1, E, k, capacity_factor)          # validates capacity_factor
+        self.node_size, self.dispatch = _dispatch_levels(group, dispatch)
+        if nodes is None and (n // self.node_size > 1 or max_nodes is not None) \
+                and E % (n // self.node_size) == 0:
+            nodes = n // self.node_size                    # the experts' nodes: the group's
         check_nodes(E, k, nodes, max_nodes)                # validates node-limited routing
         if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha):
             raise ValueError(f"alpha must be a finite number, got {alpha!r}")
@@ -257,16 +250,17 @@ class ExpertParallelMoE(nn.Module):
         logits = x.to(w_r.dtype) @ w_r                           # (T, E)
         experts, gates = route_topk(logits, k, self.bias, self.nodes, self.max_nodes)
         # 2. count exchange and capacity: which copies go where
-        send, send_splits, recv_counts, all_counts, kept, N = self._dispatch_plan(experts)
-        tok, slot = send // k, send % k                          # (m_send,)
-        recv_splits = recv_counts.sum(1).tolist()                # rows from each rank
-        # 3. dispatch
-        xr = all_to_all(x[tok], recv_splits, send_splits, self.group)   # (m_recv, h)
-        # 4. local experts; rows arrive as (source rank, expert) blocks
-        yr = self._local_experts(xr, recv_counts)
-        # 5. combine and weighted sum
-        yb = all_to_all(yr, send_splits, recv_splits, self.group)        # (m_send, h)
-        y = torch.zeros_like(x).index_add(0, tok, gates[tok, slot, None].to(x.dtype) * yb)
+        send, all_counts, kept, N = self._dispatch_plan(experts)
+        tok, slot = send // k, send % k                          # (m,) kept copies
+        e = experts[tok, slot]
+        n, El = comm.group_size(self.group), self.E // comm.group_size(self.group)
+        # 3.-5. dispatch, experts, combine and weighted sum
+        if self.dispatch == "two_level":
+            y = two_level_exchange(x, gates, tok, slot, e // El, e % El, n, El, self.node_size,
+                                   self._local_experts, self.group)
+        else:
+            y = flat_exchange(x, gates, tok, slot, e // El, e % El, n, El,
+                              self._local_experts, self.group)
         self._balance_stats(logits, all_counts, kept, N)
         return y.reshape(shape)
 
@@ -284,10 +278,10 @@ class ExpertParallelMoE(nn.Module):
 
     def _dispatch_plan(self, experts):
         """One exchange of per-expert counts, then capacity, first come first served over
-        the ranks: ``(send, send_splits, recv_counts, all_counts, kept, N)`` with ``send``
-        this rank's kept copies (flat ``t k + j``) grouped by expert."""
-        n, r = comm.group_size(self.group), comm.group_rank(self.group)
-        E, k, El = self.E, self.k, self.E // n
+        the ranks: ``(send, all_counts, kept, N)`` with ``send`` this rank's kept copies
+        (flat ``t k + j``) grouped by expert."""
+        r = comm.group_rank(self.group)
+        E, k = self.E, self.k
         flat = experts.reshape(-1)                               # (T k,) row-major (t, j)
         counts = torch.bincount(flat, minlength=E)               # (E,)
         all_counts = comm.all_gather(counts[None], dim=0, group=self.group,
@@ -302,9 +296,7 @@ class ExpertParallelMoE(nn.Module):
         start = counts.cumsum(0) - counts                        # first sorted slot per expert
         arrival = torch.arange(flat.numel(), device=counts.device) - start[sorted_e]
         send = perm[arrival < kept[r][sorted_e]]                 # kept copies, grouped by expert
-        send_splits = kept[r].reshape(n, El).sum(1).tolist()     # rows to each rank
-        recv_counts = kept[:, r * El:(r + 1) * El]               # (N_e, E/N_e) rows per source, expert
-        return send, send_splits, recv_counts, all_counts, kept, N
+        return send, all_counts, kept, N
 
     def _local_experts(self, xr, recv_counts):
         """This rank's experts on the rows received, ``(source rank, expert)`` blocks; the
@@ -328,3 +320,24 @@ class ExpertParallelMoE(nn.Module):
         Nz = max(N, 1)                                           # no token anywhere: loss 0
         f = total.to(logits.dtype) / (k * Nz)                    # share of copies per expert
         self.aux_loss = self.alpha * E * (f * torch.softmax(logits, -1).sum(0)).sum() / Nz
+
+
+def _dispatch_levels(group, dispatch: str):
+    """``(node_size, "flat" | "two_level")``: the group's ranks per node and the dispatch
+    ``dispatch`` (``"auto"``, ``"flat"``, ``"two_level"``) becomes on this topology."""
+    if dispatch not in ("auto", "flat", "two_level"):
+        raise ValueError(f"dispatch must be 'auto', 'flat' or 'two_level', got {dispatch!r}")
+    import torch.distributed as dist
+    n = comm.group_size(group)
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
+    topo = topology.current()
+    nodes = topo.nodes_of(ranks)
+    if not topo.aligned(ranks):
+        if dispatch == "two_level":
+            raise ValueError(f"dispatch='two_level' needs a group that fills its nodes evenly, "
+                             f"node by node; the ranks {ranks} do not (nodes of "
+                             f"{topo.node_size}): use dispatch='flat'")
+        return n, "flat"
+    if dispatch == "auto":
+        dispatch = "two_level" if nodes > 1 else "flat"
+    return n // nodes, dispatch

@@ -173,7 +173,7 @@ class RingComm:
         for i, (t, buf) in enumerate(zip(sent, received)):
             ops.append(dist.P2POp(dist.isend, t, self.next, self.group, tag + i))
             ops.append(dist.P2POp(dist.irecv, buf, self.prev, self.group, tag + i))
-            record("p2p", t.numel() * t.element_size())
+            record("p2p", t.numel() * t.element_size(), to=self.next)
             nbytes += t.numel() * t.element_size()
         start = time.perf_counter()
         handles = dist.batch_isend_irecv(ops)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ..layouts import check_permutation, layout_name, shard_positions
 
-from .comm import all_gather, check_same_shape, record
+from .comm import all_gather, check_same_shape, record, ring_next
 
 __all__ = ["shard_sequence", "gather_sequence", "local_positions", "layout_positions"]
 
@@ -114,7 +114,7 @@ def gather_sequence(x_local: torch.Tensor, layout: str = "zigzag", group=None, d
     _positions(x_local.shape[dim] * n, n, layout)     # bad layout / length: same error everywhere
     parts = [torch.empty_like(x_local) for _ in range(n)]
     xc = x_local.contiguous()
-    record("all_gather", (n - 1) * xc.numel() * xc.element_size())
+    record("all_gather", (n - 1) * xc.numel() * xc.element_size(), to=ring_next(group))
     dist.all_gather(parts, xc, group=group)
     s = x_local.shape[dim] * n
     pos = _positions(s, n, layout)

@@ -184,7 +184,7 @@ def _all_gather_start(x: torch.Tensor, group, op: str):
     n = comm.group_size(group)
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(n)]
-    comm.record(op, (n - 1) * x.numel() * x.element_size())
+    comm.record(op, (n - 1) * x.numel() * x.element_size(), to=comm.ring_next(group))
     return dist.all_gather(parts, x, group=group, async_op=True), parts
 
 
@@ -203,7 +203,8 @@ def _reduce_scatter_start(x: torch.Tensor, dim: int, group):
         if "support" not in str(e).lower():
             raise
         return None, comm.reduce_scatter(x, dim=dim, group=group)
-    comm.record("reduce_scatter", (n - 1) * x.numel() * x.element_size() // n)
+    comm.record("reduce_scatter", (n - 1) * x.numel() * x.element_size() // n,
+                to=comm.ring_next(group))
     return work, out
 
 

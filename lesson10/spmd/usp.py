@@ -16,22 +16,30 @@ sub-groups come from ``torch.distributed.new_group`` and are made once per
 Bytes per rank (forward): ``(u-1)/u (2 + 2/g) c h e + (r-1) 2 (s/r) h e / (g u)``
 (:func:`lesson10.cost.usp_bytes`): ``"all_to_all"`` and ``"p2p"`` in ``count_bytes``.
 The head limit applies only to ``u``: it must divide ``a_kv``.
+
+**Topology.** The all-to-alls want the fast links of a node, the ring tolerates the network.
+``ulysses_size=None`` therefore takes the group's ranks per node (:mod:`lesson10.topology`:
+``LOCAL_WORLD_SIZE`` under torchrun), cut to a divisor of ``a_kv``; any ``u`` whose Ulysses
+groups straddle two nodes gets a warning. On 2 nodes of 4 GPUs with 8 K/V heads: ``u = 4``,
+each node one Ulysses group, and 4 rings of 2 ranks, each ring step crossing the network.
 """
 from __future__ import annotations
 
+import warnings
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from .. import topology
 from ..layouts import layout_name, shard_positions
-from ..sim.usp import check_heads, check_ulysses_size  # the USP rules, shared with sim
+from ..topology import check_heads, check_ulysses_size
 from . import comm
 from .attention import check_local_qkv, require_rank
 from .ring import ring_attention
 from .ulysses import heads_to_seq, seq_to_heads
 
-__all__ = ["usp_attention", "usp_groups"]
+__all__ = ["usp_attention", "usp_groups", "choose_ulysses_size"]
 
 _GROUPS: dict = {}
 
@@ -62,12 +70,32 @@ def usp_groups(ulysses_size: int, group=None):
     return _GROUPS[key]
 
 
+def choose_ulysses_size(ulysses_size, a_kv: int, group=None) -> int:
+    """``u`` for this group: ``ulysses_size``, or the group's ranks per node when it is
+    ``None`` (see the module docstring); warns when a Ulysses group would span nodes."""
+    n = comm.group_size(group)
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
+    topo = topology.current()
+    if ulysses_size is None:
+        ulysses_size = topology.default_ulysses_size(ranks, a_kv, topo)
+    u = check_ulysses_size(ulysses_size, n)
+    spans = topology.ulysses_spans_nodes(ranks, u, topo)
+    if spans:
+        warnings.warn(f"usp_attention: ulysses_size = {u} puts the ranks {spans[0]} in one Ulysses "
+                      f"group across nodes (nodes of {topo.node_size} ranks), so its all-to-alls "
+                      f"cross the network; ulysses_size = "
+                      f"{topology.default_ulysses_size(ranks, a_kv, topo)} (the default, the ranks "
+                      f"per node) keeps them inside a node", UserWarning, stacklevel=3)
+    return u
+
+
 def usp_attention(q, k, v, causal: bool = True, layout: str = "zigzag", ulysses_size: int = None,
                   group=None, *, doc_ids=None, scale=None, impl: str = "auto"):
     """USP attention of local shards ``q`` ``(b, c, a, d)``, ``k``/``v`` ``(b, c, a_kv, d)``.
 
     ``c = s/N`` tokens per rank in ``layout`` order (``"zigzag"`` or ``"contiguous"``, as
-    :func:`shard_sequence` gives them). ``ulysses_size`` must divide ``N`` and ``a_kv``.
+    :func:`shard_sequence` gives them). ``ulysses_size`` must divide ``N`` and ``a_kv``;
+    ``None``: the ranks per node (:func:`choose_ulysses_size`).
     Returns this rank's output ``(b, c, a, d)``, differentiable; ``doc_ids``: a document
     mask over the ``s`` global positions.
     """
@@ -80,8 +108,8 @@ def usp_attention(q, k, v, causal: bool = True, layout: str = "zigzag", ulysses_
         raise ValueError(f"usp_attention supports layout 'zigzag' or 'contiguous' (those of the "
                          f"ring), got {layout!r}")
     n, rank = comm.group_size(group), comm.group_rank(group)
-    u = check_ulysses_size(ulysses_size, n)
     check_local_qkv(q, k, v, "usp_attention")
+    u = choose_ulysses_size(ulysses_size, k.shape[2], group)
     a, a_kv = q.shape[2], k.shape[2]
     check_heads(a, a_kv, u, n)
     comm.check_same_shape(q, group, "usp_attention: q")
