@@ -6,11 +6,11 @@ Two implementations of every method of the lesson:
 * ``lesson10.spmd`` -- torch.distributed, one process per rank (gloo / NCCL / torchrun);
   it needs PyTorch, the ``spmd`` extra: ``pip install "lesson10[spmd]"``.
 
-``lesson10.layouts`` and ``lesson10.cost`` hold what both share: which tokens a
-rank holds, and the lesson's closed forms.
+``lesson10.layouts``, ``lesson10.cost`` and ``lesson10.topology`` hold what both share:
+which tokens a rank holds, the lesson's closed forms, and which ranks share a node.
 """
 __version__ = "0.2.0"
 
-from . import cost, layouts  # noqa: E402
+from . import cost, layouts, topology  # noqa: E402
 
-__all__ = ["__version__", "cost", "layouts"]
+__all__ = ["__version__", "cost", "layouts", "topology"]

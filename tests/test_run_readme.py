@@ -10,7 +10,8 @@ import pytest
 
 from lesson10 import run
 
-README = {"moe": ["moe"], "sp4096": ["sp", "--seq", "4096"]}
+README = {"moe": ["moe"], "sp4096": ["sp", "--seq", "4096"],
+          "moe_nodes": ["moe", "--node-size", "2", "--max-nodes", "1"]}
 
 
 def _cases(argv, n):
@@ -71,3 +72,16 @@ def test_rejected_case_exits_2_and_says_what(capsys, monkeypatch, rank_results):
     out = capsys.readouterr().out
     assert rc == 2, out
     assert "REJECTED" in out and "K/V heads" in out and "TOO LARGE" not in out
+
+
+def test_the_report_says_where_the_bytes_went_across_nodes(rank_results):
+    results = rank_results(4, "moe_nodes")[0]
+    text = "\n".join(run.report(r) for r in results)
+    for r in results:
+        assert r["nodes"] == 2 and r["dispatch"] == "two_level" and r["nodes_used"] == 1
+        assert r["fwd_link"] == r["link_expected"]
+        assert f"across nodes {r['fwd_link']['inter']:,}" in text
+    assert "on 2 nodes of 2 ranks" in text and "two_level dispatch, from the routing" in text
+    one_node = rank_results(2, "moe_nodes")[0]
+    assert all(r["nodes"] == 1 for r in one_node)
+    assert "across nodes" not in "\n".join(run.report(r) for r in one_node)

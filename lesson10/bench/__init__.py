@@ -1,8 +1,9 @@
 """Benchmarks: timing only.
-``python -m lesson10 bench {sim,grade,figures,ring,ulysses,compare,moe,sp,cstar,memory,all}``.
+``python -m lesson10 bench {sim,grade,figures,ring,ulysses,compare,moe,sp,cstar,memory,nodes,all}``.
 
 :mod:`.harness` (interleaved reps, slowest rank, tables) and one module per benchmark:
-:mod:`.attention` (ring, Ulysses), :mod:`.moe`, :mod:`.sp`, :mod:`.cstar` (when the ring's
+:mod:`.attention` (ring, Ulysses), :mod:`.moe`, :mod:`.nodes` (the MoE dispatch across
+nodes), :mod:`.sp`, :mod:`.cstar` (when the ring's
 transfer hides), :mod:`.memory` (a rank's peak memory as N_c grows) on real ranks, and
 :mod:`.sim` (the NumPy simulation, no torch), :mod:`.figures` (one redraw of each interactive
 figure), :mod:`.grade` (what the autograder costs next to
@@ -36,7 +37,7 @@ def main(argv=None) -> int:
                                             "('bench sim' times the NumPy simulation, 'bench "
                                             "grade' the autograder)")
     p.add_argument("what", choices=["ring", "ulysses", "compare", "moe", "sp", "cstar", "memory",
-                                    "all"])
+                                    "nodes", "all"])
     p.add_argument("--nproc", type=int, nargs="+", default=[2, 4])
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out", default=str(RESULTS_DIR), help="folder for the tables")
@@ -49,6 +50,10 @@ def main(argv=None) -> int:
     g.add_argument("--tokens", type=int, default=2048, help="moe: tokens T per rank")
     g.add_argument("--experts", type=int, default=8, help="moe: experts E")
     g.add_argument("--topk", type=int, default=2, help="moe: experts per token k")
+    g = p.add_argument_group("nodes (flat vs two-level MoE dispatch on 2 nodes of 2 ranks)")
+    g.add_argument("--twohost", action="store_true",
+                   help="nodes: also run across two network namespaces (root; tc tbf on the link)")
+    g.add_argument("--rate", default="200mbit", help="nodes --twohost: the link's rate (tc tbf)")
     g = p.add_argument_group("cstar (2 ranks) and memory")
     g.add_argument("--bandwidth", type=float, default=None,
                    help="cstar: pace the ring's link at this many bytes/s (default: chosen from "
@@ -87,6 +92,9 @@ def main(argv=None) -> int:
             bench(args, out_dir)
         elif what == "moe":
             from .moe import bench
+            bench(args, out_dir)
+        elif what == "nodes":
+            from .nodes import bench
             bench(args, out_dir)
         else:
             from .sp import bench
