@@ -249,6 +249,12 @@ def unseen_layout(s: int = 24, seed: int = 5, causal: bool = True, docs=None) ->
     return {"positions": layouts["permutation"], "errors": errors}
 
 
+def bench_nodes(configs: list, reps: int = 1) -> list:
+    """:func:`lesson10.bench.nodes.time_dispatch` on nodes of 2 ranks (bench nodes' worker)."""
+    from lesson10.bench.nodes import time_dispatch
+    return time_dispatch(configs, reps, node_size=2)
+
+
 def run_jobs(jobs: dict) -> dict:
     """In each rank: ``{name: (worker, kwargs)}`` -> ``{name: worker(**kwargs)}``, where a
     worker is a name in :mod:`lesson10.spmd.workers` or in this module (the shared launch

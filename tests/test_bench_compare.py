@@ -37,3 +37,18 @@ def test_bench_memory_writes_a_row_per_rank_count(tmp_path):
     assert [(n, s) for n, s, *_ in rows] == [("2", "512")]
     for n, _, inputs, rise, single in rows:
         assert float(rise) >= 0 and float(single) == pytest.approx(int(n) * float(inputs), abs=0.2)
+
+
+def test_bench_compare_on_pretend_nodes_shows_what_crosses(tmp_path, monkeypatch):
+    monkeypatch.setenv("LESSON10_NODE_SIZE", "4")       # restored after the test (bench sets it)
+    rc = bench.main(["compare", "--nproc", "4", "--seq", "2048", "--heads", "4", "--kv-heads", "2",
+                     "--dim", "16", "--reps", "1", "--node-size", "2", "--out", str(tmp_path)])
+    assert rc == 0
+    md = (tmp_path / "compare.md").read_text()
+    assert "across nodes" in md
+    rows = {m: (float(a), float(b)) for m, a, b in
+            re.findall(r"^\| 4 \| ([a-z]+)[^|]*\|.*\| ([\d.]+) \| [\d.]+ \| ([\d.]+) \|$", md, re.M)}
+    assert sorted(rows) == ["allgather", "ring", "usp"]
+    measured, across = rows["ring"]
+    assert across == pytest.approx(measured / 2, abs=0.011)   # ranks 1 and 3 send everything across
+    assert 0 < rows["usp"][1] < rows["usp"][0]                # its all-to-all stays inside a node

@@ -54,6 +54,9 @@ def main(argv=None) -> int:
     g.add_argument("--twohost", action="store_true",
                    help="nodes: also run across two network namespaces (root; tc tbf on the link)")
     g.add_argument("--rate", default="200mbit", help="nodes --twohost: the link's rate (tc tbf)")
+    g.add_argument("--node-size", type=int, default=None,
+                   help="compare: pretend nodes of this many ranks; the table then shows what "
+                        "crosses nodes")
     g = p.add_argument_group("cstar (2 ranks) and memory")
     g.add_argument("--bandwidth", type=float, default=None,
                    help="cstar: pace the ring's link at this many bytes/s (default: chosen from "
@@ -78,6 +81,11 @@ def main(argv=None) -> int:
             p.error(f"--{name} must be a positive integer, got {v}")
     if any(n < 1 for n in args.nproc):
         p.error(f"--nproc must be positive, got {args.nproc}")
+    if args.node_size is not None:
+        if args.node_size < 1:
+            p.error(f"--node-size must be a positive integer, got {args.node_size}")
+        import os
+        os.environ["LESSON10_NODE_SIZE"] = str(args.node_size)   # the ranks inherit it
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     for what in (["ring", "ulysses", "moe", "sp"] if args.what == "all" else [args.what]):

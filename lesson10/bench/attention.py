@@ -82,7 +82,7 @@ def _step(cfg, st):
         from ..spmd.comm import count_bytes
         with count_bytes() as c:
             forward()
-        st["bytes"] = c.activation
+        st["bytes"], st["inter"] = c.activation, c.inter
 
     def run():
         with ring_options(overlap=cfg.get("overlap", True), timings=st["rounds"]):
@@ -111,8 +111,12 @@ def time_attention(configs: list[dict], reps: int = 5, warmup: int = 1) -> list[
             dist.all_reduce(vals, op=dist.ReduceOp.MAX)
             per_round = [{"phase": r["phase"], "round": r["round"], "compute_s": float(x[0]),
                           "wait_s": float(x[1])} for r, x in zip(st["rounds"], vals.cpu())]
+        inter = torch.tensor([float(st.get("inter") or 0)], dtype=torch.float64,
+                             device=current_device())
+        dist.all_reduce(inter)                     # mean over the ranks of what crosses nodes
         rows.append({**cfg, "n": dist.get_world_size(), "median_s": median(ts), "times": ts,
-                     "per_round": per_round, "bytes_fwd": st.get("bytes")})
+                     "per_round": per_round, "bytes_fwd": st.get("bytes"),
+                     "bytes_fwd_inter": float(inter) / dist.get_world_size()})
     return rows
 
 
@@ -192,6 +196,7 @@ def _formula(r) -> float:
 def compare_table(rows: list[dict]) -> str:
     """Markdown: every context-parallel method at each ``N``, time and bytes per rank."""
     one = {r["n"]: r["median_s"] for r in rows if r["method"] == "sdpa" and r["threads"] == 1}
+    across = any(r.get("bytes_fwd_inter") for r in rows)      # the ranks spanned nodes
     body = []
     for r in rows:
         if r["method"] == "sdpa":
@@ -200,9 +205,11 @@ def compare_table(rows: list[dict]) -> str:
                               if r["method"] == "usp" else "")
         body.append([r["n"], name, r.get("layout"), ms(r["median_s"]),
                      f"{one[r['n']] / r['median_s']:.2f}" if r["n"] in one else "",
-                     f"{r['bytes_fwd'] / 1e6:.2f}", f"{_formula(r) / 1e6:.2f}"])
+                     f"{r['bytes_fwd'] / 1e6:.2f}", f"{_formula(r) / 1e6:.2f}"]
+                    + ([f"{(r.get('bytes_fwd_inter') or 0) / 1e6:.2f}"] if across else []))
     return md_table(["N", "method", "layout", "fwd+bwd ms", "speed-up vs 1 process",
-                     "fwd MB/rank measured", "lesson formula MB"], body)
+                     "fwd MB/rank measured", "lesson formula MB"]
+                    + (["of which across nodes (mean MB/rank)"] if across else []), body)
 
 
 def _plot(rows, path):
@@ -250,7 +257,9 @@ def bench_compare(args, out_dir):
             f"{machine_note()}. Bytes: the forward's activation traffic per rank "
             "(`count_bytes`, shape checks left out) next to `cost.comm_bytes` / `cost.usp_bytes`. "
             "All-gather sends the ring's bytes in one step; Ulysses needs N <= kv heads; USP "
-            "runs Ulysses inside groups of u consecutive ranks and a ring of r = N/u across.",
+            "runs Ulysses inside groups of u consecutive ranks and a ring of r = N/u across."
+            + (f" Nodes of {args.node_size} ranks (`--node-size`): the last column is what "
+               "a rank sends to other nodes, on average." if getattr(args, "node_size", None) else ""),
             "", compare_table(rows), ""]
     write_table(out_dir / "compare.md", text)
     return rows
