@@ -46,7 +46,7 @@ class Topology:
         _int("node_size", self.node_size)
         if self.world % self.node_size:
             raise ValueError(f"{self.world} ranks do not fill nodes of {self.node_size}: every "
-                             f"node must run the same number of ranks (torchrun "
+                             f"node must run the same number of ranks (--node-size, torchrun "
                              f"--nproc-per-node), so use a world size that is a multiple of it")
 
     @property

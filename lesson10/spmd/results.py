@@ -102,13 +102,14 @@ def on_topology(worker):
     @functools.wraps(worker)
     def run(*args, node_size=None, **kwargs):
         with topology.assume(node_size) if node_size else contextlib.nullcontext():
-            res = worker(*args, **kwargs)
             try:
-                topo = topology.current()
-            except ValueError:                   # a topology the worker rejected: say so there
-                topo = None
+                topo = topology.current()        # the same on every rank: all refuse, none hangs
+            except ValueError as e:
+                return {"method": kwargs.get("method", worker.__name__.replace("check_", "")),
+                        "case": {**kwargs, "node_size": node_size}, "error": str(e)}
+            res = worker(*args, **kwargs)
         if node_size:
             res["case"]["node_size"] = node_size
-        res["node_size"], res["nodes"] = (topo.node_size, topo.nodes) if topo else (None, None)
+        res["node_size"], res["nodes"] = topo.node_size, topo.nodes
         return res
     return run
