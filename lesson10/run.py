@@ -115,6 +115,10 @@ def report(res: dict) -> str:
         f"  bytes sent per rank, backward: {res['bwd']:,}", *_link_lines(res)])
 
 
+def _ints(values) -> str:
+    return "[" + ", ".join(f"{v:,}" for v in values) + "]"
+
+
 def _formula_name(res: dict) -> str:
     return ("the lesson's formula for the flat dispatch" if res.get("dispatch") == "two_level"
             else "lesson's formula")
@@ -126,14 +130,15 @@ def _link_lines(res: dict) -> list[str]:
     if res.get("ulysses_size"):
         lines.append(f"  ulysses_size u = {res['ulysses_size']} (ring of {res['n'] // res['ulysses_size']})")
     lines += [f"  warning: {w}" for w in res.get("warnings", [])]
-    if res.get("nodes", 1) > 1:
-        f, b = res["fwd_link"], res["bwd_link"]
-        lines.append(f"  on {res['nodes']} nodes of {res['node_size']} ranks, rank 0 sent inside "
-                     f"its node {f['intra']:,} forward + {b['intra']:,} backward, across nodes "
-                     f"{f['inter']:,} + {b['inter']:,}")
+    if (res.get("nodes") or 1) > 1:
+        by = res["link_by_rank"]
+        lines.append(f"  on {res['nodes']} nodes of {res['node_size']} ranks, bytes each rank sent "
+                     f"(forward / backward):")
+        lines.append(f"    inside its node: {_ints(by['fwd_intra'])} / {_ints(by['bwd_intra'])}")
+        lines.append(f"    across nodes:    {_ints(by['fwd_inter'])} / {_ints(by['bwd_inter'])}")
         want = res.get("link_expected")
         if want:
-            lines.append(f"    {res.get('dispatch', '')} dispatch, from the routing: inside "
+            lines.append(f"    {res.get('dispatch', '')} dispatch, rank 0 from the routing: inside "
                          f"{want['intra']:,}, across {want['inter']:,} forward")
     return lines
 

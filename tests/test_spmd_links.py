@@ -71,3 +71,11 @@ def test_usp_across_nodes_warns_and_its_all_to_all_crosses(outs):
         assert len(res["warnings"]) == 1 and "across nodes" in res["warnings"][0]
         assert "ulysses_size = 2" in res["warnings"][0]
         assert res["fwd_by_link"]["all_to_all"]["inter"] > 0
+
+
+def test_every_result_carries_every_rank_s_links(outs):
+    for name in CASES:
+        by = outs[0][name]["link_by_rank"]
+        assert by == outs[3][name]["link_by_rank"]
+        assert [o[name]["fwd_link"]["inter"] for o in outs] == by["fwd_inter"]
+        assert [o[name]["bwd_link"]["intra"] for o in outs] == by["bwd_intra"]

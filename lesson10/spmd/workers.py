@@ -30,6 +30,7 @@ import copy
 import math
 import os
 import socket
+import warnings
 
 import numpy as np
 import torch
@@ -119,7 +120,8 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
         kw = _method_kwargs(method, replicate_kv, impl, ulysses_size, doc)
         pos = local_positions(s, layout, group)
         loc = [shard_sequence(t.to(dev), layout, group).detach().requires_grad_() for t in (q, k, v)]
-        with ring_options(overlap=overlap):
+        with ring_options(overlap=overlap), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "usp_attention: ulysses_size")   # in `notes` already
             o, fwd, bwd, seconds = timed_step(
                 lambda: fn(*loc, causal=causal, layout=layout, group=group, **kw),
                 shard_sequence(dout.to(dev), layout, group))
@@ -139,7 +141,6 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
 
 def _ulysses_size(ulysses_size, a_kv, group, notes: list) -> int:
     """USP's ``u`` (the default from the topology when ``None``); its warnings into ``notes``."""
-    import warnings
     from .usp import choose_ulysses_size
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
