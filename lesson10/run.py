@@ -202,11 +202,17 @@ def all_ranks_max(status: int) -> int:
 
 def peer_lost_message(rank: int, peer_timeout: float, exc: BaseException) -> str:
     """What a rank prints when a collective gave up on a peer."""
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = str(exc).strip()
+    first = (text.splitlines() or [type(exc).__name__])[0]
+    hint = ""
+    if "127.0." in text or "connecting" in text.lower() or "connectfullmesh" in text.lower():
+        hint = (" If this happens at the start on several machines: the ranks announce an address "
+                "the others cannot reach (a hostname that resolves to 127.0.x.x): set "
+                "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to the interface between the nodes.")
     return (f"rank {rank}: a peer stopped answering: no reply within --peer-timeout "
             f"{peer_timeout:g} s, or its connection closed (a rank or node died, hangs or was "
             f"cut off). This rank gives up with exit status {PEER_LOST}. "
-            f"({type(exc).__name__}: {first[:300]})")
+            f"({type(exc).__name__}: {first[:300]}){hint}")
 
 
 def start_watchdog(seconds: float, rank: int) -> threading.Timer:

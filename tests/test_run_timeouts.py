@@ -52,6 +52,11 @@ def test_what_counts_as_a_peer_that_stopped_answering():
     msg = run.peer_lost_message(2, 6.0, gloo)
     assert msg.startswith("rank 2: a peer stopped answering") and "--peer-timeout 6 s" in msg
     assert "exit status 3" in msg and "Timed out waiting" in msg
+    assert "GLOO_SOCKET_IFNAME" not in msg + run.peer_lost_message(
+        0, 6.0, RuntimeError("Connection closed by peer [10.77.0.2]:3456"))
+    loop = RuntimeError("Gloo connectFullMesh failed with timed out connecting: SO_ERROR: "
+                        "Connection refused, remote=[127.0.0.1]:24960")
+    assert "GLOO_SOCKET_IFNAME" in run.peer_lost_message(0, 6.0, loop)
 
 
 def test_peer_timeout_must_be_a_positive_number():

@@ -216,10 +216,15 @@ class TwoHosts:
 
     def env(self, i: int, extra: dict | None = None) -> dict:
         """The environment of a command on host ``i``: this one's, plus ``GLOO_SOCKET_IFNAME`` and
-        ``NCCL_SOCKET_IFNAME`` = its veth, ``OMP_NUM_THREADS=1``, unbuffered Python."""
+        ``NCCL_SOCKET_IFNAME`` = its veth, ``OMP_NUM_THREADS=1``, unbuffered Python, then
+        ``extra`` (a value ``None`` removes that variable)."""
         env = dict(os.environ, GLOO_SOCKET_IFNAME=self.iface(i), NCCL_SOCKET_IFNAME=self.iface(i),
                    OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        env.update(extra or {})
+        for key, value in (extra or {}).items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
         return env
 
     def start(self, i: int, argv: list[str], env: dict | None = None, stdout=None,
