@@ -7,9 +7,11 @@ both fail when the case is rejected or a peer stops answering. Skipped where nam
 be made (not root, no ``ip``); the namespaces and every process in them are removed at the end,
 also when a test fails.
 """
+import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -80,20 +82,25 @@ def test_a_rejected_case_fails_on_both_nodes(hosts):
         assert 2 in _exit_code(out) and _exit_code(out) <= {2, -signal.SIGTERM}, _show(res)
 
 
+def _stop_node_1(record: dict):
+    """A ``during`` for torchrun_two: once rank 0 has its process group (it prints
+    ``init_from_env``), SIGSTOP node 1's workers; ``record``: their pids and when (s after start)."""
+    start = time.monotonic()
+
+    def stop(hosts, procs, paths):
+        end = time.monotonic() + 120
+        while b"init_from_env" not in paths[0].read_bytes() and time.monotonic() < end:
+            time.sleep(0.1)
+        record["pids"] = hosts.signal(1, signal.SIGSTOP, match="-u -m lesson10.run")
+        record["at"] = time.monotonic() - start
+    return stop
+
+
 def test_a_stopped_peer_ends_node_0_within_the_peer_timeout(hosts):
     peer_timeout, slack = 6, 25
     stopped = {}
-
-    def stop_node_1(hosts, procs, paths):
-        end = time.monotonic() + 120
-        while b"init_from_env" not in paths[0].read_bytes() and time.monotonic() < end:
-            time.sleep(0.1)   # rank 0 prints this once the process group is up
-        stopped["pids"] = hosts.signal(1, signal.SIGSTOP, match="-u -m lesson10.run")
-        stopped["at"] = time.monotonic() - start
-
-    start = time.monotonic()
     res = torchrun_two(hosts, ["moe", *SMALL, "--seq", "256", "--peer-timeout", str(peer_timeout)],
-                       timeout=180, during=stop_node_1, grace=2)
+                       timeout=180, during=_stop_node_1(stopped), grace=2)
     assert len(stopped["pids"]) == 2, (stopped, _show(res))   # node 1's two workers
     assert res.status[0] not in (0, None), _show(res)
     assert res.exit_s[0] - stopped["at"] < peer_timeout + slack, (res.exit_s, stopped)
@@ -103,6 +110,16 @@ def test_a_stopped_peer_ends_node_0_within_the_peer_timeout(hosts):
     assert REPORT not in node0
     # node 1 (stopped) was killed at the end, with everything else in the namespaces
     assert not hosts.pids(0) and not hosts.pids(1)
+
+
+def test_the_runs_time_limit_is_enforced_in_every_rank(hosts):
+    """A stopped peer with a long --peer-timeout: --timeout ends node 0's ranks and says so."""
+    res = torchrun_two(hosts, ["ring", *SMALL, "--seq", "256", "--peer-timeout", "120",
+                               "--timeout", "8"], timeout=120, during=_stop_node_1({}), grace=2)
+    node0 = res.output[0]
+    assert res.status[0] not in (0, None) and res.exit_s[0] < 60, _show(res)
+    assert "did not finish within --timeout 8 s" in node0, _show(res)
+    assert 4 in _exit_code(node0) and _exit_code(node0) <= {4, -signal.SIGTERM}, _show(res)
 
 
 def test_the_c10d_rendezvous_form(hosts):
@@ -161,3 +178,25 @@ def test_cleanup_after_an_exception_and_after_a_killed_instance():
             assert h2.exec(0, ["true"]).returncode == 0
     finally:
         subprocess.run(["ip", "netns", "del", stale], capture_output=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_harness_removes_what_it_made(sig, tmp_path):
+    """Ctrl-C (SIGINT) or SIGTERM in the middle of a ``with TwoHosts()``: nothing is left."""
+    _need_hosts()
+    code = ("import sys, time\n"
+            "from lesson10.bench.twohost import TwoHosts\n"
+            "with TwoHosts() as h:\n"
+            "    p = h.start(1, ['sleep', '300'])\n"
+            "    print(' '.join(h.names), p.pid, flush=True)\n"
+            "    time.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        *names, pid = proc.stdout.readline().split()
+        assert names and all(n in _netns() for n in names)
+        proc.send_signal(sig)
+        assert proc.wait(30) != 0
+    finally:
+        proc.kill()
+    assert not set(names) & set(_netns())
+    assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()

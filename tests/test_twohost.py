@@ -35,3 +35,9 @@ def test_the_torchrun_commands_of_both_forms():
     assert "is_host=false" in " ".join(twohost.torchrun_argv(1, ["ring"], rdzv="c10d"))
     with pytest.raises(ValueError, match="rdzv"):
         twohost.torchrun_argv(0, ["ring"], rdzv="etcd")
+
+
+def test_the_bucket_grows_with_the_rate():
+    assert twohost.default_burst(None) == twohost.default_burst("8mbit") == f"{256 * 1024}b"
+    assert twohost.default_burst("10gbit") == "12500000b"      # 10 ms of 1.25 GB/s
+    assert twohost.default_burst("1gbps") == "10000000b"

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TwoHosts", "NoNamespaces", "namespaces_unavailable", "TorchrunResult",
+__all__ = ["TwoHosts", "NoNamespaces", "namespaces_unavailable", "TorchrunResult", "default_burst",
            "torchrun_argv", "torchrun_two", "ADDRS", "PREFIX"]
 
 #: the two hosts' addresses (a /24 that exists only inside the namespaces)
@@ -111,16 +111,31 @@ def _remove_leftovers() -> None:
             _kill_namespace(name)
 
 
+_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "bps": 1,
+          "kbps": 1e3, "mbps": 1e6, "gbps": 1e9}
+
+
+def default_burst(rate: str | None) -> str:
+    """tbf's bucket for ``rate`` (tc's units, e.g. ``"100mbit"``): 10 ms of it, at least 256 KiB."""
+    m = re.fullmatch(r"\s*([\d.]+)\s*([a-z]*)\s*", (rate or "").lower())
+    per_s = float(m.group(1)) * _UNITS.get(m.group(2) or "bit", 0) if m else 0.0
+    return f"{max(256 * 1024, int(per_s / 100))}b"
+
+
 class TwoHosts:
     """Two network namespaces joined by a veth pair; a context manager.
 
     ``rate``: e.g. ``"100mbit"`` puts ``tc qdisc ... tbf rate RATE burst BURST latency
-    LATENCY`` on both veth ends (each direction is limited); ``None``: no limit. Raises
+    LATENCY`` on both veth ends (each direction is limited); ``None``: no limit. ``burst``:
+    default :func:`default_burst` (tbf passes no more than ``burst`` per clock tick, and a
+    veth hands it packets of up to 64 KiB). Raises
     :class:`NoNamespaces` (with the reason) when they cannot be made.
     """
 
-    def __init__(self, rate: str | None = None, burst: str = "256kb", latency: str = "200ms"):
-        self.rate, self.burst, self.latency = rate, burst, latency
+    def __init__(self, rate: str | None = None, burst: str | None = None,
+                 latency: str = "200ms"):
+        self.rate, self.latency = rate, latency
+        self.burst = burst or default_burst(rate)
         n = next(_count)
         self.names = (f"{PREFIX}{os.getpid()}x{n}a", f"{PREFIX}{os.getpid()}x{n}b")
         self._procs: list[subprocess.Popen] = []
@@ -329,14 +344,15 @@ _ports = itertools.count(29500 + (os.getpid() % 400) * 10)
 
 def torchrun_two(hosts: TwoHosts, run_args: list[str], nproc_per_node: int = 2,
                  port: int | None = None, timeout: float = 300.0, rdzv: str = "static",
-                 during=None, env: dict | None = None, grace: float = 30.0) -> TorchrunResult:
+                 during=None, env: dict | None = None, grace: float = 30.0,
+                 module: str = "lesson10.run") -> TorchrunResult:
     """``torchrun --nnodes 2 --nproc-per-node N ... -m lesson10.run RUN_ARGS`` on both hosts at
     once; wait for both (at most ``timeout`` s, then kill them) and return a
     :class:`TorchrunResult`. ``port``: the rendezvous port on host 0 (default: a new one per
     call, so a port in TIME_WAIT is never reused). ``during(hosts, procs, paths)``: called once
     both are started, while they run (e.g. to stop a node; ``paths``: their output files).
-    ``grace``: once one node's torchrun has ended, how long the other may still run. Whatever
-    is left in the namespaces afterwards is killed."""
+    ``grace``: once one node's torchrun has ended, how long the other may still run; then what
+    is left of both (torchrun and its workers, which run in sessions of their own) is killed."""
     port = next(_ports) if port is None else port
     with tempfile.TemporaryDirectory(prefix="lesson10-twohost-") as tmp:
         paths = [Path(tmp) / f"node{i}.log" for i in range(2)]
@@ -347,7 +363,7 @@ def torchrun_two(hosts: TwoHosts, run_args: list[str], nproc_per_node: int = 2,
         try:
             for i in range(2):
                 procs.append(hosts.start(i, torchrun_argv(i, run_args, nproc_per_node, port,
-                                                          rdzv), env=env, stdout=files[i]))
+                                                          rdzv, module), env=env, stdout=files[i]))
             if during is not None:
                 during(hosts, procs, paths)
             ended = _wait_both(procs, start + timeout, grace)
@@ -358,7 +374,7 @@ def torchrun_two(hosts: TwoHosts, run_args: list[str], nproc_per_node: int = 2,
                         os.killpg(p.pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-                hosts.signal(i, signal.SIGKILL)
+                hosts.signal(i, signal.SIGKILL, match=f"-m {module}")
                 p.wait()
             for f in files:
                 f.close()
