@@ -14,15 +14,16 @@ and large gradients pass in float32 as they should.
 
 Exit status: 0 every checked run passed; 1 a run's error is above its tolerance; 2 the
 method rejected the case (the message says what and why), or the arguments are wrong.
-Under torchrun every rank computes the verdict and exits with the largest status of all
-ranks (only rank 0 prints the report), so ``torchrun`` fails on every node when a check
-fails or is rejected anywhere; besides, 3: a peer stopped answering, 4: ``--timeout`` passed.
+3: a peer stopped answering (``--peer-timeout``), 4: the run passed ``--timeout``. Under
+torchrun every rank computes the verdict and exits with the largest status of all ranks
+(only rank 0 prints the report), so ``torchrun`` fails on every node when a check fails or
+is rejected anywhere.
 
 Two time limits:
 
 * ``--timeout SECONDS`` (default 600): the whole run's wall-clock limit. ``python -m
-  lesson10 run`` kills every rank past it (``LaunchTimeout``); under torchrun a watchdog in
-  each rank prints that ``--timeout`` was hit and exits with status 4.
+  lesson10 run`` kills every rank past it; under torchrun a watchdog in each rank does it.
+  Either way the message says that ``--timeout`` was hit, and the status is 4.
 * ``--peer-timeout SECONDS`` (default 60): the process group's timeout, how long the start or
   one collective waits for another rank. A peer that died, hangs or was cut off surfaces
   within about that long on every rank still running: each prints that a peer stopped
@@ -77,7 +78,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--peer-timeout", type=float, default=PEER_TIMEOUT,
                    help="seconds the start or one collective waits for another rank (the "
                    "process group's timeout, default %(default)g): a dead or hung peer ends "
-                   "every other rank within about this long, exit status 3")
+                   "every other rank within about this long, with exit status 3")
     p.set_defaults(seq=1024, dtype="float32")
     return p
 
@@ -148,8 +149,19 @@ def main(argv=None) -> int:
                     f"got {value:g}")
     if torchrun:
         return main_rank(args)
-    results = launch(run_checks, args.nproc, cases(args, args.nproc), backend=args.backend,
-                     timeout=args.timeout, peer_timeout=args.peer_timeout)[0]
+    from .spmd.launch import LaunchTimeout, RankError, is_peer_error
+    try:
+        results = launch(run_checks, args.nproc, cases(args, args.nproc), backend=args.backend,
+                         timeout=args.timeout, peer_timeout=args.peer_timeout)[0]
+    except LaunchTimeout as e:
+        print(f"the run did not finish within --timeout {args.timeout:g} s (its total "
+              f"wall-clock limit): {e}", file=sys.stderr)
+        return TIMED_OUT
+    except RankError as e:
+        if not is_peer_error(e):
+            raise
+        print(peer_lost_message(e.rank, args.peer_timeout, e), file=sys.stderr)
+        return PEER_LOST
     for res in results:
         print(report(res))
     line, status = verdict(results)

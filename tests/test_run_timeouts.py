@@ -64,3 +64,29 @@ def test_peer_timeout_must_be_a_positive_number():
     for bad in (0, -1, float("inf"), True, "5"):
         with pytest.raises(ValueError, match="peer_timeout"):
             check_peer_timeout(bad)
+
+
+def test_the_single_machine_form_says_which_limit_was_hit(monkeypatch, capsys):
+    import importlib
+    launch_mod = importlib.import_module("lesson10.spmd.launch")
+    argv = ["ring", "--nproc", "2", "--timeout", "5", "--peer-timeout", "2"]
+
+    def timed_out(*a, **k):
+        raise launch_mod.LaunchTimeout(5, [0, 1])
+    monkeypatch.setattr(launch_mod, "launch", timed_out)
+    assert run.main(argv) == run.TIMED_OUT == 4
+    assert "did not finish within --timeout 5 s" in capsys.readouterr().err
+
+    def peer_lost(*a, **k):
+        raise launch_mod.RankError(1, "DistBackendError", "RuntimeError: [gloo] Timed out waiting "
+                                   "2000ms for recv operation to complete")
+    monkeypatch.setattr(launch_mod, "launch", peer_lost)
+    assert run.main(argv) == run.PEER_LOST == 3
+    err = capsys.readouterr().err
+    assert "rank 1: a peer stopped answering" in err and "--peer-timeout 2 s" in err
+
+    def bug(*a, **k):
+        raise launch_mod.RankError(0, "ValueError", "ValueError: a bug in a worker")
+    monkeypatch.setattr(launch_mod, "launch", bug)
+    with pytest.raises(launch_mod.RankError, match="a bug"):
+        run.main(argv)
