@@ -173,8 +173,8 @@ def main_rank(args) -> int:
     """The body of one torchrun rank: init (process-group timeout ``args.peer_timeout``), the
     checked runs, this rank's verdict, then the largest status over all ranks (one all-reduce,
     after the runs, outside their byte counts). Rank 0 prints the report. A peer that stops
-    answering ends this rank with :data:`PEER_LOST` and a message; ``args.timeout`` is enforced
-    by :func:`start_watchdog`."""
+    answering ends this process at once (``os._exit``) with :data:`PEER_LOST` and a message;
+    ``args.timeout`` is enforced by :func:`start_watchdog`."""
     import torch.distributed as dist
     from .spmd.launch import init_from_env, is_peer_error, shutdown
     from .spmd.workers import run_checks
@@ -188,9 +188,11 @@ def main_rank(args) -> int:
     except Exception as e:
         if not is_peer_error(e):
             raise
-        watchdog.cancel()
         print(peer_lost_message(rank, args.peer_timeout, e), file=sys.stderr, flush=True)
-        return PEER_LOST
+        sys.stdout.flush()
+        # at once: tearing down a process group whose peer is gone can hang, or abort
+        # ("terminate called without an active exception") at interpreter exit
+        os._exit(PEER_LOST)
     watchdog.cancel()
     shutdown()
     if rank == 0:

@@ -159,7 +159,6 @@ def test_the_link_counters_and_the_rate_limit():
     assert not set(names) & set(_netns())
 
 
-
 def test_cleanup_after_an_exception_and_after_a_killed_instance():
     _need_hosts()
     with pytest.raises(RuntimeError, match="boom"):
@@ -167,23 +166,20 @@ def test_cleanup_after_an_exception_and_after_a_killed_instance():
             p = h.start(0, ["sleep", "300"])
             raise RuntimeError("boom")
     assert p.poll() is not None and not set(h.names) & set(_netns())
-    # a leftover of an instance that was killed outright (its pid is gone): the next one removes it
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    stale = f"{twohost.PREFIX}{dead.pid}x0a"
-    subprocess.run(["ip", "netns", "add", stale], check=True)
-    try:
-        with TwoHosts() as h2:
-            assert stale not in _netns()
-            assert h2.exec(0, ["true"]).returncode == 0
-    finally:
-        subprocess.run(["ip", "netns", "del", stale], capture_output=True)
+    # an instance killed outright (SIGKILL: no clean-up ran) leaves its namespaces and their
+    # processes; the next instance removes them
+    proc, names, pid = _harness_in_a_process()
+    proc.kill()
+    proc.wait(30)
+    assert all(n in _netns() for n in names) and os.path.exists(f"/proc/{pid}")
+    with TwoHosts() as h2:
+        assert not set(names) & set(_netns())
+        assert h2.exec(0, ["true"]).returncode == 0
+    assert not _running(pid)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_an_interrupted_harness_removes_what_it_made(sig, tmp_path):
-    """Ctrl-C (SIGINT) or SIGTERM in the middle of a ``with TwoHosts()``: nothing is left."""
-    _need_hosts()
+def _harness_in_a_process():
+    """A Python process inside ``with TwoHosts()`` that started ``sleep 300`` on host 1."""
     code = ("import sys, time\n"
             "from lesson10.bench.twohost import TwoHosts\n"
             "with TwoHosts() as h:\n"
@@ -191,12 +187,27 @@ def test_an_interrupted_harness_removes_what_it_made(sig, tmp_path):
             "    print(' '.join(h.names), p.pid, flush=True)\n"
             "    time.sleep(300)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    *names, pid = proc.stdout.readline().split()
+    assert len(names) == 2 and all(n in _netns() for n in names), names
+    return proc, names, int(pid)
+
+
+def _running(pid: int) -> bool:
     try:
-        *names, pid = proc.stdout.readline().split()
-        assert names and all(n in _netns() for n in names)
+        return "zombie" not in open(f"/proc/{pid}/status").read().lower()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_harness_removes_what_it_made(sig, tmp_path):
+    """Ctrl-C (SIGINT) or SIGTERM in the middle of a ``with TwoHosts()``: nothing is left."""
+    _need_hosts()
+    proc, names, pid = _harness_in_a_process()
+    try:
         proc.send_signal(sig)
         assert proc.wait(30) != 0
     finally:
         proc.kill()
     assert not set(names) & set(_netns())
-    assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
+    assert not _running(pid)
