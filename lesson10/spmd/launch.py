@@ -256,20 +256,17 @@ def launch(fn, nprocs: int, *args, backend: str = "auto", timeout: float = 60.0,
     """Run ``fn(*args, **kwargs)`` in ``nprocs`` new ranks; return their results in rank order.
 
     ``backend``: ``"auto"`` | ``"gloo"`` | ``"nccl"`` (see :func:`choose_backend`).
-    ``timeout``: seconds for the whole run (process start included); past it every
-    rank is killed and :class:`LaunchTimeout` is raised. ``peer_timeout``: the process
-    group's timeout, how long one collective (or the start) waits for a peer before that
-    rank raises (default ``timeout``). ``threads``: torch threads
-    per rank (default ``cpu_count // nprocs``, at least 1). ``quiet``: do not print
-    the chosen backend. Tensors in the results come back detached, on the CPU.
+    ``timeout``: seconds for the whole run (process start included); past it every rank is
+    killed and :class:`LaunchTimeout` is raised. ``peer_timeout``: the process group's timeout,
+    how long one collective (or the start) waits for a peer before that rank raises (default
+    ``timeout``). ``threads``: torch threads per rank (default ``cpu_count // nprocs``, at least
+    1). ``quiet``: do not print the chosen backend. Tensors come back detached, on the CPU.
     Any exception in a rank raises :class:`RankError` here.
     """
     _check_importable(fn)
     asked, backend = backend, choose_backend(nprocs, backend)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
-            or timeout == float("inf"):
-        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
-    peer_timeout = check_peer_timeout(timeout if peer_timeout is None else peer_timeout)
+    timeout = check_peer_timeout(timeout, "timeout")
+    peer_timeout = timeout if peer_timeout is None else check_peer_timeout(peer_timeout)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be None (automatic) or an int >= 1, got {threads!r}")
     if threads is None:
@@ -419,12 +416,12 @@ def init_from_env(backend: str = "auto", timeout: float = 300.0, threads: int | 
     return rank, world
 
 
-def check_peer_timeout(seconds) -> float:
-    """``seconds`` as a float when it is a finite number > 0 (a process group's timeout), else
-    a ``ValueError`` that says so."""
+def check_peer_timeout(seconds, name: str = "peer_timeout") -> float:
+    """``seconds`` as a float when it is a finite number > 0 (a process group's timeout, or
+    another limit called ``name``), else a ``ValueError`` that says so."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0 \
             or seconds == float("inf"):
-        raise ValueError(f"peer_timeout must be a finite number of seconds > 0, got {seconds!r}")
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {seconds!r}")
     return float(seconds)
 
 
