@@ -6,7 +6,9 @@
 #                       headless Chromium (Debian's chromium: apt-get install chromium)
 # make test-grader    : the grader's tests on Python 3.12 and 3.13 (pyenv's), each in a venv with only
 #                       what grading needs (.venv-py312, .venv-py313; no torch); a missing Python is skipped
-# .ci/run runs all four.
+# make test-multinode : torchrun --nnodes 2 across two network namespaces joined by a veth (root, iproute2;
+#                       skipped with a message where namespaces cannot be made)
+# .ci/run runs all five.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -19,9 +21,9 @@ COLAB_STAMP := $(COLAB)/.installed
 PY312   ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
 PY313   ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) python3.13)
 COLAB_NEW := .venv-colab312/.installed .venv-colab313/.installed
-SLOW    := -m "not colab and not frontends"
+SLOW    := -m "not colab and not frontends and not multinode"
 
-.PHONY: lab test test-colab test-frontends test-grader demo bench build clean
+.PHONY: lab test test-colab test-frontends test-grader test-multinode demo bench build clean
 
 PYENV_ROOT   ?= $(HOME)/.pyenv
 # (make test runs these and the gradebook and answer-suite tests on 3.11; CI's 20 minutes
@@ -67,6 +69,10 @@ test-colab: $(STAMP) $(COLAB_STAMP) $(COLAB_NEW)
 
 test-frontends: $(STAMP) $(COLAB_STAMP)
 	$(BIN)/python -m pytest -q -m frontends tests/test_frontends.py
+
+# torchrun across two hosts made of network namespaces (root and iproute2; skipped otherwise)
+test-multinode: $(STAMP)
+	$(BIN)/python -m pytest -q -m multinode tests/test_multinode.py
 
 # the grader's tests where grading has no torch: the package itself with --no-deps
 .venv-py%/.installed: pyproject.toml Makefile

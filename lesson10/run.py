@@ -14,13 +14,32 @@ and large gradients pass in float32 as they should.
 
 Exit status: 0 every checked run passed; 1 a run's error is above its tolerance; 2 the
 method rejected the case (the message says what and why), or the arguments are wrong.
+3: a peer stopped answering (``--peer-timeout``), 4: the run passed ``--timeout``. Under
+torchrun every rank computes the verdict and exits with the largest status of all ranks
+(only rank 0 prints the report), so ``torchrun`` fails on every node when a check fails or
+is rejected anywhere.
+
+Two time limits:
+
+* ``--timeout SECONDS`` (default 600): the whole run's wall-clock limit. ``python -m
+  lesson10 run`` kills every rank past it; under torchrun a watchdog in each rank does it.
+  Either way the message says that ``--timeout`` was hit, and the status is 4.
+* ``--peer-timeout SECONDS`` (default 60): the process group's timeout, how long the start or
+  one collective waits for another rank. A peer that died, hangs or was cut off surfaces
+  within about that long on every rank still running: each prints that a peer stopped
+  answering within ``--peer-timeout`` and exits with status 3. Raise it only for steps that
+  really take longer than a minute between two collectives.
 """
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+import threading
 
-__all__ = ["main", "add_size_args", "cases", "report", "verdict"]
+__all__ = ["main", "main_rank", "add_size_args", "cases", "report", "verdict", "all_ranks_max",
+           "peer_lost_message", "start_watchdog", "PEER_TIMEOUT", "PEER_LOST", "TIMED_OUT"]
 
 from .methods import METHODS as _REGISTRY
 
@@ -37,7 +56,8 @@ def add_size_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="the run's total wall-clock limit in seconds (default 600)")
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -64,8 +84,17 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                    help="pretend nodes of this many ranks (default: torchrun's LOCAL_WORLD_SIZE, "
                         "else one node): bytes are then split into inside / across nodes")
     add_size_args(p)
+    p.add_argument("--peer-timeout", type=float, default=PEER_TIMEOUT,
+                   help="seconds the start or one collective waits for another rank (the "
+                   "process group's timeout, default %(default)g): a dead or hung peer ends "
+                   "every other rank within about this long, with exit status 3")
     p.set_defaults(seq=1024, dtype="float32")
     return p
+
+
+#: ``--peer-timeout``'s default, seconds; exit statuses of a torchrun rank besides 0, 1, 2
+PEER_TIMEOUT = 60.0
+PEER_LOST, TIMED_OUT = 3, 4
 
 
 def cases(args, n: int) -> list[tuple]:
@@ -145,28 +174,113 @@ def _link_lines(res: dict) -> list[str]:
 
 def main(argv=None) -> int:
     """``python -m lesson10 run METHOD --nproc N [sizes]``; under torchrun the same, one rank
-    per process (see :func:`lesson10.spmd.launch.init_from_env`)."""
-    from .spmd.launch import init_from_env, is_torchrun, launch, shutdown
+    per process (see :func:`lesson10.spmd.launch.init_from_env`): every rank returns the
+    largest exit status of all ranks, only rank 0 prints."""
+    from .spmd.launch import is_torchrun, launch
     from .spmd.workers import run_checks
     torchrun = is_torchrun()
-    args = _parser("torchrun ... -m lesson10.run" if torchrun else "python -m lesson10 run").parse_args(argv)
+    p = _parser("torchrun ... -m lesson10.run" if torchrun else "python -m lesson10 run")
+    args = p.parse_args(argv)
+    for name in ("timeout", "peer_timeout"):
+        value = getattr(args, name)
+        if not (value > 0 and math.isfinite(value)):
+            p.error(f"--{name.replace('_', '-')} must be a finite number of seconds > 0, "
+                    f"got {value:g}")
     if torchrun:
-        import torch.distributed as dist
-        init_from_env(args.backend, timeout=args.timeout)
-        try:
-            results = run_checks(cases(args, dist.get_world_size()))
-            if dist.get_rank() != 0:
-                return 0
-        finally:
-            shutdown()
-    else:
+        return main_rank(args)
+    from .spmd.launch import LaunchTimeout, RankError, is_peer_error
+    try:
         results = launch(run_checks, args.nproc, cases(args, args.nproc), backend=args.backend,
-                         timeout=args.timeout)[0]
+                         timeout=args.timeout, peer_timeout=args.peer_timeout)[0]
+    except LaunchTimeout as e:
+        print(f"the run did not finish within --timeout {args.timeout:g} s (its total "
+              f"wall-clock limit): {e}", file=sys.stderr)
+        return TIMED_OUT
+    except RankError as e:
+        if not is_peer_error(e):
+            raise
+        print(peer_lost_message(e.rank, args.peer_timeout, e), file=sys.stderr)
+        return PEER_LOST
     for res in results:
         print(report(res))
     line, status = verdict(results)
     print(line)
     return status
+
+
+def main_rank(args) -> int:
+    """The body of one torchrun rank: init (process-group timeout ``args.peer_timeout``), the
+    checked runs, this rank's verdict, then the largest status over all ranks (one all-reduce,
+    after the runs, outside their byte counts). Rank 0 prints the report. A peer that stops
+    answering ends this process at once (``os._exit``) with :data:`PEER_LOST` and a message;
+    ``args.timeout`` is enforced by :func:`start_watchdog`."""
+    import torch.distributed as dist
+    from .spmd.launch import init_from_env, is_peer_error, shutdown
+    from .spmd.workers import run_checks
+    rank = int(os.environ.get("RANK", "0"))
+    watchdog = start_watchdog(args.timeout, rank)
+    try:
+        init_from_env(args.backend, peer_timeout=args.peer_timeout)
+        results = run_checks(cases(args, dist.get_world_size()))
+        line, status = verdict(results)
+        worst = all_ranks_max(status)
+    except Exception as e:
+        if not is_peer_error(e):
+            raise
+        print(peer_lost_message(rank, args.peer_timeout, e), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # at once: tearing down a process group whose peer is gone can hang, or abort
+        # ("terminate called without an active exception") at interpreter exit
+        os._exit(PEER_LOST)
+    watchdog.cancel()
+    shutdown()
+    if rank == 0:
+        for res in results:
+            print(report(res))
+        print(line)
+        if worst != status:
+            print(f"another rank's verdict was worse: exit status {worst}")
+    return worst
+
+
+def all_ranks_max(status: int) -> int:
+    """The largest ``status`` over all ranks of the default process group (an all-reduce)."""
+    import torch
+    import torch.distributed as dist
+    from .spmd.device import current_device
+    t = torch.tensor([status], dtype=torch.int64, device=current_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def peer_lost_message(rank: int, peer_timeout: float, exc: BaseException) -> str:
+    """What a rank prints when a collective gave up on a peer."""
+    text = str(exc).strip()
+    first = (text.splitlines() or [type(exc).__name__])[0]
+    hint = ""
+    if "127.0." in text or "connecting" in text.lower() or "connectfullmesh" in text.lower():
+        hint = (" If this happens at the start on several machines: the ranks announce an address "
+                "the others cannot reach (a hostname that resolves to 127.0.x.x): set "
+                "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to the interface between the nodes.")
+    return (f"rank {rank}: a peer stopped answering: no reply within --peer-timeout "
+            f"{peer_timeout:g} s, or its connection closed (a rank or node died, hangs or was "
+            f"cut off). This rank gives up with exit status {PEER_LOST}. "
+            f"({type(exc).__name__}: {first[:300]}){hint}")
+
+
+def start_watchdog(seconds: float, rank: int) -> threading.Timer:
+    """A daemon timer that ends this process with :data:`TIMED_OUT` after ``seconds`` (the run's
+    ``--timeout``), saying which limit was hit; ``.cancel()`` it when the run is done."""
+    def fire():
+        print(f"rank {rank}: the run did not finish within --timeout {seconds:g} s (its total "
+              f"wall-clock limit); stopping with exit status {TIMED_OUT}. A peer that stops "
+              "answering ends the run sooner, within --peer-timeout.", file=sys.stderr,
+              flush=True)
+        os._exit(TIMED_OUT)
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def verdict(results: list[dict]) -> tuple[str, int]:

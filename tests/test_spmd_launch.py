@@ -100,6 +100,20 @@ def test_hang_ends_in_timeout_and_kills_everyone(tmp_path):
     assert multiprocessing.active_children() == []
 
 
+def test_peer_timeout_ends_a_hang_before_the_runs_time_limit(tmp_path):
+    """A collective nobody answers raises in the waiting rank after peer_timeout, long before
+    the run's own timeout; everyone is still killed."""
+    from lesson10.spmd.launch import is_peer_error
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(w.hang_on, 2, 0, str(tmp_path), timeout=120, peer_timeout=3, quiet=True)
+    assert time.monotonic() - t0 < 60
+    assert info.value.rank == 1 and is_peer_error(RuntimeError(str(info.value))), str(info.value)
+    pids = _pids(tmp_path)
+    assert len(pids) == 2 and not any(_alive(p) for p in pids)
+    assert multiprocessing.active_children() == []
+
+
 def test_backend_choice_and_nccl_without_gpus():
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     assert choose_backend(n_gpu + 1, "auto") == "gloo"

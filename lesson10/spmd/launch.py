@@ -20,8 +20,9 @@ What :func:`launch` does for you:
 * faults: an exception in a rank becomes one :class:`RankError` in the caller that
   names the rank and carries its traceback; a rank that hangs (a collective nobody
   answers) ends in :class:`LaunchTimeout` after ``timeout`` seconds because the
-  parent watches a deadline itself; in every case all ranks are killed and joined,
-  so no process is left behind.
+  parent watches a deadline itself, or earlier in a :class:`RankError` when a
+  collective waits longer than ``peer_timeout`` for a peer; in every case all ranks
+  are killed and joined, so no process is left behind.
 
 The worker function must be importable by a fresh process: a module-level function
 of a module (:mod:`lesson10.spmd.workers` holds the checked runs of every method). A
@@ -50,7 +51,8 @@ from .device import DTYPES, current_device, synchronize, synchronize_device, tor
 __all__ = [
     "launch", "RankError", "LaunchTimeout", "choose_backend",
     "init_from_env", "is_torchrun", "shutdown", "current_device", "DTYPES", "torch_dtype",
-    "synchronize", "synchronize_device", "backend_reason",
+    "synchronize", "synchronize_device", "backend_reason", "check_peer_timeout",
+    "is_peer_error",
 ]
 
 
@@ -249,21 +251,22 @@ def _entry(rank, nprocs, port, backend, timeout, threads, fn, args, kwargs, conn
 
 # --------------------------------------------------------------- parent side
 def launch(fn, nprocs: int, *args, backend: str = "auto", timeout: float = 60.0,
-           threads: int | None = None, quiet: bool = False, **kwargs) -> list:
+           threads: int | None = None, quiet: bool = False, peer_timeout: float | None = None,
+           **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` in ``nprocs`` new ranks; return their results in rank order.
 
     ``backend``: ``"auto"`` | ``"gloo"`` | ``"nccl"`` (see :func:`choose_backend`).
-    ``timeout``: seconds for the whole run (process start included); past it every
-    rank is killed and :class:`LaunchTimeout` is raised. ``threads``: torch threads
-    per rank (default ``cpu_count // nprocs``, at least 1). ``quiet``: do not print
-    the chosen backend. Tensors in the results come back detached, on the CPU.
+    ``timeout``: seconds for the whole run (process start included); past it every rank is
+    killed and :class:`LaunchTimeout` is raised. ``peer_timeout``: the process group's timeout,
+    how long one collective (or the start) waits for a peer before that rank raises (default
+    ``timeout``). ``threads``: torch threads per rank (default ``cpu_count // nprocs``, at least
+    1). ``quiet``: do not print the chosen backend. Tensors come back detached, on the CPU.
     Any exception in a rank raises :class:`RankError` here.
     """
     _check_importable(fn)
     asked, backend = backend, choose_backend(nprocs, backend)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
-            or timeout == float("inf"):
-        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    timeout = check_peer_timeout(timeout, "timeout")
+    peer_timeout = timeout if peer_timeout is None else check_peer_timeout(peer_timeout)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be None (automatic) or an int >= 1, got {threads!r}")
     if threads is None:
@@ -285,7 +288,7 @@ def launch(fn, nprocs: int, *args, backend: str = "auto", timeout: float = 60.0,
             for rank in range(nprocs):
                 recv, send = ctx.Pipe(duplex=False)
                 p = ctx.Process(target=_entry, name=f"lesson10-rank{rank}", daemon=True,
-                                args=(rank, nprocs, port, backend, timeout, threads, fn, args,
+                                args=(rank, nprocs, port, backend, peer_timeout, threads, fn, args,
                                       kwargs, send))
                 p.start()
                 send.close()  # the child holds the only writer: EOF when it dies
@@ -370,7 +373,7 @@ def is_torchrun() -> bool:
 
 
 def init_from_env(backend: str = "auto", timeout: float = 300.0, threads: int | None = None,
-                  quiet: bool = False) -> tuple[int, int]:
+                  quiet: bool = False, peer_timeout: float | None = None) -> tuple[int, int]:
     """Initialise the default process group from ``torchrun``'s environment.
 
     Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
@@ -379,7 +382,12 @@ def init_from_env(backend: str = "auto", timeout: float = 300.0, threads: int | 
     ``cpu_count // LOCAL_WORLD_SIZE``. Returns ``(rank, world_size)``. Does nothing
     (but return them) when the group already exists. Without torchrun's variables
     it is a one-rank group on 127.0.0.1 so that a plain ``python -m ...`` works too.
+
+    ``peer_timeout`` (``timeout`` is its older name): the process group's timeout, how long
+    the start or one collective waits for a peer before this rank raises; a dead or hung
+    peer then surfaces within about that many seconds, on every rank still running.
     """
+    timeout = check_peer_timeout(timeout if peer_timeout is None else peer_timeout)
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     if is_torchrun():
@@ -406,6 +414,28 @@ def init_from_env(backend: str = "auto", timeout: float = 300.0, threads: int | 
     if rank == 0 and not quiet:
         print(f"init_from_env: {world} rank(s), backend={backend}, {threads} thread(s) per rank")
     return rank, world
+
+
+def check_peer_timeout(seconds, name: str = "peer_timeout") -> float:
+    """``seconds`` as a float when it is a finite number > 0 (a process group's timeout, or
+    another limit called ``name``), else a ``ValueError`` that says so."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0 \
+            or seconds == float("inf"):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {seconds!r}")
+    return float(seconds)
+
+
+PEER_ERROR_MARKS = ("timed out", "timeout", "connection closed", "connection reset",
+                    "broken pipe", "connection refused", "socket closed")
+
+
+def is_peer_error(exc: BaseException) -> bool:
+    """True for the error a collective raises when a peer stopped answering: the process
+    group's timeout passed, or a peer's connection closed (it died)."""
+    kinds = tuple(k for k in (getattr(dist, "DistError", None),) if k is not None)
+    text = str(exc).lower()
+    return (isinstance(exc, kinds) if kinds else False) or (
+        isinstance(exc, RuntimeError) and any(m in text for m in PEER_ERROR_MARKS))
 
 
 def shutdown() -> None:

@@ -1,0 +1,213 @@
+"""torchrun across two hosts: two network namespaces joined by a veth (``make test-multinode``, root).
+
+Every method of the registry runs as ``torchrun --nnodes 2 --nproc-per-node 2 -m lesson10.run``
+on both hosts (the static form; one run with the c10d rendezvous), and each node's exit status
+and output are checked: node 0 prints the report and the verdict, node 1 prints no report, and
+both fail when the case is rejected or a peer stops answering. Skipped where namespaces cannot
+be made (not root, no ``ip``); the namespaces and every process in them are removed at the end,
+also when a test fails.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lesson10.bench import twohost
+from lesson10.bench.twohost import TwoHosts, namespaces_unavailable, torchrun_two
+from lesson10.methods import METHODS
+
+pytestmark = pytest.mark.multinode
+
+#: small enough for two cores: four ranks of every method in a few seconds each
+SMALL = ["--seq", "64", "--heads", "4", "--dim", "8", "--peer-timeout", "30", "--timeout", "120"]
+REPORT = "bytes sent per rank"
+
+
+def _need_hosts() -> None:
+    why = namespaces_unavailable()
+    if why:
+        pytest.skip(f"no two hosts here: {why}")
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    _need_hosts()
+    with TwoHosts() as h:
+        yield h
+    assert not set(h.names) & set(_netns()), "the namespaces were left behind"
+
+
+def _netns() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.split()]
+
+
+def _show(res) -> str:
+    return "\n".join(f"--- node {i} (status {res.status[i]}):\n{res.output[i][-3000:]}"
+                     for i in range(2))
+
+
+def _exit_code(out: str) -> set[int]:
+    """The worker exit codes that torchrun's failure report names."""
+    return {int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", out)}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_passes_across_two_hosts(hosts, method):
+    res = torchrun_two(hosts, [method, *SMALL], timeout=240)
+    assert res.status == (0, 0), _show(res)
+    node0, node1 = res.output
+    assert "on N=4 ranks" in node0 and REPORT in node0, _show(res)
+    assert node0.rstrip().splitlines()[-1].endswith("passed: OK"), _show(res)
+    assert REPORT not in node1 and "passed" not in node1, _show(res)
+    # the ranks of node 1 really are elsewhere: their traffic went over the veth
+    assert res.sent[0] > 1000 and res.sent[1] > 1000, res.sent
+    assert not hosts.pids(0) and not hosts.pids(1)
+
+
+def test_a_rejected_case_fails_on_both_nodes(hosts):
+    # Ulysses cuts heads over the 4 ranks: 2 query heads cannot be cut 4 ways
+    res = torchrun_two(hosts, ["ulysses", *SMALL, "--heads", "2", "--kv-heads", "1"], timeout=240)
+    assert res.status[0] not in (0, None) and res.status[1] not in (0, None), _show(res)
+    node0, node1 = res.output
+    assert "REJECTED" in node0 and "query heads" in node0, _show(res)
+    assert "REJECTED" not in node1, _show(res)
+    # the workers of both nodes exit with run's status 2, not only rank 0 (torchrun may end
+    # a node's other worker with SIGTERM once the first has failed)
+    for out in res.output:
+        assert 2 in _exit_code(out) and _exit_code(out) <= {2, -signal.SIGTERM}, _show(res)
+
+
+def _stop_node_1(record: dict):
+    """A ``during`` for torchrun_two: once rank 0 has its process group (it prints
+    ``init_from_env``), SIGSTOP node 1's workers; ``record``: their pids and when (s after start)."""
+    start = time.monotonic()
+
+    def stop(hosts, procs, paths):
+        end = time.monotonic() + 120
+        while b"init_from_env" not in paths[0].read_bytes() and time.monotonic() < end:
+            time.sleep(0.1)
+        record["pids"] = hosts.signal(1, signal.SIGSTOP, match="-u -m lesson10.run")
+        record["at"] = time.monotonic() - start
+    return stop
+
+
+def test_a_stopped_peer_ends_node_0_within_the_peer_timeout(hosts):
+    peer_timeout, slack = 6, 25
+    stopped = {}
+    res = torchrun_two(hosts, ["moe", *SMALL, "--seq", "256", "--peer-timeout", str(peer_timeout)],
+                       timeout=180, during=_stop_node_1(stopped), grace=2)
+    assert len(stopped["pids"]) == 2, (stopped, _show(res))   # node 1's two workers
+    assert res.status[0] not in (0, None), _show(res)
+    assert res.exit_s[0] - stopped["at"] < peer_timeout + slack, (res.exit_s, stopped)
+    node0 = res.output[0]
+    assert "a peer stopped answering" in node0 and "--peer-timeout 6 s" in node0, _show(res)
+    assert 3 in _exit_code(node0) and _exit_code(node0) <= {3, -signal.SIGTERM}, _show(res)
+    assert REPORT not in node0
+    # node 1 (stopped) was killed at the end, with everything else in the namespaces
+    assert not hosts.pids(0) and not hosts.pids(1)
+
+
+def test_the_runs_time_limit_is_enforced_in_every_rank(hosts):
+    """A stopped peer with a long --peer-timeout: --timeout ends node 0's ranks and says so."""
+    res = torchrun_two(hosts, ["ring", *SMALL, "--seq", "256", "--peer-timeout", "120",
+                               "--timeout", "8"], timeout=120, during=_stop_node_1({}), grace=2)
+    node0 = res.output[0]
+    assert res.status[0] not in (0, None) and res.exit_s[0] < 60, _show(res)
+    assert "did not finish within --timeout 8 s" in node0, _show(res)
+    assert 4 in _exit_code(node0) and _exit_code(node0) <= {4, -signal.SIGTERM}, _show(res)
+
+
+def test_the_c10d_rendezvous_form(hosts):
+    res = torchrun_two(hosts, ["ring", *SMALL], timeout=240, rdzv="c10d")
+    assert res.status == (0, 0), _show(res)
+    assert res.output[0].rstrip().endswith("passed: OK") and REPORT not in res.output[1]
+    assert "--rdzv-backend" in " ".join(twohost.torchrun_argv(1, ["ring"], rdzv="c10d"))
+
+
+def test_the_link_counters_and_the_rate_limit():
+    """A rate-limited pair: bytes sent from host 0 show on both ends, at about the rate."""
+    _need_hosts()
+    sink = ("import socket\n"
+            "s = socket.create_server(('0.0.0.0', 29400)); c, _ = s.accept()\n"
+            "while c.recv(1 << 16): pass\n")
+    send = ("import socket, time\n"
+            "for _ in range(100):\n"
+            "    try:\n"
+            "        c = socket.create_connection((%r, 29400), timeout=5); break\n"
+            "    except OSError: time.sleep(0.05)\n"
+            "c.sendall(b'x' * 1_000_000); c.close()\n")
+    with TwoHosts(rate="8mbit", burst="64kb") as h:
+        assert "tbf" in h.exec(0, ["tc", "qdisc", "show", "dev", h.iface(0)]).stdout
+        before = h.counters()
+        server = h.start(1, ["python3", "-c", sink], stdout=subprocess.DEVNULL)
+        t0 = time.monotonic()
+        rc = h.exec(0, ["python3", "-c", send % h.addr(1)], timeout=60)
+        assert rc.returncode == 0, rc.stderr
+        server.wait(30)   # the sink has read everything
+        wall = time.monotonic() - t0
+        after = h.counters()
+        names = h.names
+    sent = after[0]["tx_bytes"] - before[0]["tx_bytes"]
+    got = after[1]["rx_bytes"] - before[1]["rx_bytes"]
+    assert 1_000_000 < sent < 1_200_000 and abs(got - sent) < 1000, (sent, got)
+    assert wall > 0.7, wall          # 1 MB at 8 Mbit/s takes about a second
+    assert not set(names) & set(_netns())
+
+
+def test_cleanup_after_an_exception_and_after_a_killed_instance():
+    _need_hosts()
+    with pytest.raises(RuntimeError, match="boom"):
+        with TwoHosts() as h:
+            p = h.start(0, ["sleep", "300"])
+            raise RuntimeError("boom")
+    assert p.poll() is not None and not set(h.names) & set(_netns())
+    # an instance killed outright (SIGKILL: no clean-up ran) leaves its namespaces and their
+    # processes; the next instance removes them
+    proc, names, pid = _harness_in_a_process()
+    proc.kill()
+    proc.wait(30)
+    assert all(n in _netns() for n in names) and os.path.exists(f"/proc/{pid}")
+    with TwoHosts() as h2:
+        assert not set(names) & set(_netns())
+        assert h2.exec(0, ["true"]).returncode == 0
+    assert not _running(pid)
+
+
+def _harness_in_a_process():
+    """A Python process inside ``with TwoHosts()`` that started ``sleep 300`` on host 1."""
+    code = ("import sys, time\n"
+            "from lesson10.bench.twohost import TwoHosts\n"
+            "with TwoHosts() as h:\n"
+            "    p = h.start(1, ['sleep', '300'])\n"
+            "    print(' '.join(h.names), p.pid, flush=True)\n"
+            "    time.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    *names, pid = proc.stdout.readline().split()
+    assert len(names) == 2 and all(n in _netns() for n in names), names
+    return proc, names, int(pid)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "zombie" not in open(f"/proc/{pid}/status").read().lower()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_harness_removes_what_it_made(sig, tmp_path):
+    """Ctrl-C (SIGINT) or SIGTERM in the middle of a ``with TwoHosts()``: nothing is left."""
+    _need_hosts()
+    proc, names, pid = _harness_in_a_process()
+    try:
+        proc.send_signal(sig)
+        assert proc.wait(30) != 0
+    finally:
+        proc.kill()
+    assert not set(names) & set(_netns())
+    assert not _running(pid)
