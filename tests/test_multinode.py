@@ -112,6 +112,47 @@ def test_a_stopped_peer_ends_node_0_within_the_peer_timeout(hosts):
     assert not hosts.pids(0) and not hosts.pids(1)
 
 
+def _across(node0: str) -> list[int]:
+    """Each rank's forward bytes across nodes, from run's report (first case)."""
+    line = re.search(r"across nodes:\s+\[([\d, ]+)\] /", node0)
+    assert line, node0
+    return [int(v.replace(",", "")) for v in line.group(1).split(", ")]
+
+
+def test_usp_defaults_to_the_node_size_and_warns_when_a_group_spans_nodes(hosts):
+    default = torchrun_two(hosts, ["usp", *SMALL], timeout=240)
+    explicit = torchrun_two(hosts, ["usp", *SMALL, "--ulysses-size", "2"], timeout=240)
+    spanning = torchrun_two(hosts, ["usp", *SMALL, "--ulysses-size", "4"], timeout=240)
+    for res in (default, explicit, spanning):
+        assert res.status == (0, 0), _show(res)
+    assert "ulysses_size u = 2 (ring of 2)" in default.output[0], _show(default)
+    assert "warning" not in default.output[0] and "warning" not in explicit.output[0]
+    assert _across(default.output[0]) == _across(explicit.output[0])
+    assert "ulysses_size u = 4" in spanning.output[0]
+    assert "across nodes (nodes of 2 ranks)" in spanning.output[0], _show(spanning)
+    # the default keeps the all-to-alls inside a node: only the ring's K/V blocks cross,
+    # (r-1) 2 (s/r) h e / (g u) forward on every rank (s=64, h=4*8, float32, u=r=2, g=1)
+    assert _across(default.output[0]) == [1 * 2 * 32 * 32 * 4 // 2] * 4, _show(default)
+
+
+def test_node_limited_moe_moves_fewer_bytes_over_the_link(hosts):
+    """The veth's kernel counters: the two-level dispatch with --max-nodes 1 < without it <
+    the flat all-to-all, which gains nothing from the limit."""
+    runs = {name: torchrun_two(hosts, ["moe", *SMALL, "--seq", "512", *extra], timeout=240)
+            for name, extra in (("two_level", []), ("limited", ["--max-nodes", "1"]),
+                                ("flat", ["--dispatch", "flat"]),
+                                ("flat_limited", ["--dispatch", "flat", "--max-nodes", "1"]))}
+    for res in runs.values():
+        assert res.status == (0, 0), _show(res)
+    wire = {name: res.link_bytes for name, res in runs.items()}
+    assert wire["limited"] < wire["two_level"] < wire["flat"], wire
+    assert wire["flat_limited"] > 0.9 * wire["flat"], wire
+    # what the byte counter says crossed follows the kernel's order
+    said = {name: sum(_across(res.output[0])) for name, res in runs.items()}
+    assert said["limited"] < said["two_level"] < said["flat"], said
+    assert "two_level dispatch, rank 0 from the routing" in runs["limited"].output[0]
+
+
 def test_the_runs_time_limit_is_enforced_in_every_rank(hosts):
     """A stopped peer with a long --peer-timeout: --timeout ends node 0's ranks and says so."""
     res = torchrun_two(hosts, ["ring", *SMALL, "--seq", "256", "--peer-timeout", "120",

@@ -127,27 +127,28 @@ def bench(args, out_dir):
 
 def _twohost_section(configs, args) -> list[str]:
     """The same configs across two network namespaces with a ``--rate`` link."""
-    from .twohost import TwoHosts
+    from .twohost import TwoHosts, torchrun_two
     rows, wire = [], {}
     with TwoHosts(rate=args.rate) as hosts:
         for cfg in configs:
-            res = hosts.torchrun(["-m", "lesson10.bench.nodes", json.dumps([cfg]),
-                                  str(args.reps)], timeout=args.timeout)
-            got = _parse(res)
-            rows += got
+            res = torchrun_two(hosts, [json.dumps([cfg]), str(args.reps)], timeout=args.timeout,
+                               module="lesson10.bench.nodes")
+            rows += _parse(res)
             wire[(cfg["dispatch"], cfg["max_nodes"])] = res.link_bytes / (args.reps + 1)
     return [f"## Two hosts (network namespaces), link {args.rate} (tc tbf), torchrun 2 x 2", "",
-            "The veth column is everything the kernel moved per step, both directions, "
-            "start-up and the count exchanges included (divided by the reps + 1 warm-up).", "",
+            "The veth column is everything the kernel moved per step, both directions: the "
+            "whole run's bytes (start-up, the count exchanges, the gates sent to the relays, "
+            "TCP headers) divided by the reps + 1 warm-up.", "",
             *nodes_table(rows, wire)]
 
 
 def _parse(res) -> list[dict]:
-    for line in res.outputs[0].splitlines():
+    """Rank 0's rows from the two-host run's output."""
+    for line in res.output[0].splitlines():
         if line.startswith("NODES_JSON "):
             return json.loads(line[len("NODES_JSON "):])
-    raise RuntimeError(f"bench nodes: no result from the two-host run (exit {res.returncodes}):\n"
-                       f"{res.outputs[0][-2000:]}\n{res.outputs[1][-2000:]}")
+    raise RuntimeError(f"bench nodes: no result from the two-host run (exit {res.status}):\n"
+                       f"{res.output[0][-2000:]}\n{res.output[1][-2000:]}")
 
 
 def _torchrun_main(argv) -> int:
