@@ -91,7 +91,7 @@ def test_simgroup_and_shards_reject_garbage():
 
 def test_group_must_be_a_simgroup():
     q, k, v = _qkv(s=8, a=2)
-    qs, pos = sim.shard_sequence(q, 2)
+    qs, pos = sim.shard_sequence(q, "contiguous", 2)
     for call in (lambda: sim.ring_attention(qs, qs, qs, pos, group=2),
                  lambda: sim.ulysses_attention(qs, qs, qs, pos, group=2),
                  lambda: sim.seq_to_heads(qs, 2),
@@ -123,7 +123,7 @@ def test_ulysses_helpers_reject_bad_heads():
     q, k, _ = _qkv(s=8, a=4)
     kv = k[:, :2]
     with pytest.raises(ValueError, match="N_c <= n_kv.*ring attention"):
-        sim.ulysses_attention(*(sim.shard_sequence(t, 4)[0] for t in (q, kv, kv)), "contiguous")
+        sim.ulysses_attention(*(sim.shard_sequence(t, "contiguous", 4)[0] for t in (q, kv, kv)), "contiguous")
 
 
 # --------------------------------------------------------------------------- sim MoE
@@ -144,13 +144,13 @@ def test_capacity_helpers_reject_bad_sizes_and_ids():
     with pytest.raises(ValueError, match="N \\(tokens\\)"):
         sim.expert_capacity(-8, 4, 2, 1.0)             # used to return -4
     with pytest.raises(ValueError, match="expert ids in 0..1"):
-        sim.capacity_keep(np.array([[0, 5]]), 2, 1)     # used to be an IndexError
+        sim.keep_within_capacity(np.array([[0, 5]]), 2, 1)     # used to be an IndexError
     with pytest.raises(ValueError, match="expert ids in 0..1"):
-        sim.capacity_keep(np.array([[0, -1]]), 2, 1)    # used to keep it silently
+        sim.keep_within_capacity(np.array([[0, -1]]), 2, 1)    # used to keep it silently
     with pytest.raises(ValueError, match="integer expert ids"):
-        sim.capacity_keep(np.array([[0.5, 1.0]]), 2, 1)
+        sim.keep_within_capacity(np.array([[0.5, 1.0]]), 2, 1)
     with pytest.raises(ValueError, match="capacity must be an integer"):
-        sim.capacity_keep(np.array([[0, 1]]), 2, -1)
+        sim.keep_within_capacity(np.array([[0, 1]]), 2, -1)
 
 
 def test_moe_reference_and_layer_reject_garbage():
@@ -307,8 +307,8 @@ def test_dist_moe_single_process_rejects_bad_args():
     with pytest.raises(ValueError, match="E = 0"):
         dmoe.moe_reference(x, rw[:, :0], w1[:0], w2[:0], 1)
     # numpy scalars are numbers, as in lesson10.sim
-    y, _ = dmoe.moe_reference(x, rw, w1, w2, 2, np.float32(1.0))
-    y64, _ = dmoe.moe_reference(x, rw, w1, w2, 2, 1.0)
+    y = dmoe.moe_reference(x, rw, w1, w2, 2, np.float32(1.0))
+    y64 = dmoe.moe_reference(x, rw, w1, w2, 2, 1.0)
     assert torch.equal(y, y64)
 
 

@@ -42,7 +42,7 @@ def _references():
         "ulysses_attention": lambda *a, **kw: sim.ulysses_attention(*a, **kw),
         "ulysses_bytes": lambda s, h, n, g=1, e=2: cost.comm_bytes("ulysses", s, h, n, g=g, e=e),
         "route_topk": lambda logits, k: sim.route_topk(logits, k),
-        "capacity": lambda ex, E, cf: sim.capacity_keep(ex, E, sim.expert_capacity(len(ex), E, ex.shape[1], cf)),
+        "capacity": lambda ex, E, cf: sim.keep_within_capacity(ex, E, sim.expert_capacity(len(ex), E, ex.shape[1], cf)),
 
         "aux_loss": lambda p, ex, alpha=1e-2: sim.switch_aux_loss(p, ex, alpha),
     }

@@ -140,7 +140,7 @@ def test_ledger_accumulates_and_resets():
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
 def test_shard_and_gather_sequence_round_trip(layout):
     x = np.random.default_rng(0).standard_normal((16, 2, 3))
-    shards, pos = shard_sequence(x, 4, layout)
+    shards, pos = shard_sequence(x, layout, SimGroup(4))
     assert all(s.shape == (4, 2, 3) for s in shards)
     assert sorted(np.concatenate(pos).tolist()) == list(range(16))
     assert np.array_equal(gather_sequence(shards, pos), x)
@@ -148,7 +148,7 @@ def test_shard_and_gather_sequence_round_trip(layout):
 
 def test_zigzag_needs_a_multiple_of_2n():
     with pytest.raises(ValueError, match="multiple of 8"):
-        shard_sequence(np.zeros((12, 1, 1)), 4, "zigzag")     # 12 % 4 == 0 but 12 % 8 != 0
+        shard_sequence(np.zeros((12, 1, 1)), "zigzag", 4)     # 12 % 4 == 0 but 12 % 8 != 0
 
 
 def test_gather_sequence_rejects_inconsistent_positions():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lesson10 import cost
-from lesson10.sim import (SimGroup, capacity_keep, expert_capacity, init_experts, moe_layer,
+from lesson10.sim import (SimGroup, keep_within_capacity, expert_capacity, init_experts, moe_layer,
                           moe_reference, route_topk, router_probs, simulate_moe,
                           switch_aux_loss, update_expert_bias)
 from lesson10.sim.moe import _sample_topk
@@ -54,23 +54,6 @@ def test_expert_capacity_is_the_lesson_formula():
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="capacity_factor"):
             expert_capacity(100, 10, 1, bad)
-
-
-def _keep_by_loop(experts, E, C):
-    used, keep = [0] * E, np.zeros(experts.shape, dtype=bool)
-    for t in range(experts.shape[0]):
-        for j in range(experts.shape[1]):
-            if used[experts[t, j]] < C:
-                used[experts[t, j]] += 1
-                keep[t, j] = True
-    return keep
-
-
-@pytest.mark.parametrize("C", [0, 1, 3, 10, 1000])
-def test_capacity_is_first_come_first_served(C):
-    rng = np.random.default_rng(C)
-    experts = np.argsort(rng.random((60, 6)), axis=1)[:, :2]
-    assert np.array_equal(capacity_keep(experts, 6, C), _keep_by_loop(experts, 6, C))
 
 
 # ------------------------------------------------------------------ the layer
@@ -139,11 +122,11 @@ def test_dropped_copies_contribute_nothing():
     ys, stats = moe_layer(xs, router_w, experts, 1, capacity_factor=0.25, group=SimGroup(2),
                           return_stats=True)
     C = expert_capacity(32, 4, 1, 0.25)
-    assert stats["capacity"] == C == 2
-    assert stats["load_per_expert"].max() <= C and stats["dropped"] == 32 - stats["load_per_expert"].sum()
+    assert stats.capacity == C == 2 and stats.as_dict()["capacity"] == 2
+    assert stats.load_per_expert.max() <= C and stats.dropped == 32 - stats.load_per_expert.sum()
     y = np.concatenate(ys)
     chosen, _ = route_topk(np.concatenate(xs) @ router_w, 1)
-    keep = _keep_by_loop(chosen, 4, C)
+    keep = keep_within_capacity(chosen, 4, C)          # tested by loop in test_sim_capacity.py
     assert np.all(y[~keep[:, 0]] == 0)               # the token passes only through the residual
     assert np.all(np.abs(y[keep[:, 0]]).sum(axis=1) > 0)
 
@@ -426,7 +409,7 @@ def test_internode_bytes_count_one_copy_per_token_and_remote_node(Ne, nodes, M, 
         choices = route_topk(logw + rng.gumbel(size=(T, E)), k, nodes=nodes, max_nodes=M)[0]
     else:
         choices = _sample_topk(logw, T, k, np.random.default_rng(route_seq))
-    keep = capacity_keep(choices, E, st.capacity) if cf is not None else None
+    keep = keep_within_capacity(choices, E, st.capacity) if cf is not None else None
     inter, intra = _node_bytes_by_loop(choices, keep, T, E, Ne, nodes, h, e)
     np.testing.assert_allclose(st.internode_bytes_per_gpu, inter)
     np.testing.assert_allclose(st.intranode_bytes_per_gpu, intra)

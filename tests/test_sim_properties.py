@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from lesson10 import cost
 from lesson10.layouts import causal_work, shard_positions
-from lesson10.sim import (SimGroup, attention, capacity_keep, merge, moe_layer, moe_reference,
+from lesson10.sim import (SimGroup, attention, keep_within_capacity, merge, moe_layer, moe_reference,
                           ring_attention, route_topk, seq_to_heads, heads_to_seq,
                           simulate_moe, ulysses_attention, init_experts)
 
@@ -125,7 +125,7 @@ def test_routing_and_capacity(T, E, data):
     chosen = np.take_along_axis(logits, experts, axis=1)
     assert np.all(np.diff(chosen, axis=1) <= 0)
     np.testing.assert_allclose(gates.sum(axis=1), 1.0)
-    keep = capacity_keep(experts, E, C)
+    keep = keep_within_capacity(experts, E, C)
     used = [0] * E
     for t in range(T):
         for j in range(k):

@@ -92,7 +92,7 @@ def test_single_rank_sends_nothing():
 
 def test_layout_name_as_positions():
     q, k, v = _qkv(16, 2, 2, 2, seed=3)
-    qs, pos = shard_sequence(q, 4, "zigzag")
+    qs, pos = shard_sequence(q, "zigzag", 4)
     out = ring_attention(qs, [k[p] for p in pos], [v[p] for p in pos], "zigzag")
     ref = attention(q, k, v, causal=True)[0]
     for o, p in zip(out, pos):
@@ -102,7 +102,7 @@ def test_layout_name_as_positions():
 def test_zigzag_rejects_a_sequence_not_divisible_by_2n():
     q, k, v = _qkv(12, 1, 1, 2)
     with pytest.raises(ValueError, match="multiple of 8"):
-        shard_sequence(q, 4, "zigzag")
+        shard_sequence(q, "zigzag", 4)
     c = 3                                           # 4 ranks x 3 tokens: 12 = not a multiple of 8
     with pytest.raises(ValueError, match="multiple of 8"):
         ring_attention([q[:c]] * 4, [k[:c]] * 4, [v[:c]] * 4, "zigzag")

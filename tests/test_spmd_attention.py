@@ -137,3 +137,20 @@ def test_bad_shapes_raise_clear_errors():
         attention(q, k, v[:, :5])
     with pytest.raises(ValueError, match="4-D"):
         local_attention(q[0], k[0], v[0])
+
+
+@pytest.mark.parametrize("causal,docs", [(True, False), (False, True), (True, True), (False, False)])
+def test_visible_is_the_torch_form_of_layouts_visible(causal, docs):
+    import numpy as np
+
+    from lesson10 import layouts
+    from lesson10.spmd.attention import visible
+    rng = np.random.default_rng(int(causal) + 2 * int(docs))
+    q_pos, k_pos = rng.permutation(16)[:6], rng.permutation(16)[:9]
+    doc_ids = np.repeat([0, 1, 2, 3], 4) if docs else None
+    mask = visible(q_pos, k_pos, causal, doc_ids)
+    want = layouts.visible(q_pos, k_pos, causal, doc_ids)
+    if mask is None:                                   # no mask: every key visible
+        assert want.all()
+    else:
+        assert np.array_equal(mask.numpy(), want) and not want.all()

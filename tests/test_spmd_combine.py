@@ -98,7 +98,7 @@ def test_bytes_equal_the_formulas(results):
                 assert row["formula_fwd"] == cost.usp_bytes(S, h, u, nn // u, g=g, e=e) * B
                 a2a = (u - 1) / u * (2 + 2 / g) * c * h * e * B
                 assert row["fwd_by_op"].get("all_to_all", 0) == a2a
-                assert row["fwd_by_op"].get("p2p", 0) == row["fwd"] - a2a
+                assert row["fwd_by_op"].get("ring_shift", 0) == row["fwd"] - a2a
 
 
 def test_usp_groups_are_consecutive_ranks(results):
@@ -112,7 +112,7 @@ def test_usp_groups_are_consecutive_ranks(results):
                 continue
             u = row["case"]["ulysses_size"]
             assert (row["fwd_by_op"].get("all_to_all", 0) > 0) == (u > 1)
-            assert (row["fwd_by_op"].get("p2p", 0) > 0) == (u < n)
+            assert (row["fwd_by_op"].get("ring_shift", 0) > 0) == (u < n)
 
 
 def test_usp_bad_sizes_say_what_to_do(rank_results):

@@ -72,7 +72,7 @@ def _moe_errors(group, r, t, seed):
     aux = layer.aux_loss.detach().clone()
     dist.all_reduce(aux, group=group)
     xr, rw, rw1, rw2 = (q.clone().requires_grad_() for q in (x, router_w, w1, w2))
-    yr, auxr = moe_reference(xr, rw, rw1, rw2, k, cf, None, alpha)
+    yr, auxr = moe_reference(xr, rw, rw1, rw2, k, cf, return_aux=True, alpha=alpha)
     ((yr * dy).sum() + auxr).backward()
     El = E // t
     mine = slice(r * El, (r + 1) * El)

@@ -101,3 +101,29 @@ def test_bad_input_errors(run):
         assert f"N_e = {n}" in rank_out["E"]["error"]
         assert "capacity_factor" in rank_out["cf"]["error"]
         assert "k = " in rank_out["k"]["error"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_torch_arrival_order_is_the_sims_rule(seed):
+    """spmd.moe.arrival_order (and so moe_reference's drops) against lesson10.sim's
+    arrival_order on random routings, ties in the logits included (ties to the lower id)."""
+    import numpy as np
+    import torch
+
+    from lesson10 import sim
+    from lesson10.spmd import moe as dmoe
+    rng = np.random.default_rng(seed)
+    N, E_, k = 40, [4, 8, 16][seed % 3], 1 + seed % 3
+    logits = rng.integers(0, 3, size=(N, E_)).astype(float)          # many ties
+    experts, _ = sim.route_topk(logits, k)
+    t_experts, _ = dmoe.route_topk(torch.from_numpy(logits), k)
+    assert np.array_equal(t_experts.numpy(), experts)                 # the same tie rule
+    assert np.array_equal(dmoe.arrival_order(t_experts, E_).numpy(), sim.arrival_order(experts, E_))
+    # and the drops of the dense reference: x = identity makes x @ router_w the logits above,
+    # identity experts return the token, so y[t] = (sum of the kept gates of t) e_t
+    x, cf = torch.eye(N, dtype=torch.float64), 0.75
+    w = torch.eye(N, dtype=torch.float64).repeat(E_, 1, 1)
+    y = dmoe.moe_reference(x, torch.from_numpy(logits), w, w.clone(), k, cf)
+    ys = sim.moe_reference(x.numpy(), logits, [(np.eye(N), np.eye(N))] * E_, k, cf)
+    assert np.abs(y.numpy() - ys).max() < 1e-12
+    assert (y.sum(1) < 1 - 1e-9).any()                                # some copies were dropped

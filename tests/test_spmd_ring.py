@@ -86,7 +86,7 @@ def test_bytes_match_cost_formula(results):
                 assert row["fwd_by_op"]["all_to_all"] == want == row["bwd"]
                 continue
             assert row["fwd"] == want
-            assert set(row["fwd_by_op"]) == {"p2p", "metadata"}
+            assert set(row["fwd_by_op"]) == {"ring_shift", "metadata"}
             assert row["bwd"] * (n - 1) == row["fwd"] * (2 * n - 1)
 
 

@@ -1,0 +1,48 @@
+"""lesson10.sim.capacity: the arrival order of copies at an expert and the capacity drops,
+first come first served in global token order, against a plain loop over the copies."""
+import numpy as np
+import pytest
+
+from lesson10.sim import arrival_order, keep_within_capacity
+
+
+def _arrival_by_loop(experts, E):
+    seen, place = [0] * E, np.zeros(experts.shape, dtype=np.int64)
+    for t in range(experts.shape[0]):
+        for j in range(experts.shape[1]):
+            place[t, j] = seen[experts[t, j]]
+            seen[experts[t, j]] += 1
+    return place
+
+
+def _keep_by_loop(experts, E, C):
+    used, keep = [0] * E, np.zeros(experts.shape, dtype=bool)
+    for t in range(experts.shape[0]):
+        for j in range(experts.shape[1]):
+            if used[experts[t, j]] < C:
+                used[experts[t, j]] += 1
+                keep[t, j] = True
+    return keep
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("E,k", [(1, 1), (6, 2), (8, 3), (40000, 2)])
+def test_arrival_order_is_the_place_in_the_expert_queue(seed, E, k):
+    rng = np.random.default_rng(seed)
+    experts = np.stack([rng.choice(E, size=k, replace=False) for _ in range(50)])
+    assert np.array_equal(arrival_order(experts, E), _arrival_by_loop(experts, E))
+
+
+@pytest.mark.parametrize("C", [0, 1, 3, 10, 1000])
+def test_capacity_is_first_come_first_served(C):
+    rng = np.random.default_rng(C)
+    experts = np.argsort(rng.random((60, 6)), axis=1)[:, :2]
+    assert np.array_equal(keep_within_capacity(experts, 6, C), _keep_by_loop(experts, 6, C))
+    assert np.array_equal(keep_within_capacity(experts, 6, C), arrival_order(experts, 6) < C)
+
+
+def test_no_capacity_keeps_everything_and_empty_routing_is_empty():
+    experts = np.array([[0, 1], [1, 0], [1, 2]])
+    assert keep_within_capacity(experts, 3, None).all()
+    assert arrival_order(np.zeros((0, 2), dtype=int), 3).shape == (0, 2)
+    assert arrival_order(experts, 3).tolist() == [[0, 0], [1, 1], [2, 0]]
