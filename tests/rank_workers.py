@@ -249,6 +249,87 @@ def unseen_layout(s: int = 24, seed: int = 5, causal: bool = True, docs=None) ->
     return {"positions": layouts["permutation"], "errors": errors}
 
 
+def _randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape)), dtype=dtype)
+
+
+def _bad_input_calls(rank: int) -> dict:
+    """``{case: call}``: the multi-process bad inputs; each raises the same error on every
+    rank (before or inside a shape check that all ranks join) or runs to the end on every
+    rank, so no case leaves a rank waiting in a collective."""
+    from lesson10.spmd import (ExpertParallelMoE, gather_sequence, ring_attention,
+                               shard_sequence, ulysses_attention)
+    from lesson10.spmd.moe import init_moe_weights
+    q, x = _randn(1, 4, 2, 3), _randn(1, 8, 2, 3)
+    rw, w1, w2 = init_moe_weights(4, 4, 8)
+
+    def no_tokens():
+        layer = ExpertParallelMoE(4, 4, 8, 2, capacity_factor=1.0)
+        y = layer(_randn(0, 4))
+        return tuple(y.shape), float(layer.aux_loss), layer
+
+    return {
+        "ring int": lambda: ring_attention(q.long(), q.long(), q.long()),
+        "ring shards differ": lambda: ring_attention(*[_randn(1, 4 + 2 * rank, 2, 3)] * 3),
+        "ring empty": lambda: tuple(ring_attention(*[_randn(1, 0, 2, 3)] * 3).shape),
+        "ulysses misspelled layout": lambda: ulysses_attention(q, q, q, causal=False, layout="zigzog"),
+        "ulysses more ranks than kv heads": lambda: ulysses_attention(q, q[:, :, :1], q[:, :, :1]),
+        "shard dim out of range": lambda: shard_sequence(x, "zigzag", dim=7),       # was dim 3
+        "shard numpy": lambda: shard_sequence(x.numpy(), "zigzag"),
+        "shard gather of shards that differ":      # gloo used to abort the process
+            lambda: gather_sequence(_randn(1, 4 + 2 * rank, 2, 3), "contiguous"),
+        "moe k float": lambda: ExpertParallelMoE(4, 4, 8, 2.0),
+        "moe E % Ne": lambda: ExpertParallelMoE(4, 3, 8, 1),
+        "moe cf nan": lambda: ExpertParallelMoE(4, 4, 8, 2, capacity_factor=float("nan")),
+        "moe alpha nan": lambda: ExpertParallelMoE(4, 4, 8, 2, alpha=float("nan")),
+        "moe dtype str": lambda: ExpertParallelMoE(4, 4, 8, 2, dtype="float32"),
+        "moe numpy weights": lambda: ExpertParallelMoE(4, 4, 8, 2, router_w=rw.numpy(),
+                                                       w1=w1.numpy(), w2=w2.numpy()),
+        "moe x float64": lambda: ExpertParallelMoE(4, 4, 8, 2)(_randn(5, 4, dtype=torch.float64)),
+        "moe no tokens": lambda: no_tokens()[:2],
+        "moe update_bias nan": lambda: no_tokens()[2].update_bias(float("nan")),
+    }
+
+
+def bad_input_cases(prefix: str) -> dict:
+    """In each rank: ``{case: (outcome, text)}`` for the bad-input cases whose name starts
+    with ``prefix`` (the module's tests parametrize over them); outcome ``"ok"`` and the
+    result, or the exception's type name and message."""
+    res = {}
+    for name, call in _bad_input_calls(dist.get_rank()).items():
+        if not name.startswith(prefix):
+            continue
+        try:
+            res[name] = ("ok", call())
+        except Exception as e:  # noqa: BLE001 - the outcome is what we test
+            res[name] = (type(e).__name__, str(e))
+    return res
+
+
+def bad_input_test(expected: dict):
+    """A test of a module of ``tests/`` (assign it to a ``test_...`` name there), one case
+    per entry of ``expected`` = ``{case of bad_input_cases: words its ValueError says}``;
+    the module's ``RANK_JOBS["bad_input"]`` runs the cases on 2 ranks."""
+    import pytest
+
+    @pytest.mark.parametrize("case", list(expected))
+    def test(rank_results, case):
+        outs = rank_results(2, "bad_input")
+        misses = [(r, res[case]) for r, res in enumerate(outs)
+                  if res[case][0] != "ValueError" or expected[case] not in res[case][1]]
+        assert not misses, misses
+    return test
+
+
+def inexact_rows(outs: list, n_cases: int) -> list:
+    """The rows of each rank's ``check_attention`` results that are not exact in the output
+    and the three gradients (or ``["count"]`` when a rank did not return ``n_cases`` rows)."""
+    if any(len(rows) != n_cases for rows in outs):
+        return ["count"]
+    return [row for rows in outs for row in rows
+            if "error" in row or not row["ok"] or set(row["err"]) != {"out", "dq", "dk", "dv"}]
+
+
 def run_jobs(jobs: dict) -> dict:
     """In each rank: ``{name: (worker, kwargs)}`` -> ``{name: worker(**kwargs)}``, where a
     worker is a name in :mod:`lesson10.spmd.workers` or in this module (the shared launch

@@ -3,6 +3,7 @@ first come first served in global token order, against a plain loop over the cop
 import numpy as np
 import pytest
 
+from lesson10 import sim
 from lesson10.sim import arrival_order, keep_within_capacity
 
 
@@ -46,3 +47,21 @@ def test_no_capacity_keeps_everything_and_empty_routing_is_empty():
     assert keep_within_capacity(experts, 3, None).all()
     assert arrival_order(np.zeros((0, 2), dtype=int), 3).shape == (0, 2)
     assert arrival_order(experts, 3).tolist() == [[0, 0], [1, 1], [2, 0]]
+
+
+# --------------------------------------------------------------------------- bad input
+# (each case was found misbehaving before its validation was added)
+
+def test_capacity_helpers_reject_bad_sizes_and_ids():
+    with pytest.raises(ValueError, match="E \\(experts\\) must be an integer >= 1"):
+        sim.expert_capacity(8, 0, 2, 1.0)              # used to be ZeroDivisionError
+    with pytest.raises(ValueError, match="N \\(tokens\\)"):
+        sim.expert_capacity(-8, 4, 2, 1.0)             # used to return -4
+    with pytest.raises(ValueError, match="expert ids in 0..1"):
+        sim.keep_within_capacity(np.array([[0, 5]]), 2, 1)     # used to be an IndexError
+    with pytest.raises(ValueError, match="expert ids in 0..1"):
+        sim.keep_within_capacity(np.array([[0, -1]]), 2, 1)    # used to keep it silently
+    with pytest.raises(ValueError, match="integer expert ids"):
+        sim.keep_within_capacity(np.array([[0.5, 1.0]]), 2, 1)
+    with pytest.raises(ValueError, match="capacity must be an integer"):
+        sim.keep_within_capacity(np.array([[0, 1]]), 2, -1)

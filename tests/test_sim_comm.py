@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from lesson10 import cost
+from lesson10 import cost, sim
 from lesson10.sim import SimGroup, gather_sequence, shard_sequence
 
 
@@ -173,3 +173,41 @@ def test_gather_sequence_rejects_a_position_past_the_end():
     # 4 tokens: ids must be 0..3; id 4 would index past the end
     with pytest.raises(ValueError, match="exactly once"):
         gather_sequence([np.zeros(2), np.zeros(2)], [np.array([0, 1]), np.array([2, 4])])
+
+
+# --------------------------------------------------------------------------- bad input
+# (each case was found misbehaving before its validation was added)
+def _bad_qkv(s=4, a=2, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((s, a, d)) for _ in range(3))
+
+
+def test_simgroup_and_shards_reject_garbage():
+    with pytest.raises(ValueError, match="bytes per element"):
+        sim.SimGroup(2, e="2")
+    g = sim.SimGroup(2)
+    with pytest.raises(ValueError, match="real numbers"):
+        g.all_reduce([None, None])
+    with pytest.raises(ValueError, match="ragged"):
+        g.all_reduce([[1, [2]], [1, [2]]])
+    with pytest.raises(ValueError, match="axis must be an integer"):
+        g.reduce_scatter([np.ones((4, 2))] * 2, axis=1.0)
+    with pytest.raises(ValueError, match="axis must be an integer"):
+        g.all_gather([np.ones((4, 2))] * 2, axis=None)
+    with pytest.raises(ValueError, match="real numbers"):
+        g.all_to_all([[None, None], [None, None]])    # used to ship object arrays
+    with pytest.raises(ValueError, match="list of shards"):
+        sim.gather_sequence(None, None)
+
+
+def test_group_must_be_a_simgroup():
+    q, k, v = _bad_qkv(s=8, a=2)
+    qs, pos = sim.shard_sequence(q, "contiguous", 2)
+    for call in (lambda: sim.ring_attention(qs, qs, qs, pos, group=2),
+                 lambda: sim.ulysses_attention(qs, qs, qs, pos, group=2),
+                 lambda: sim.seq_to_heads(qs, 2),
+                 lambda: sim.sp_forward([np.ones((4, 2))] * 2, np.tanh, 2),
+                 lambda: sim.moe_layer([np.ones((2, 3))] * 2, np.ones((3, 2)),
+                                       [lambda z: z] * 2, 1, group=2)):
+        with pytest.raises(ValueError, match="group must be a SimGroup"):
+            call()

@@ -5,8 +5,8 @@ from itertools import permutations
 import numpy as np
 import pytest
 
-from lesson10 import cost
-from lesson10.sim import (SimGroup, keep_within_capacity, expert_capacity, init_experts, moe_layer,
+from lesson10 import cost, sim
+from lesson10.sim import (SimGroup, expert_capacity, keep_within_capacity, init_experts, moe_layer,
                           moe_reference, route_topk, router_probs, simulate_moe,
                           switch_aux_loss, update_expert_bias)
 from lesson10.sim.moe import _sample_topk
@@ -455,3 +455,64 @@ def test_simulate_moe_rejects_bad_nodes():
         simulate_moe(64, 16, 2, 8, max_nodes=2)
     with pytest.raises(ValueError, match="raise max_nodes"):
         simulate_moe(64, 16, 4, 8, nodes=8, max_nodes=1)
+
+
+# --------------------------------------------------------------------------- bad input
+# (each case was found misbehaving before its validation was added)
+
+def test_routing_rejects_non_finite_or_complex_logits():
+    L = np.random.default_rng(0).standard_normal((6, 4))
+    for bad in (np.where(L > 1, np.nan, L), np.where(L > 1, np.inf, L), L + 1j):
+        with pytest.raises(ValueError, match="logits"):
+            sim.route_topk(bad, 2)
+    with pytest.raises(ValueError, match="bias contains NaN"):
+        sim.route_topk(L, 2, bias=np.array([np.nan, 0, 0, 0]))
+    with pytest.raises(ValueError, match="logits contains NaN"):
+        sim.router_probs(np.array([[np.nan, 1.0]]))
+
+
+def test_moe_reference_and_layer_reject_garbage():
+    h, E = 4, 4
+    W = np.random.default_rng(0).standard_normal((h, E))
+    ex = sim.init_experts(E, h, 8)
+    x = np.random.default_rng(0).standard_normal((8, h))
+    with pytest.raises(ValueError, match="x contains NaN"):
+        sim.moe_reference(x * np.nan, W, ex, 2)
+    with pytest.raises(ValueError, match="x must hold real numbers"):
+        sim.moe_reference(x + 1j, W, ex, 2)
+    with pytest.raises(ValueError, match="router_w contains NaN"):
+        sim.moe_reference(x, W * np.nan, ex, 2)
+    with pytest.raises(ValueError, match="experts must be a list"):
+        sim.moe_reference(x, W, None, 2)
+    with pytest.raises(ValueError, match="W1 \\(h, d_ff\\) and W2 \\(d_ff, h\\)"):
+        sim.moe_reference(x, W, [(np.ones((3, 2)), np.ones((2, 3)))] * 4, 2)
+    with pytest.raises(ValueError, match="finite real numbers"):
+        sim.moe_reference(x, W, [lambda z: z * np.nan] * 4, 2)
+    with pytest.raises(ValueError, match="must be an array of real numbers"):
+        sim.moe_layer([x[:4] + 1j, x[4:] + 1j], W, ex, 2)
+    for cf in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="capacity_factor must be a number > 0"):
+            sim.moe_layer([x[:4], x[4:]], W, ex, 2, cf)
+
+
+def test_simulate_moe_and_balancing_reject_garbage():
+    for kw, msg in (({"skew": "a"}, "skew"), ({"skew": None}, "skew"), ({"seed": 1.5}, "seed"),
+                    ({"capacity_factor": float("nan")}, "capacity_factor"), ({"k": 9}, "k = 9"),
+                    ({"skew": 1e308, "popularity": np.full(8, 2.0)}, "lower skew")):
+        args = dict(T=64, E=8, k=2, Ne=4)
+        args.update(kw)
+        with pytest.raises(ValueError, match=msg):
+            sim.simulate_moe(**args)
+    probs = np.full((4, 2), 0.5)
+    with pytest.raises(ValueError, match="probs contains NaN"):
+        sim.switch_aux_loss(probs * np.nan, np.array([[0], [1], [0], [1]]))
+    with pytest.raises(ValueError, match="expert ids"):
+        sim.switch_aux_loss(probs, np.array([[0.5], [1], [0], [1]]))
+    with pytest.raises(ValueError, match="at least one token"):
+        sim.switch_aux_loss(np.zeros((0, 2)), np.zeros((0, 1), int))
+    with pytest.raises(ValueError, match="alpha"):
+        sim.switch_aux_loss(probs, np.array([[0], [1], [0], [1]]), alpha=float("nan"))
+    with pytest.raises(ValueError, match="rate"):
+        sim.update_expert_bias(np.zeros(2), np.ones(2), "a")
+    with pytest.raises(ValueError, match="load contains NaN"):
+        sim.update_expert_bias(np.zeros(2), np.array([np.nan, 1.0]), 0.1)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from lesson10 import cost
+from lesson10 import cost, sim
 from lesson10.layouts import shard_positions
 from lesson10.sim import (SimGroup, attention, heads_to_seq, kv_replication, ring_attention,
                           seq_to_heads, ulysses_attention)
@@ -110,3 +110,24 @@ def test_heads_not_divisible_by_nc():
         seq_to_heads([q[:3]] * 4)
     with pytest.raises(ValueError, match="rank 1"):
         seq_to_heads([q[:3], q[:2]])
+
+
+# --------------------------------------------------------------------------- bad input
+# (each case was found misbehaving before its validation was added)
+def _bad_qkv(s=4, a=2, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((s, a, d)) for _ in range(3))
+
+
+def test_ulysses_helpers_reject_bad_heads():
+    with pytest.raises(ValueError, match="a_kv must be an integer >= 1"):
+        sim.kv_replication(4, 0, 2)
+    with pytest.raises(ValueError, match="not a multiple"):
+        sim.kv_replication(6, 4, 2)                     # used to answer 1
+    with pytest.raises(ValueError, match="tokens, heads"):
+        sim.heads_to_seq([np.float64(1.0)] * 2)
+    # the guide's example: more ranks than K/V heads names the limit and ring attention
+    q, k, _ = _bad_qkv(s=8, a=4)
+    kv = k[:, :2]
+    with pytest.raises(ValueError, match="N_c <= n_kv.*ring attention"):
+        sim.ulysses_attention(*(sim.shard_sequence(t, "contiguous", 4)[0] for t in (q, kv, kv)), "contiguous")
