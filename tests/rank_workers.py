@@ -249,6 +249,29 @@ def unseen_layout(s: int = 24, seed: int = 5, causal: bool = True, docs=None) ->
     return {"positions": layouts["permutation"], "errors": errors}
 
 
+def sp_operator_pairs() -> dict:
+    """Megatron's four SP/TP operators on rank r's ``x_r = (r + 1) * base``, back-propagating
+    ``dy_r = (r + 1) * ones``: ``{op: {"y", "dx", "fwd", "bwd"}}`` (bytes of each pass)."""
+    from lesson10.spmd.comm import count_bytes
+    from lesson10.spmd.sp import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    b, s, h = 2, 4 * n, 3
+    base = torch.arange(b * s * h, dtype=torch.float64).reshape(b, s, h)
+    out = {}
+    for name, fn, shape in (("copy_to_tp", copy_to_tp, (b, s, h)),
+                            ("reduce_from_tp", reduce_from_tp, (b, s, h)),
+                            ("gather_from_sp", gather_from_sp, (b, s // n, h)),
+                            ("reduce_scatter_to_sp", reduce_scatter_to_sp, (b, s, h))):
+        x = ((r + 1) * base[:, :shape[1]]).clone().requires_grad_(True)
+        with count_bytes() as c:
+            y = fn(x)
+            fwd = c.sent
+            y.backward(torch.full_like(y, float(r + 1)))
+        out[name] = {"y": y.detach(), "dx": x.grad, "fwd": fwd, "bwd": c.sent - fwd}
+    return out
+
+
 def _randn(*shape, dtype=torch.float32):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape)), dtype=dtype)
 

@@ -2,9 +2,12 @@
 first come first served in global token order, against a plain loop over the copies."""
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lesson10 import sim
-from lesson10.sim import arrival_order, keep_within_capacity
+from lesson10.sim import arrival_order, keep_within_capacity, route_topk
+from sim_strategies import FAST
 
 
 def _arrival_by_loop(experts, E):
@@ -65,3 +68,26 @@ def test_capacity_helpers_reject_bad_sizes_and_ids():
         sim.keep_within_capacity(np.array([[0.5, 1.0]]), 2, 1)
     with pytest.raises(ValueError, match="capacity must be an integer"):
         sim.keep_within_capacity(np.array([[0, 1]]), 2, -1)
+
+
+# --------------------------------------------------------------------------- properties (hypothesis)
+
+@FAST
+@given(st.integers(1, 40), st.integers(1, 8), st.data())
+def test_routing_and_capacity(T, E, data):
+    k = data.draw(st.integers(1, E))
+    C = data.draw(st.integers(0, T * k))
+    logits = np.random.default_rng(data.draw(st.integers(0, 999))).standard_normal((T, E))
+    experts, gates = route_topk(logits, k)
+    # distinct, best first, gates a distribution
+    assert all(len(set(row)) == k for row in experts.tolist())
+    chosen = np.take_along_axis(logits, experts, axis=1)
+    assert np.all(np.diff(chosen, axis=1) <= 0)
+    np.testing.assert_allclose(gates.sum(axis=1), 1.0)
+    keep = keep_within_capacity(experts, E, C)
+    used = [0] * E
+    for t in range(T):
+        for j in range(k):
+            want = used[experts[t, j]] < C
+            used[experts[t, j]] += want
+            assert keep[t, j] == want

@@ -1,9 +1,12 @@
 """SimGroup: collectives on lists of arrays, and the byte ledger at ring-algorithm cost."""
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lesson10 import cost, sim
 from lesson10.sim import SimGroup, gather_sequence, shard_sequence
+from sim_strategies import FAST
 
 
 def _xs(n, shape, seed=0):
@@ -211,3 +214,17 @@ def test_group_must_be_a_simgroup():
                                        [lambda z: z] * 2, 1, group=2)):
         with pytest.raises(ValueError, match="group must be a SimGroup"):
             call()
+
+
+# --------------------------------------------------------------------------- properties (hypothesis)
+
+@FAST
+@given(st.integers(1, 5), st.integers(1, 4), st.integers(0, 999))
+def test_rs_plus_ag_equals_all_reduce(n, rows, seed):
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal((n * rows, 3)) for _ in range(n)]
+    g1, g2 = SimGroup(n), SimGroup(n)
+    a = g1.all_reduce(xs)
+    b = g2.all_gather(g2.reduce_scatter(xs))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    np.testing.assert_allclose(g1.bytes_sent, g2.bytes_sent)

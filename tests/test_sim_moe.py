@@ -4,12 +4,15 @@ from itertools import permutations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lesson10 import cost, sim
 from lesson10.sim import (SimGroup, expert_capacity, keep_within_capacity, init_experts, moe_layer,
                           moe_reference, route_topk, router_probs, simulate_moe,
                           switch_aux_loss, update_expert_bias)
 from lesson10.sim.moe import _sample_topk
+from sim_strategies import FAST
 
 
 # ------------------------------------------------------------------ routing and capacity
@@ -516,3 +519,42 @@ def test_simulate_moe_and_balancing_reject_garbage():
         sim.update_expert_bias(np.zeros(2), np.ones(2), "a")
     with pytest.raises(ValueError, match="load contains NaN"):
         sim.update_expert_bias(np.zeros(2), np.array([np.nan, 1.0]), 0.1)
+
+
+# --------------------------------------------------------------------------- properties (hypothesis)
+
+@FAST
+@given(st.sampled_from([1, 2, 4]), st.integers(1, 6), st.integers(1, 3),
+       st.sampled_from([None, 0.5, 1.0, 2.0]), st.integers(0, 999))
+def test_moe_layer_equals_reference(n, T, k, cf, seed):
+    E, h = 4, 3
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal((T, h)) for _ in range(n)]
+    router_w = rng.standard_normal((h, E)) * 2
+    experts = init_experts(E, h, 5, seed=seed)
+    ys = moe_layer(xs, router_w, experts, k, capacity_factor=cf)
+    ref = moe_reference(np.concatenate(xs), router_w, experts, k, capacity_factor=cf)
+    np.testing.assert_allclose(np.concatenate(ys), ref, rtol=0, atol=1e-12)
+
+
+@FAST
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 200), st.data())
+def test_simulate_moe_bookkeeping(Ne, experts_per_gpu, tokens_per_gpu, data):
+    E = Ne * experts_per_gpu
+    k = data.draw(st.integers(1, E))
+    cf = data.draw(st.sampled_from([None, 0.25, 1.0, 1.5]))
+    skew = data.draw(st.sampled_from([0.0, 0.5, 3.0]))
+    T = Ne * tokens_per_gpu
+    stats = simulate_moe(T, E, k, Ne, capacity_factor=cf, skew=skew, seed=data.draw(st.integers(0, 99)), h=8)
+    kept = stats.load_per_expert.sum()
+    assert kept + stats.dropped == k * T and 0 <= stats.drop_rate <= 1
+    if cf is None:
+        assert stats.dropped == 0
+    else:
+        assert stats.load_per_expert.max() <= stats.capacity
+        if stats.dropped:                           # copies are dropped only by a full expert
+            assert stats.load_per_expert.max() == stats.capacity
+    assert stats.traffic.sum(axis=1).max() <= k * tokens_per_gpu
+    assert np.array_equal(stats.traffic.sum(axis=0), stats.load_per_gpu)
+    assert stats.max_load == stats.load_per_gpu.max()
+    assert abs(stats.mean_load - kept / Ne) < 1e-9

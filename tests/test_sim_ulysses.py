@@ -1,11 +1,14 @@
 """Ulysses: all-to-all resharding, exact attention, bytes, and the head-count limit."""
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lesson10 import cost, sim
 from lesson10.layouts import shard_positions
 from lesson10.sim import (SimGroup, attention, heads_to_seq, kv_replication, ring_attention,
                           seq_to_heads, ulysses_attention)
+from sim_strategies import FAST, attention_case
 
 
 def _qkv(s, a, a_kv, d, seed=0):
@@ -131,3 +134,31 @@ def test_ulysses_helpers_reject_bad_heads():
     kv = k[:, :2]
     with pytest.raises(ValueError, match="N_c <= n_kv.*ring attention"):
         sim.ulysses_attention(*(sim.shard_sequence(t, "contiguous", 4)[0] for t in (q, kv, kv)), "contiguous")
+
+
+# --------------------------------------------------------------------------- properties (hypothesis)
+
+@FAST
+@given(attention_case(need_kv_split=True))
+def test_ulysses_attention_is_exact(case):
+    n, layout, causal, q, k, v = case
+    pos = shard_positions(q.shape[0], n, layout)
+    group = SimGroup(n)
+    out = ulysses_attention([q[p] for p in pos], [k[p] for p in pos], [v[p] for p in pos], pos,
+                            causal=causal, group=group)
+    ref = attention(q, k, v, causal=causal)[0]
+    for o, p in zip(out, pos):
+        np.testing.assert_allclose(o, ref[p], rtol=0, atol=1e-12)
+    g = q.shape[1] // k.shape[1]
+    np.testing.assert_allclose(group.bytes_sent,
+                               cost.comm_bytes("ulysses", q.shape[0], q.shape[1] * q.shape[2], n, g=g))
+
+
+@FAST
+@given(st.integers(1, 5), st.integers(1, 3), st.integers(1, 3), st.integers(0, 999))
+def test_seq_heads_round_trip(n, c, heads_per_rank, seed):
+    rng = np.random.default_rng(seed)
+    shards = [rng.standard_normal((c, n * heads_per_rank, 2)) for _ in range(n)]
+    group = SimGroup(n)
+    back = heads_to_seq(seq_to_heads(shards, group), group)
+    assert all(np.array_equal(b, x) for b, x in zip(back, shards))
