@@ -15,8 +15,12 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
+from lesson10.spmd import ExpertParallelMoE, SequenceParallelBlock
 from lesson10.spmd.launch import current_device as _dev
+from lesson10.spmd.moe import init_moe_weights, moe_reference
+from lesson10.spmd.sp import ReferenceBlock, sp_shard
 
 
 def whoami() -> dict:
@@ -269,6 +273,93 @@ def sp_operator_pairs() -> dict:
             fwd = c.sent
             y.backward(torch.full_like(y, float(r + 1)))
         out[name] = {"y": y.detach(), "dx": x.grad, "fwd": fwd, "bwd": c.sent - fwd}
+    return out
+
+
+# --------------------------------------------------------------------------- group=
+GB, GS, GH, GFFN = 2, 8, 8, 16                 # SequenceParallelBlock inside a group of 2 ranks
+GROUP_MOE = dict(h=8, E=4, d_ff=6, k=2, T=6, cf=1.0, alpha=0.5)
+
+
+def _maxerr(a, b):
+    return float((a.detach() - b.detach()).abs().max())
+
+
+def _plain_block(ref, x):
+    """The block written out with torch.nn.functional (p = 0): x + W2 gelu(W1 LN(x) + b1) + b2."""
+    z = F.layer_norm(x, (x.shape[-1],), ref.ln.weight, ref.ln.bias, ref.ln.eps)
+    return x + F.linear(F.gelu(F.linear(z, ref.fc1.weight, ref.fc1.bias)), ref.fc2.weight, ref.fc2.bias)
+
+
+def _group_sp_errors(group, r, t, seed, sp, p):
+    """SequenceParallelBlock inside ``group`` against the reference block on its data."""
+    ref = ReferenceBlock(GH, GFFN, p, seed=seed, dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(GB, GS, GH, generator=g, dtype=torch.float64)
+    dy = torch.randn(GB, GS, GH, generator=g, dtype=torch.float64)
+    xr = x.clone().requires_grad_()
+    yr = ref(xr)
+    yr.backward(dy)
+    plain = _maxerr(_plain_block(ref, x), yr) if p == 0 else 0.0
+    blk = SequenceParallelBlock(GH, GFFN, sequence_parallel=sp, p=p, group=group, reference=ref)
+    if sp:
+        xl, dyl, tok = sp_shard(x, group), sp_shard(dy, group), slice(r * GS // t, (r + 1) * GS // t)
+    else:
+        xl, dyl, tok = x.clone(), dy, slice(None)
+    xl.requires_grad_()
+    y = blk(xl)
+    y.backward(dyl)
+    rows = slice(r * GFFN // t, (r + 1) * GFFN // t)
+    rg = {n: q.grad for n, q in ref.named_parameters()}
+    want = {"ln.weight": rg["ln.weight"], "ln.bias": rg["ln.bias"],
+            "fc1.weight": rg["fc1.weight"][rows], "fc1.bias": rg["fc1.bias"][rows],
+            "fc2.weight": rg["fc2.weight"][:, rows], "fc2.bias": rg["fc2.bias"]}
+    got = {n: q.grad for n, q in blk.named_parameters()}
+    assert set(got) == set(want)
+    return {"out": _maxerr(y, yr[:, tok]), "dx": _maxerr(xl.grad, xr.grad[:, tok]),
+            "grads": max(_maxerr(got[n], want[n]) for n in want), "plain": plain}
+
+
+def _group_moe_errors(group, r, t, seed):
+    """ExpertParallelMoE inside ``group`` against moe_reference on the group's tokens."""
+    h, E, d_ff, k, T, cf, alpha = (GROUP_MOE[key] for key in ("h", "E", "d_ff", "k", "T", "cf", "alpha"))
+    router_w, w1, w2 = init_moe_weights(h, E, d_ff, seed, torch.float64)
+    g = torch.Generator().manual_seed(seed + 7)
+    x = torch.randn(t * T, h, generator=g, dtype=torch.float64)      # the group's tokens
+    dy = torch.randn(t * T, h, generator=g, dtype=torch.float64)
+    layer = ExpertParallelMoE(h, E, d_ff, k, capacity_factor=cf, group=group, router_w=router_w,
+                              w1=w1, w2=w2, alpha=alpha)
+    xl = x[r * T:(r + 1) * T].clone().requires_grad_()
+    y = layer(xl)
+    ((y * dy[r * T:(r + 1) * T]).sum() + layer.aux_loss).backward()
+    aux = layer.aux_loss.detach().clone()
+    dist.all_reduce(aux, group=group)
+    xr, rw, rw1, rw2 = (q.clone().requires_grad_() for q in (x, router_w, w1, w2))
+    yr, auxr = moe_reference(xr, rw, rw1, rw2, k, cf, return_aux=True, alpha=alpha)
+    ((yr * dy).sum() + auxr).backward()
+    El = E // t
+    mine = slice(r * El, (r + 1) * El)
+    return {"y": _maxerr(y, yr[r * T:(r + 1) * T]), "dx": _maxerr(xl.grad, xr.grad[r * T:(r + 1) * T]),
+            "router": _maxerr(layer.router_w.grad, rw.grad), "w1": _maxerr(layer.w1.grad, rw1.grad[mine]),
+            "w2": _maxerr(layer.w2.grad, rw2.grad[mine]), "aux": abs(float(aux) - float(auxr)),
+            "dropped": layer.dropped}
+
+
+def split_groups(size: int = 2, part: str = "sp") -> dict:
+    """In each rank: the world split into independent groups of ``size`` consecutive ranks,
+    each with its own data (seed 100 * group); ``part`` ``"sp"``: SequenceParallelBlock (TP and
+    TP + SP, p = 0 and 0.3) inside this rank's group, ``"moe"``: ExpertParallelMoE; errors
+    against the single-process reference over the group's data, and the group's rank/size."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    groups = [dist.new_group(list(range(i, i + size))) for i in range(0, n, size)]
+    group, r = groups[rank // size], rank % size
+    seed = 100 * (rank // size)
+    out = {"group_rank": dist.get_rank(group), "group_size": dist.get_world_size(group)}
+    if part == "sp":
+        out["sp"] = {(sp, p): _group_sp_errors(group, r, size, seed, sp, p)
+                     for sp in (False, True) for p in (0.0, 0.3)}
+    else:
+        out["moe"] = _group_moe_errors(group, r, size, seed)
     return out
 
 

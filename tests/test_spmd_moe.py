@@ -41,7 +41,9 @@ NODE_CASES = [dict(NODE_MOE, nodes=2, max_nodes=1), dict(NODE_MOE, nodes=4, max_
 
 RANK_JOBS = {"bad_input": lambda n: ("bad_input_cases", {"prefix": "moe"}),
              "moe": lambda n: ("check_moe", [*cases(n)[0].values(), *cases(n)[1].values()]),
-             "moe_nodes": lambda n: ("check_moe", NODE_CASES)}
+             "moe_nodes": lambda n: ("check_moe", NODE_CASES),
+             # group=: 4 ranks as two independent groups of 2, each with its own tokens
+             "groups": lambda n: ("split_groups", {"part": "moe"}) if n == 4 else ("whoami", {})}
 
 
 @pytest.fixture(scope="module", params=[2, 4])
@@ -197,3 +199,13 @@ def test_a_rank_without_tokens_gets_an_empty_output_and_no_nan(rank_results):
     for res in rank_results(2, "bad_input"):
         kind, (shape, aux) = res["moe no tokens"]          # aux loss used to be NaN
         assert kind == "ok" and shape == (0, 4) and aux == 0.0
+
+
+def test_expert_parallel_moe_inside_a_group(rank_results):
+    """ExpertParallelMoE inside a group of 2 of 4 ranks matches moe_reference on its tokens."""
+    results, TOL = rank_results(4, "groups"), 1e-9
+    for rank, out in enumerate(results):
+        err = out["moe"]
+        for key in ("y", "dx", "router", "w1", "w2", "aux"):
+            assert err[key] < TOL, (rank, key, err)
+    assert any(out["moe"]["dropped"] > 0 for out in results)     # capacity 1.0 drops some copies

@@ -13,7 +13,9 @@ ERRORS = [dict(b=1, s=S + 1, h=H, ffn=FFN, sequence_parallel=True),   # s not di
           dict(b=1, s=S, h=H, ffn=FFN + 1, sequence_parallel=False)]  # ffn not divisible by t
 
 RANK_JOBS = {"sp": lambda n: ("check_sp", CASES + ERRORS),
-             "operators": lambda n: ("sp_operator_pairs", {})}
+             "operators": lambda n: ("sp_operator_pairs", {}),
+             # group=: 4 ranks as two independent groups of 2, each with its own data
+             "groups": lambda n: ("split_groups", {"part": "sp"}) if n == 4 else ("whoami", {})}
 
 
 @pytest.fixture(scope="module", params=[2, 4])
@@ -124,3 +126,18 @@ def test_each_operator_is_a_forward_backward_pair(rank_results):
         want = torch.cat([torch.full((b, c, h), float(j + 1), dtype=torch.float64) for j in range(n)], 1)
         assert torch.equal(res["reduce_scatter_to_sp"]["dx"], want)
         assert res["reduce_scatter_to_sp"]["fwd"] == res["reduce_scatter_to_sp"]["bwd"] == (n - 1) / n * full
+
+
+def test_groups_are_the_expected_ranks(rank_results):
+    results = rank_results(4, "groups")
+    assert [(o["group_rank"], o["group_size"]) for o in results] == [(0, 2), (1, 2), (0, 2), (1, 2)]
+
+
+def test_sequence_parallel_block_inside_a_group(rank_results):
+    """TP and TP + SP inside a group of 2 of 4 ranks match the reference on that group's data."""
+    results, TOL = rank_results(4, "groups"), 1e-9
+    for rank, out in enumerate(results):
+        for (sp, p), err in out["sp"].items():
+            assert err["plain"] < 1e-12, (rank, sp, p)           # the reference is the formula
+            for key in ("out", "dx", "grads"):
+                assert err[key] < TOL, (rank, sp, p, key, err)
