@@ -13,11 +13,9 @@ import numpy as np
 __all__ = ["arrival_order", "keep_within_capacity"]
 
 
-def arrival_order(experts, E: int) -> np.ndarray:
-    """Place of every copy in its expert's queue (0 = first): ``experts (N, k)`` expert ids
-    in global token order -> int64 ``(N, k)``. Copy ``(t, j)`` comes after every earlier copy
-    of the same expert in row-major (token, choice) order. The one arrival rule: the drops,
-    the capacity figure and the real layer (:func:`lesson10.spmd.moe.arrival_order`) use it."""
+def _queues(experts, E: int):
+    """``(order, place)``: the copies grouped by expert in arrival order (``order``, indices
+    into the flat row-major copies) and each one's place in its expert's queue."""
     experts = np.asarray(experts)
     if experts.dtype.kind not in "iu":
         raise ValueError(f"experts must be integer expert ids (route_topk's output), got dtype "
@@ -31,9 +29,18 @@ def arrival_order(experts, E: int) -> np.ndarray:
     order = np.argsort(flat, kind="stable")             # copies grouped by expert, in arrival order
     by_expert = flat[order]
     starts = np.searchsorted(by_expert, np.arange(E, dtype=flat.dtype))  # first copy of each expert
-    arrival = np.empty(flat.size, dtype=np.int64)
-    arrival[order] = np.arange(flat.size) - starts[by_expert]
-    return arrival.reshape(experts.shape)
+    return order, np.arange(flat.size) - starts[by_expert]
+
+
+def arrival_order(experts, E: int) -> np.ndarray:
+    """Place of every copy in its expert's queue (0 = first): ``experts (N, k)`` expert ids
+    in global token order -> int64 ``(N, k)``. Copy ``(t, j)`` comes after every earlier copy
+    of the same expert in row-major (token, choice) order. The one arrival rule: the drops,
+    the capacity figure and the real layer (:func:`lesson10.spmd.moe.arrival_order`) use it."""
+    order, place = _queues(experts, E)
+    arrival = np.empty(place.size, dtype=np.int64)
+    arrival[order] = place
+    return arrival.reshape(np.shape(experts))
 
 
 def keep_within_capacity(experts, E: int, capacity) -> np.ndarray:
@@ -45,5 +52,8 @@ def keep_within_capacity(experts, E: int, capacity) -> np.ndarray:
                                  or capacity < 0):
         raise ValueError(f"capacity must be an integer >= 0 or None, got {capacity!r} "
                          f"(see expert_capacity)")
-    arrival = arrival_order(experts, E)
-    return np.ones(arrival.shape, dtype=bool) if capacity is None else arrival < capacity
+    order, place = _queues(experts, E)
+    keep = np.ones(place.size, dtype=bool)
+    if capacity is not None:
+        keep[order[place >= capacity]] = False           # the late copies of full experts
+    return keep.reshape(np.shape(experts))
