@@ -51,11 +51,12 @@ def moe_routing(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float = 
                 capacity_factor: float | None = 1.25, seed: int = 0) -> dict:
     """Route ``N = Ne * T`` tokens (``T`` per GPU, as in the lesson) to ``k`` distinct experts.
 
-    Same skew model as :func:`lesson10.sim.simulate_moe`: expert ``i`` has a popularity
-    ``u_i`` (standard normal, from ``seed``) and token scores are ``skew * u_i`` plus
-    standard Gumbel noise; ``skew = 0`` is uniform top-k. Routing, capacity
-    ``C = ceil(CF * k * N / E)`` and first-come-first-served drops in global token order
-    (GPU 0's tokens first) use ``lesson10.sim.moe``; ``capacity_factor=None``: no limit.
+    The skew model of :func:`lesson10.sim.simulate_moe` (:func:`lesson10.sim.skewed_routing`,
+    the same sample for the same seed): expert ``i`` has a popularity ``u_i`` (standard normal,
+    from ``seed``) and token scores are ``skew * u_i`` plus standard Gumbel noise; ``skew = 0``
+    is uniform top-k. Capacity ``C = ceil(CF * k * N / E)`` and first-come-first-served drops
+    in global token order (GPU 0's tokens first) by :func:`lesson10.sim.arrival_order`;
+    ``capacity_factor=None``: no limit.
 
     Returns a dict: ``experts`` (N, k), ``arrival`` (N, k) = place of each copy in its
     expert's queue, ``kept`` (N, k) bool, ``capacity`` (int or None), ``received_per_expert``
@@ -70,19 +71,15 @@ def moe_routing(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float = 
         raise ValueError(f"skew must be a finite number >= 0, got {skew!r}")
     N = Ne * T
     capacity = sim_moe.expert_capacity(N, E, k, capacity_factor)   # validates k and CF
-    pop_seq, route_seq = np.random.SeedSequence(seed).spawn(2)
-    popularity = np.random.default_rng(pop_seq).standard_normal(E)
-    logits = skew * popularity + np.random.default_rng(route_seq).gumbel(size=(N, E))
-    experts, _ = sim_moe.route_topk(logits, k)
-    kept = sim_moe.capacity_keep(experts, E, capacity)
+    popularity, experts = sim_moe.skewed_routing(N, E, k, skew, seed)
+    experts = experts.astype(np.int64)
+    arrival = sim_moe.arrival_order(experts, E)
+    kept = np.ones(experts.shape, dtype=bool) if capacity is None else arrival < capacity
     flat = experts.ravel()
     counts = np.bincount(flat, minlength=E)
-    order = np.argsort(flat, kind="stable")                 # token-major = arrival order
-    arrival = np.empty(flat.size, dtype=np.int64)
-    arrival[order] = np.arange(flat.size) - np.repeat(np.cumsum(counts) - counts, counts)
     load_expert = np.bincount(flat[kept.ravel()], minlength=E)
     return {
-        "experts": experts, "arrival": arrival.reshape(N, k), "kept": kept, "capacity": capacity,
+        "experts": experts, "arrival": arrival, "kept": kept, "capacity": capacity,
         "received_per_expert": counts, "load_per_expert": load_expert,
         "load_per_gpu": load_expert.reshape(Ne, E // Ne).sum(axis=1),
         "drop_rate": 1.0 - kept.mean(), "popularity": popularity,

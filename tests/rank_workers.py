@@ -15,8 +15,12 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
+from lesson10.spmd import ExpertParallelMoE, SequenceParallelBlock
 from lesson10.spmd.launch import current_device as _dev
+from lesson10.spmd.moe import init_moe_weights, moe_reference
+from lesson10.spmd.sp import ReferenceBlock, sp_shard
 
 
 def whoami() -> dict:
@@ -253,6 +257,197 @@ def bench_nodes(configs: list, reps: int = 1) -> list:
     """:func:`lesson10.bench.nodes.time_dispatch` on nodes of 2 ranks (bench nodes' worker)."""
     from lesson10.bench.nodes import time_dispatch
     return time_dispatch(configs, reps, node_size=2)
+
+
+def sp_operator_pairs() -> dict:
+    """Megatron's four SP/TP operators on rank r's ``x_r = (r + 1) * base``, back-propagating
+    ``dy_r = (r + 1) * ones``: ``{op: {"y", "dx", "fwd", "bwd"}}`` (bytes of each pass)."""
+    from lesson10.spmd.comm import count_bytes
+    from lesson10.spmd.sp import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    b, s, h = 2, 4 * n, 3
+    base = torch.arange(b * s * h, dtype=torch.float64).reshape(b, s, h)
+    out = {}
+    for name, fn, shape in (("copy_to_tp", copy_to_tp, (b, s, h)),
+                            ("reduce_from_tp", reduce_from_tp, (b, s, h)),
+                            ("gather_from_sp", gather_from_sp, (b, s // n, h)),
+                            ("reduce_scatter_to_sp", reduce_scatter_to_sp, (b, s, h))):
+        x = ((r + 1) * base[:, :shape[1]]).clone().requires_grad_(True)
+        with count_bytes() as c:
+            y = fn(x)
+            fwd = c.sent
+            y.backward(torch.full_like(y, float(r + 1)))
+        out[name] = {"y": y.detach(), "dx": x.grad, "fwd": fwd, "bwd": c.sent - fwd}
+    return out
+
+
+# --------------------------------------------------------------------------- group=
+GB, GS, GH, GFFN = 2, 8, 8, 16                 # SequenceParallelBlock inside a group of 2 ranks
+GROUP_MOE = dict(h=8, E=4, d_ff=6, k=2, T=6, cf=1.0, alpha=0.5)
+
+
+def _maxerr(a, b):
+    return float((a.detach() - b.detach()).abs().max())
+
+
+def _plain_block(ref, x):
+    """The block written out with torch.nn.functional (p = 0): x + W2 gelu(W1 LN(x) + b1) + b2."""
+    z = F.layer_norm(x, (x.shape[-1],), ref.ln.weight, ref.ln.bias, ref.ln.eps)
+    return x + F.linear(F.gelu(F.linear(z, ref.fc1.weight, ref.fc1.bias)), ref.fc2.weight, ref.fc2.bias)
+
+
+def _group_sp_errors(group, r, t, seed, sp, p):
+    """SequenceParallelBlock inside ``group`` against the reference block on its data."""
+    ref = ReferenceBlock(GH, GFFN, p, seed=seed, dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(GB, GS, GH, generator=g, dtype=torch.float64)
+    dy = torch.randn(GB, GS, GH, generator=g, dtype=torch.float64)
+    xr = x.clone().requires_grad_()
+    yr = ref(xr)
+    yr.backward(dy)
+    plain = _maxerr(_plain_block(ref, x), yr) if p == 0 else 0.0
+    blk = SequenceParallelBlock(GH, GFFN, sequence_parallel=sp, p=p, group=group, reference=ref)
+    if sp:
+        xl, dyl, tok = sp_shard(x, group), sp_shard(dy, group), slice(r * GS // t, (r + 1) * GS // t)
+    else:
+        xl, dyl, tok = x.clone(), dy, slice(None)
+    xl.requires_grad_()
+    y = blk(xl)
+    y.backward(dyl)
+    rows = slice(r * GFFN // t, (r + 1) * GFFN // t)
+    rg = {n: q.grad for n, q in ref.named_parameters()}
+    want = {"ln.weight": rg["ln.weight"], "ln.bias": rg["ln.bias"],
+            "fc1.weight": rg["fc1.weight"][rows], "fc1.bias": rg["fc1.bias"][rows],
+            "fc2.weight": rg["fc2.weight"][:, rows], "fc2.bias": rg["fc2.bias"]}
+    got = {n: q.grad for n, q in blk.named_parameters()}
+    assert set(got) == set(want)
+    return {"out": _maxerr(y, yr[:, tok]), "dx": _maxerr(xl.grad, xr.grad[:, tok]),
+            "grads": max(_maxerr(got[n], want[n]) for n in want), "plain": plain}
+
+
+def _group_moe_errors(group, r, t, seed):
+    """ExpertParallelMoE inside ``group`` against moe_reference on the group's tokens."""
+    h, E, d_ff, k, T, cf, alpha = (GROUP_MOE[key] for key in ("h", "E", "d_ff", "k", "T", "cf", "alpha"))
+    router_w, w1, w2 = init_moe_weights(h, E, d_ff, seed, torch.float64)
+    g = torch.Generator().manual_seed(seed + 7)
+    x = torch.randn(t * T, h, generator=g, dtype=torch.float64)      # the group's tokens
+    dy = torch.randn(t * T, h, generator=g, dtype=torch.float64)
+    layer = ExpertParallelMoE(h, E, d_ff, k, capacity_factor=cf, group=group, router_w=router_w,
+                              w1=w1, w2=w2, alpha=alpha)
+    xl = x[r * T:(r + 1) * T].clone().requires_grad_()
+    y = layer(xl)
+    ((y * dy[r * T:(r + 1) * T]).sum() + layer.aux_loss).backward()
+    aux = layer.aux_loss.detach().clone()
+    dist.all_reduce(aux, group=group)
+    xr, rw, rw1, rw2 = (q.clone().requires_grad_() for q in (x, router_w, w1, w2))
+    yr, auxr = moe_reference(xr, rw, rw1, rw2, k, cf, return_aux=True, alpha=alpha)
+    ((yr * dy).sum() + auxr).backward()
+    El = E // t
+    mine = slice(r * El, (r + 1) * El)
+    return {"y": _maxerr(y, yr[r * T:(r + 1) * T]), "dx": _maxerr(xl.grad, xr.grad[r * T:(r + 1) * T]),
+            "router": _maxerr(layer.router_w.grad, rw.grad), "w1": _maxerr(layer.w1.grad, rw1.grad[mine]),
+            "w2": _maxerr(layer.w2.grad, rw2.grad[mine]), "aux": abs(float(aux) - float(auxr)),
+            "dropped": layer.dropped}
+
+
+def split_groups(size: int = 2, part: str = "sp") -> dict:
+    """In each rank: the world split into independent groups of ``size`` consecutive ranks,
+    each with its own data (seed 100 * group); ``part`` ``"sp"``: SequenceParallelBlock (TP and
+    TP + SP, p = 0 and 0.3) inside this rank's group, ``"moe"``: ExpertParallelMoE; errors
+    against the single-process reference over the group's data, and the group's rank/size."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    groups = [dist.new_group(list(range(i, i + size))) for i in range(0, n, size)]
+    group, r = groups[rank // size], rank % size
+    seed = 100 * (rank // size)
+    out = {"group_rank": dist.get_rank(group), "group_size": dist.get_world_size(group)}
+    if part == "sp":
+        out["sp"] = {(sp, p): _group_sp_errors(group, r, size, seed, sp, p)
+                     for sp in (False, True) for p in (0.0, 0.3)}
+    else:
+        out["moe"] = _group_moe_errors(group, r, size, seed)
+    return out
+
+
+def _randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape)), dtype=dtype)
+
+
+def _bad_input_calls(rank: int) -> dict:
+    """``{case: call}``: the multi-process bad inputs; each raises the same error on every
+    rank (before or inside a shape check that all ranks join) or runs to the end on every
+    rank, so no case leaves a rank waiting in a collective."""
+    from lesson10.spmd import (ExpertParallelMoE, gather_sequence, ring_attention,
+                               shard_sequence, ulysses_attention)
+    from lesson10.spmd.moe import init_moe_weights
+    q, x = _randn(1, 4, 2, 3), _randn(1, 8, 2, 3)
+    rw, w1, w2 = init_moe_weights(4, 4, 8)
+
+    def no_tokens():
+        layer = ExpertParallelMoE(4, 4, 8, 2, capacity_factor=1.0)
+        y = layer(_randn(0, 4))
+        return tuple(y.shape), float(layer.aux_loss), layer
+
+    return {
+        "ring int": lambda: ring_attention(q.long(), q.long(), q.long()),
+        "ring shards differ": lambda: ring_attention(*[_randn(1, 4 + 2 * rank, 2, 3)] * 3),
+        "ring empty": lambda: tuple(ring_attention(*[_randn(1, 0, 2, 3)] * 3).shape),
+        "ulysses misspelled layout": lambda: ulysses_attention(q, q, q, causal=False, layout="zigzog"),
+        "ulysses more ranks than kv heads": lambda: ulysses_attention(q, q[:, :, :1], q[:, :, :1]),
+        "shard dim out of range": lambda: shard_sequence(x, "zigzag", dim=7),       # was dim 3
+        "shard numpy": lambda: shard_sequence(x.numpy(), "zigzag"),
+        "shard gather of shards that differ":      # gloo used to abort the process
+            lambda: gather_sequence(_randn(1, 4 + 2 * rank, 2, 3), "contiguous"),
+        "moe k float": lambda: ExpertParallelMoE(4, 4, 8, 2.0),
+        "moe E % Ne": lambda: ExpertParallelMoE(4, 3, 8, 1),
+        "moe cf nan": lambda: ExpertParallelMoE(4, 4, 8, 2, capacity_factor=float("nan")),
+        "moe alpha nan": lambda: ExpertParallelMoE(4, 4, 8, 2, alpha=float("nan")),
+        "moe dtype str": lambda: ExpertParallelMoE(4, 4, 8, 2, dtype="float32"),
+        "moe numpy weights": lambda: ExpertParallelMoE(4, 4, 8, 2, router_w=rw.numpy(),
+                                                       w1=w1.numpy(), w2=w2.numpy()),
+        "moe x float64": lambda: ExpertParallelMoE(4, 4, 8, 2)(_randn(5, 4, dtype=torch.float64)),
+        "moe no tokens": lambda: no_tokens()[:2],
+        "moe update_bias nan": lambda: no_tokens()[2].update_bias(float("nan")),
+    }
+
+
+def bad_input_cases(prefix: str) -> dict:
+    """In each rank: ``{case: (outcome, text)}`` for the bad-input cases whose name starts
+    with ``prefix`` (the module's tests parametrize over them); outcome ``"ok"`` and the
+    result, or the exception's type name and message."""
+    res = {}
+    for name, call in _bad_input_calls(dist.get_rank()).items():
+        if not name.startswith(prefix):
+            continue
+        try:
+            res[name] = ("ok", call())
+        except Exception as e:  # noqa: BLE001 - the outcome is what we test
+            res[name] = (type(e).__name__, str(e))
+    return res
+
+
+def bad_input_test(expected: dict):
+    """A test of a module of ``tests/`` (assign it to a ``test_...`` name there), one case
+    per entry of ``expected`` = ``{case of bad_input_cases: words its ValueError says}``;
+    the module's ``RANK_JOBS["bad_input"]`` runs the cases on 2 ranks."""
+    import pytest
+
+    @pytest.mark.parametrize("case", list(expected))
+    def test(rank_results, case):
+        outs = rank_results(2, "bad_input")
+        misses = [(r, res[case]) for r, res in enumerate(outs)
+                  if res[case][0] != "ValueError" or expected[case] not in res[case][1]]
+        assert not misses, misses
+    return test
+
+
+def inexact_rows(outs: list, n_cases: int) -> list:
+    """The rows of each rank's ``check_attention`` results that are not exact in the output
+    and the three gradients (or ``["count"]`` when a rank did not return ``n_cases`` rows)."""
+    if any(len(rows) != n_cases for rows in outs):
+        return ["count"]
+    return [row for rows in outs for row in rows
+            if "error" in row or not row["ok"] or set(row["err"]) != {"out", "dq", "dk", "dv"}]
 
 
 def run_jobs(jobs: dict) -> dict:

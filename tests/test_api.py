@@ -92,6 +92,25 @@ def test_dist_signatures():
     assert issubclass(spmd.ExpertParallelMoE, torch.nn.Module)
 
 
+def test_sim_and_spmd_share_one_vocabulary():
+    """The same concept has the same name and argument order in sim and spmd."""
+    from lesson10 import spmd
+    from lesson10.spmd import attention as dattn, moe as dmoe
+
+    def names(fn):
+        return list(inspect.signature(fn).parameters)
+    assert names(sim.shard_sequence)[:3] == names(spmd.shard_sequence)[:3] == ["x", "layout", "group"]
+    assert names(layouts.visible)[:4] == names(dattn.visible)[:4]          # one visibility mask
+    assert not hasattr(dattn, "visible_mask")
+    # moe_reference: the same arguments after the experts, and y unless return_aux=True
+    assert names(sim.moe_reference)[3:] == names(dmoe.moe_reference)[4:]
+    for fn in (sim.moe_reference, dmoe.moe_reference):
+        assert inspect.signature(fn).parameters["return_aux"].default is False
+    # the sim's capacity rule takes C; the exercise capacity_keep takes the capacity factor
+    assert not hasattr(sim, "capacity_keep")
+    assert names(sim.keep_within_capacity) == ["experts", "E", "capacity"]
+
+
 def test_check_failed_is_an_assertion_error_and_every_exercise_has_a_check():
     assert issubclass(checks.CheckFailed, AssertionError)
     for name in checks.EXERCISES:

@@ -19,7 +19,7 @@ def test_bench_compare_writes_times_and_bytes_next_to_the_formulas(tmp_path, cap
 
 
 def test_run_usp(capsys):
-    """`run usp` (the `run allgather` path is the same worker, checked in test_spmd_combine)."""
+    """`run usp` (the `run allgather` path is the same worker, checked in test_spmd_allgather.py)."""
     rc = run.main(["usp", "--nproc", "4", "--ulysses-size", "2", "--seq", "32", "--heads", "4",
                    "--kv-heads", "2", "--dim", "8", "--dtype", "float64"])
     out = capsys.readouterr().out

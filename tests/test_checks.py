@@ -1,6 +1,8 @@
 """The check framework: outcomes, messages, stubs, fixed seeds, the input-mutation and
 type checks. Right and wrong answers per exercise: tests/test_checks_answers.py."""
 
+import contextlib
+import io
 import math
 
 import numpy as np
@@ -8,7 +10,7 @@ import pytest
 
 import answers_01_03 as a1
 import answers_04_05 as a4
-from lesson10 import checks
+from lesson10 import checks, layouts, sim
 from lesson10.checks import CheckFailed
 
 
@@ -42,7 +44,7 @@ def _references():
         "ulysses_attention": lambda *a, **kw: sim.ulysses_attention(*a, **kw),
         "ulysses_bytes": lambda s, h, n, g=1, e=2: cost.comm_bytes("ulysses", s, h, n, g=g, e=e),
         "route_topk": lambda logits, k: sim.route_topk(logits, k),
-        "capacity": lambda ex, E, cf: sim.capacity_keep(ex, E, sim.expert_capacity(len(ex), E, ex.shape[1], cf)),
+        "capacity": lambda ex, E, cf: sim.keep_within_capacity(ex, E, sim.expert_capacity(len(ex), E, ex.shape[1], cf)),
 
         "aux_loss": lambda p, ex, alpha=1e-2: sim.switch_aux_loss(p, ex, alpha),
     }
@@ -610,3 +612,48 @@ def test_an_old_signature_without_the_network_is_explained():
         checks.check_ring_attention(ring_attention)
     with pytest.raises(CheckFailed, match=r"hint: the check calls it as seq_to_heads\(shards, group\)"):
         checks.check_seq_to_heads(seq_to_heads)
+
+
+# --------------------------------------------------------------------------- bad input
+# (each case was found misbehaving before its validation was added)
+
+def _right_then(transform, right):
+    def student(*args, **kwargs):
+        return transform(right(*args, **kwargs))
+    return student
+
+
+def _run_check(name, fn):
+    with contextlib.redirect_stdout(io.StringIO()):
+        getattr(checks, "check_" + name)(fn, seed=1)
+
+
+@pytest.mark.parametrize("name,ref", [
+    ("reduce_scatter", lambda xs: sim.SimGroup(len(xs)).reduce_scatter(xs)),
+    ("merge", lambda *a: sim.merge(*a)),
+    ("zigzag_positions", lambda s, n: layouts.shard_positions(s, n, "zigzag")),
+])
+def test_checks_reject_complex_and_text_arrays(name, ref):
+    """A complex answer used to pass (its imaginary part was dropped), text was parsed."""
+    def to(kind):
+        def conv(r):
+            if isinstance(r, (list, tuple)):
+                return type(r)(conv(x) for x in r)
+            return np.asarray(r) + 1j if kind == "complex" else np.asarray(r).astype(str)
+        return conv
+    _run_check(name, ref)                                   # the right answer passes
+    for kind, msg in (("complex", "complex numbers"), ("text", "text")):
+        with pytest.raises(CheckFailed, match=msg):
+            _run_check(name, _right_then(to(kind), ref))
+
+
+def test_checks_reject_complex_and_text_numbers():
+    from lesson10 import cost
+    right = lambda s, h, n, g=1, e=2: cost.comm_bytes("ulysses", s, h, n, g=g, e=e)  # noqa: E731
+    _run_check("ulysses_bytes", right)
+    for wrong, msg in ((lambda *a: right(*a) + 1j, "complex"),
+                       (lambda *a: np.complex128(right(*a)), "complex"),
+                       (lambda *a: np.asarray(right(*a)).astype(str), "text"),
+                       (lambda *a: repr(right(*a)), "text")):
+        with pytest.raises(CheckFailed, match=msg):
+            _run_check("ulysses_bytes", wrong)

@@ -169,6 +169,13 @@ def test_moe_skew_model_matches_simulator():
     r = figures.moe_routing(E=8, Ne=4, k=2, T=16, skew=2.0, seed=5)
     stats = simulate_moe(64, 8, 2, 4, skew=2.0, seed=5)
     np.testing.assert_array_equal(r["popularity"], stats.popularity)
+    # one skew model (sim.skewed_routing): the same seed is the same sample, drops included
+    for seed, cf, skew in ((5, None, 2.0), (1, 1.0, 1.5), (2, 0.75, 0.0)):
+        r = figures.moe_routing(E=8, Ne=4, k=2, T=16, skew=skew, capacity_factor=cf, seed=seed)
+        stats = simulate_moe(64, 8, 2, 4, capacity_factor=cf, skew=skew, seed=seed)
+        np.testing.assert_array_equal(r["load_per_expert"], stats.load_per_expert)
+        np.testing.assert_array_equal(r["load_per_gpu"], stats.load_per_gpu)
+        assert r["drop_rate"] == stats.drop_rate
     # a strong skew concentrates copies on the most popular experts
     r = figures.moe_routing(E=8, Ne=4, k=1, T=256, skew=6.0, capacity_factor=None)
     top = int(np.argmax(r["popularity"]))

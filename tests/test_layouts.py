@@ -221,3 +221,15 @@ def test_block_plan_covers_exactly_the_visible_pairs(seed):
                 assert got.max(initial=0) <= 1
                 assert (got[want] == 1).all()
                 assert plan_pairs(plan) == want.sum()
+
+
+# --------------------------------------------------------------------------- bad input
+# (each case was found misbehaving before its validation was added)
+
+def test_ring_time_rejects_complex_and_ragged_work():
+    with pytest.raises(ValueError, match="real numbers"):
+        layouts.ring_time([[1 + 5j, 2], [3, 4]])       # used to drop the imaginary part
+    with pytest.raises(ValueError, match="rows of different lengths"):
+        layouts.ring_time([[1, 2], [3]])
+    with pytest.raises(ValueError, match="n \\(number of ranks\\) must be >= 1"):
+        layouts.ring_source(0, 0, 0)                  # used to be a ZeroDivisionError

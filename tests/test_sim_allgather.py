@@ -100,8 +100,8 @@ def test_allgather_equals_full_attention(layout, causal, n, a, a_kv):
     for r in range(n):
         assert out[r].shape == (16 // n, a, 3)
         np.testing.assert_allclose(out[r], ref[pos[r]], rtol=0, atol=1e-12)
-        np.testing.assert_allclose(stats["lse"][r], ref_lse[pos[r]], rtol=0, atol=1e-12)
-    assert stats["work"].sum() == (16 * 17 // 2 if causal else 16 * 16)
+        np.testing.assert_allclose(stats.lse[r], ref_lse[pos[r]], rtol=0, atol=1e-12)
+    assert stats.work.sum() == (16 * 17 // 2 if causal else 16 * 16)
 
 
 @pytest.mark.parametrize("g", [1, 2, 4])

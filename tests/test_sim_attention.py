@@ -1,8 +1,12 @@
 """Reference attention with lse, and the logsumexp merge, against a plain loop."""
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from lesson10 import sim
 from lesson10.sim import attention, merge
+from sim_strategies import FAST
 
 
 def naive_attention(q, k, v, causal=False, q_pos=None, k_pos=None):
@@ -122,3 +126,72 @@ def test_attention_rejects_bad_head_counts_and_shapes():
         attention(q, k, v, causal=True, q_pos=np.arange(3))
     with pytest.raises(ValueError):
         merge(np.zeros((2, 1, 1)), np.zeros((2, 1)), np.zeros((3, 1, 1)), np.zeros((3, 1)))
+
+
+# --------------------------------------------------------------------------- bad input
+# (each case was found misbehaving before its validation was added)
+def _bad_qkv(s=4, a=2, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((s, a, d)) for _ in range(3))
+
+
+def test_sim_attention_rejects_complex_nan_and_empty_head_dim():
+    q, k, v = _bad_qkv()
+    with pytest.raises(ValueError, match="q must hold real numbers"):
+        sim.attention(q + 1j, k, v)                    # used to drop the imaginary part
+    with pytest.raises(ValueError, match="k contains NaN or inf"):
+        sim.attention(q, np.where(k > 1, np.inf, k), v)
+    with pytest.raises(ValueError, match="head dim d is 0"):
+        sim.attention(q[..., :0], k[..., :0], v)       # used to return NaN
+    # empty sequences are fine: nothing to attend to is (out 0, lse -inf)
+    out, lse = sim.attention(q, k[:0], v[:0], causal=True)
+    assert np.all(out == 0) and np.all(lse == -np.inf)
+
+
+def test_sim_attention_positions_must_be_integer_ids():
+    q, k, v = _bad_qkv()
+    pos = np.array([0.0, 1.0, np.nan, 3.0])            # NaN made every key visible
+    with pytest.raises(ValueError, match="integer token ids"):
+        sim.attention(q, k, v, causal=True, q_pos=pos)
+    with pytest.raises(ValueError, match="integer token ids"):
+        sim.attention(q, k, v, causal=True, q_pos=["a", "b", "c", "d"])
+
+
+def test_sim_merge_rejects_nan_and_plus_inf_lse():
+    q, k, v = _bad_qkv()
+    o, lse = sim.attention(q, k, v)
+    for bad in (np.nan, np.inf):
+        with pytest.raises(ValueError, match="NaN and \\+inf are not a logsumexp"):
+            sim.merge(o, np.full_like(lse, bad), o, lse)
+    with pytest.raises(ValueError, match="same shapes"):
+        sim.merge(1.0, 2.0, 1.0, 2.0)                  # scalars used to "merge"
+    o2, lse2 = sim.merge(o, np.full_like(lse, -np.inf), o, lse)   # -inf stays neutral
+    np.testing.assert_allclose(o2, o, atol=1e-15)
+
+
+# --------------------------------------------------------------------------- properties (hypothesis)
+
+@FAST
+@given(st.integers(1, 12), st.integers(1, 4), st.booleans(), st.data())
+def test_merge_in_any_block_order_is_exact(s_k, n_blocks, causal, data):
+    """Split the keys into random blocks (some may be empty or fully masked), merge them in a
+    random order: the result is full attention."""
+    seed = data.draw(st.integers(0, 2**16))
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((4, 2, 3))
+    k = rng.standard_normal((s_k, 1, 3))
+    v = rng.standard_normal((s_k, 1, 3))
+    q_pos = rng.integers(0, s_k, size=4)
+    k_pos = np.arange(s_k)
+    labels = data.draw(st.lists(st.integers(0, n_blocks - 1), min_size=s_k, max_size=s_k))
+    order = data.draw(st.permutations(range(n_blocks)))
+    ref, ref_lse = attention(q, k, v, causal=causal, q_pos=q_pos, k_pos=k_pos)
+    o, lse = np.zeros((4, 2, 3)), np.full((4, 2), -np.inf)
+    with np.errstate(all="raise"):
+        for b in order:
+            idx = np.nonzero(np.array(labels) == b)[0]
+            ob, lb = attention(q, k[idx], v[idx], causal=causal, q_pos=q_pos, k_pos=k_pos[idx])
+            o, lse = merge(o, lse, ob, lb)
+    np.testing.assert_allclose(o, ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-12)
+    assert not np.isnan(o).any()

@@ -1,9 +1,12 @@
 """SimGroup: collectives on lists of arrays, and the byte ledger at ring-algorithm cost."""
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from lesson10 import cost
+from lesson10 import cost, sim
 from lesson10.sim import SimGroup, gather_sequence, shard_sequence
+from sim_strategies import FAST
 
 
 def _xs(n, shape, seed=0):
@@ -140,7 +143,7 @@ def test_ledger_accumulates_and_resets():
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
 def test_shard_and_gather_sequence_round_trip(layout):
     x = np.random.default_rng(0).standard_normal((16, 2, 3))
-    shards, pos = shard_sequence(x, 4, layout)
+    shards, pos = shard_sequence(x, layout, SimGroup(4))
     assert all(s.shape == (4, 2, 3) for s in shards)
     assert sorted(np.concatenate(pos).tolist()) == list(range(16))
     assert np.array_equal(gather_sequence(shards, pos), x)
@@ -148,7 +151,7 @@ def test_shard_and_gather_sequence_round_trip(layout):
 
 def test_zigzag_needs_a_multiple_of_2n():
     with pytest.raises(ValueError, match="multiple of 8"):
-        shard_sequence(np.zeros((12, 1, 1)), 4, "zigzag")     # 12 % 4 == 0 but 12 % 8 != 0
+        shard_sequence(np.zeros((12, 1, 1)), "zigzag", 4)     # 12 % 4 == 0 but 12 % 8 != 0
 
 
 def test_gather_sequence_rejects_inconsistent_positions():
@@ -173,3 +176,55 @@ def test_gather_sequence_rejects_a_position_past_the_end():
     # 4 tokens: ids must be 0..3; id 4 would index past the end
     with pytest.raises(ValueError, match="exactly once"):
         gather_sequence([np.zeros(2), np.zeros(2)], [np.array([0, 1]), np.array([2, 4])])
+
+
+# --------------------------------------------------------------------------- bad input
+# (each case was found misbehaving before its validation was added)
+def _bad_qkv(s=4, a=2, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((s, a, d)) for _ in range(3))
+
+
+def test_simgroup_and_shards_reject_garbage():
+    with pytest.raises(ValueError, match="bytes per element"):
+        sim.SimGroup(2, e="2")
+    g = sim.SimGroup(2)
+    with pytest.raises(ValueError, match="real numbers"):
+        g.all_reduce([None, None])
+    with pytest.raises(ValueError, match="ragged"):
+        g.all_reduce([[1, [2]], [1, [2]]])
+    with pytest.raises(ValueError, match="axis must be an integer"):
+        g.reduce_scatter([np.ones((4, 2))] * 2, axis=1.0)
+    with pytest.raises(ValueError, match="axis must be an integer"):
+        g.all_gather([np.ones((4, 2))] * 2, axis=None)
+    with pytest.raises(ValueError, match="real numbers"):
+        g.all_to_all([[None, None], [None, None]])    # used to ship object arrays
+    with pytest.raises(ValueError, match="list of shards"):
+        sim.gather_sequence(None, None)
+
+
+def test_group_must_be_a_simgroup():
+    q, k, v = _bad_qkv(s=8, a=2)
+    qs, pos = sim.shard_sequence(q, "contiguous", 2)
+    for call in (lambda: sim.ring_attention(qs, qs, qs, pos, group=2),
+                 lambda: sim.ulysses_attention(qs, qs, qs, pos, group=2),
+                 lambda: sim.seq_to_heads(qs, 2),
+                 lambda: sim.sp_forward([np.ones((4, 2))] * 2, np.tanh, 2),
+                 lambda: sim.moe_layer([np.ones((2, 3))] * 2, np.ones((3, 2)),
+                                       [lambda z: z] * 2, 1, group=2)):
+        with pytest.raises(ValueError, match="group must be a SimGroup"):
+            call()
+
+
+# --------------------------------------------------------------------------- properties (hypothesis)
+
+@FAST
+@given(st.integers(1, 5), st.integers(1, 4), st.integers(0, 999))
+def test_rs_plus_ag_equals_all_reduce(n, rows, seed):
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal((n * rows, 3)) for _ in range(n)]
+    g1, g2 = SimGroup(n), SimGroup(n)
+    a = g1.all_reduce(xs)
+    b = g2.all_gather(g2.reduce_scatter(xs))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    np.testing.assert_allclose(g1.bytes_sent, g2.bytes_sent)

@@ -4,12 +4,15 @@ from itertools import permutations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from lesson10 import cost
-from lesson10.sim import (SimGroup, capacity_keep, expert_capacity, init_experts, moe_layer,
+from lesson10 import cost, sim
+from lesson10.sim import (SimGroup, expert_capacity, keep_within_capacity, init_experts, moe_layer,
                           moe_reference, route_topk, router_probs, simulate_moe,
                           switch_aux_loss, update_expert_bias)
 from lesson10.sim.moe import _sample_topk
+from sim_strategies import FAST
 
 
 # ------------------------------------------------------------------ routing and capacity
@@ -54,23 +57,6 @@ def test_expert_capacity_is_the_lesson_formula():
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="capacity_factor"):
             expert_capacity(100, 10, 1, bad)
-
-
-def _keep_by_loop(experts, E, C):
-    used, keep = [0] * E, np.zeros(experts.shape, dtype=bool)
-    for t in range(experts.shape[0]):
-        for j in range(experts.shape[1]):
-            if used[experts[t, j]] < C:
-                used[experts[t, j]] += 1
-                keep[t, j] = True
-    return keep
-
-
-@pytest.mark.parametrize("C", [0, 1, 3, 10, 1000])
-def test_capacity_is_first_come_first_served(C):
-    rng = np.random.default_rng(C)
-    experts = np.argsort(rng.random((60, 6)), axis=1)[:, :2]
-    assert np.array_equal(capacity_keep(experts, 6, C), _keep_by_loop(experts, 6, C))
 
 
 # ------------------------------------------------------------------ the layer
@@ -139,11 +125,11 @@ def test_dropped_copies_contribute_nothing():
     ys, stats = moe_layer(xs, router_w, experts, 1, capacity_factor=0.25, group=SimGroup(2),
                           return_stats=True)
     C = expert_capacity(32, 4, 1, 0.25)
-    assert stats["capacity"] == C == 2
-    assert stats["load_per_expert"].max() <= C and stats["dropped"] == 32 - stats["load_per_expert"].sum()
+    assert stats.capacity == C == 2 and stats.as_dict()["capacity"] == 2
+    assert stats.load_per_expert.max() <= C and stats.dropped == 32 - stats.load_per_expert.sum()
     y = np.concatenate(ys)
     chosen, _ = route_topk(np.concatenate(xs) @ router_w, 1)
-    keep = _keep_by_loop(chosen, 4, C)
+    keep = keep_within_capacity(chosen, 4, C)          # tested by loop in test_sim_capacity.py
     assert np.all(y[~keep[:, 0]] == 0)               # the token passes only through the residual
     assert np.all(np.abs(y[keep[:, 0]]).sum(axis=1) > 0)
 
@@ -426,7 +412,7 @@ def test_internode_bytes_count_one_copy_per_token_and_remote_node(Ne, nodes, M, 
         choices = route_topk(logw + rng.gumbel(size=(T, E)), k, nodes=nodes, max_nodes=M)[0]
     else:
         choices = _sample_topk(logw, T, k, np.random.default_rng(route_seq))
-    keep = capacity_keep(choices, E, st.capacity) if cf is not None else None
+    keep = keep_within_capacity(choices, E, st.capacity) if cf is not None else None
     inter, intra = _node_bytes_by_loop(choices, keep, T, E, Ne, nodes, h, e)
     np.testing.assert_allclose(st.internode_bytes_per_gpu, inter)
     np.testing.assert_allclose(st.intranode_bytes_per_gpu, intra)
@@ -472,3 +458,103 @@ def test_simulate_moe_rejects_bad_nodes():
         simulate_moe(64, 16, 2, 8, max_nodes=2)
     with pytest.raises(ValueError, match="raise max_nodes"):
         simulate_moe(64, 16, 4, 8, nodes=8, max_nodes=1)
+
+
+# --------------------------------------------------------------------------- bad input
+# (each case was found misbehaving before its validation was added)
+
+def test_routing_rejects_non_finite_or_complex_logits():
+    L = np.random.default_rng(0).standard_normal((6, 4))
+    for bad in (np.where(L > 1, np.nan, L), np.where(L > 1, np.inf, L), L + 1j):
+        with pytest.raises(ValueError, match="logits"):
+            sim.route_topk(bad, 2)
+    with pytest.raises(ValueError, match="bias contains NaN"):
+        sim.route_topk(L, 2, bias=np.array([np.nan, 0, 0, 0]))
+    with pytest.raises(ValueError, match="logits contains NaN"):
+        sim.router_probs(np.array([[np.nan, 1.0]]))
+
+
+def test_moe_reference_and_layer_reject_garbage():
+    h, E = 4, 4
+    W = np.random.default_rng(0).standard_normal((h, E))
+    ex = sim.init_experts(E, h, 8)
+    x = np.random.default_rng(0).standard_normal((8, h))
+    with pytest.raises(ValueError, match="x contains NaN"):
+        sim.moe_reference(x * np.nan, W, ex, 2)
+    with pytest.raises(ValueError, match="x must hold real numbers"):
+        sim.moe_reference(x + 1j, W, ex, 2)
+    with pytest.raises(ValueError, match="router_w contains NaN"):
+        sim.moe_reference(x, W * np.nan, ex, 2)
+    with pytest.raises(ValueError, match="experts must be a list"):
+        sim.moe_reference(x, W, None, 2)
+    with pytest.raises(ValueError, match="W1 \\(h, d_ff\\) and W2 \\(d_ff, h\\)"):
+        sim.moe_reference(x, W, [(np.ones((3, 2)), np.ones((2, 3)))] * 4, 2)
+    with pytest.raises(ValueError, match="finite real numbers"):
+        sim.moe_reference(x, W, [lambda z: z * np.nan] * 4, 2)
+    with pytest.raises(ValueError, match="must be an array of real numbers"):
+        sim.moe_layer([x[:4] + 1j, x[4:] + 1j], W, ex, 2)
+    for cf in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="capacity_factor must be a number > 0"):
+            sim.moe_layer([x[:4], x[4:]], W, ex, 2, cf)
+
+
+def test_simulate_moe_and_balancing_reject_garbage():
+    for kw, msg in (({"skew": "a"}, "skew"), ({"skew": None}, "skew"), ({"seed": 1.5}, "seed"),
+                    ({"capacity_factor": float("nan")}, "capacity_factor"), ({"k": 9}, "k = 9"),
+                    ({"skew": 1e308, "popularity": np.full(8, 2.0)}, "lower skew")):
+        args = dict(T=64, E=8, k=2, Ne=4)
+        args.update(kw)
+        with pytest.raises(ValueError, match=msg):
+            sim.simulate_moe(**args)
+    probs = np.full((4, 2), 0.5)
+    with pytest.raises(ValueError, match="probs contains NaN"):
+        sim.switch_aux_loss(probs * np.nan, np.array([[0], [1], [0], [1]]))
+    with pytest.raises(ValueError, match="expert ids"):
+        sim.switch_aux_loss(probs, np.array([[0.5], [1], [0], [1]]))
+    with pytest.raises(ValueError, match="at least one token"):
+        sim.switch_aux_loss(np.zeros((0, 2)), np.zeros((0, 1), int))
+    with pytest.raises(ValueError, match="alpha"):
+        sim.switch_aux_loss(probs, np.array([[0], [1], [0], [1]]), alpha=float("nan"))
+    with pytest.raises(ValueError, match="rate"):
+        sim.update_expert_bias(np.zeros(2), np.ones(2), "a")
+    with pytest.raises(ValueError, match="load contains NaN"):
+        sim.update_expert_bias(np.zeros(2), np.array([np.nan, 1.0]), 0.1)
+
+
+# --------------------------------------------------------------------------- properties (hypothesis)
+
+@FAST
+@given(st.sampled_from([1, 2, 4]), st.integers(1, 6), st.integers(1, 3),
+       st.sampled_from([None, 0.5, 1.0, 2.0]), st.integers(0, 999))
+def test_moe_layer_equals_reference(n, T, k, cf, seed):
+    E, h = 4, 3
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal((T, h)) for _ in range(n)]
+    router_w = rng.standard_normal((h, E)) * 2
+    experts = init_experts(E, h, 5, seed=seed)
+    ys = moe_layer(xs, router_w, experts, k, capacity_factor=cf)
+    ref = moe_reference(np.concatenate(xs), router_w, experts, k, capacity_factor=cf)
+    np.testing.assert_allclose(np.concatenate(ys), ref, rtol=0, atol=1e-12)
+
+
+@FAST
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 200), st.data())
+def test_simulate_moe_bookkeeping(Ne, experts_per_gpu, tokens_per_gpu, data):
+    E = Ne * experts_per_gpu
+    k = data.draw(st.integers(1, E))
+    cf = data.draw(st.sampled_from([None, 0.25, 1.0, 1.5]))
+    skew = data.draw(st.sampled_from([0.0, 0.5, 3.0]))
+    T = Ne * tokens_per_gpu
+    stats = simulate_moe(T, E, k, Ne, capacity_factor=cf, skew=skew, seed=data.draw(st.integers(0, 99)), h=8)
+    kept = stats.load_per_expert.sum()
+    assert kept + stats.dropped == k * T and 0 <= stats.drop_rate <= 1
+    if cf is None:
+        assert stats.dropped == 0
+    else:
+        assert stats.load_per_expert.max() <= stats.capacity
+        if stats.dropped:                           # copies are dropped only by a full expert
+            assert stats.load_per_expert.max() == stats.capacity
+    assert stats.traffic.sum(axis=1).max() <= k * tokens_per_gpu
+    assert np.array_equal(stats.traffic.sum(axis=0), stats.load_per_gpu)
+    assert stats.max_load == stats.load_per_gpu.max()
+    assert abs(stats.mean_load - kept / Ne) < 1e-9

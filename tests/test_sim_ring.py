@@ -1,10 +1,12 @@
 """Ring attention: exact for every layout, causal or not, GQA; bytes and work per round."""
 import numpy as np
 import pytest
+from hypothesis import given
 
 from lesson10 import cost
 from lesson10.layouts import causal_work, shard_positions
 from lesson10.sim import SimGroup, attention, ring_attention, shard_sequence
+from sim_strategies import FAST, attention_case
 
 LAYOUTS = ["contiguous", "zigzag", "striped"]
 
@@ -92,7 +94,7 @@ def test_single_rank_sends_nothing():
 
 def test_layout_name_as_positions():
     q, k, v = _qkv(16, 2, 2, 2, seed=3)
-    qs, pos = shard_sequence(q, 4, "zigzag")
+    qs, pos = shard_sequence(q, "zigzag", 4)
     out = ring_attention(qs, [k[p] for p in pos], [v[p] for p in pos], "zigzag")
     ref = attention(q, k, v, causal=True)[0]
     for o, p in zip(out, pos):
@@ -102,7 +104,7 @@ def test_layout_name_as_positions():
 def test_zigzag_rejects_a_sequence_not_divisible_by_2n():
     q, k, v = _qkv(12, 1, 1, 2)
     with pytest.raises(ValueError, match="multiple of 8"):
-        shard_sequence(q, 4, "zigzag")
+        shard_sequence(q, "zigzag", 4)
     c = 3                                           # 4 ranks x 3 tokens: 12 = not a multiple of 8
     with pytest.raises(ValueError, match="multiple of 8"):
         ring_attention([q[:c]] * 4, [k[:c]] * 4, [v[:c]] * 4, "zigzag")
@@ -120,3 +122,23 @@ def test_bad_shards_and_positions():
         ring_attention([x[:, :1] for x in qs], ks, vs, pos)      # 1 query head, 2 K/V heads
     with pytest.raises(ValueError, match="group"):
         ring_attention(qs, ks, vs, pos, group=SimGroup(3))
+
+
+# --------------------------------------------------------------------------- properties (hypothesis)
+
+@FAST
+@given(attention_case())
+def test_ring_attention_is_exact(case):
+    n, layout, causal, q, k, v = case
+    pos = shard_positions(q.shape[0], n, layout)
+    group = SimGroup(n)
+    out, stats = ring_attention([q[p] for p in pos], [k[p] for p in pos], [v[p] for p in pos], pos,
+                                causal=causal, group=group, return_stats=True)
+    ref = attention(q, k, v, causal=causal)[0]
+    for o, p in zip(out, pos):
+        np.testing.assert_allclose(o, ref[p], rtol=0, atol=1e-12)
+    if causal:
+        assert np.array_equal(stats.work, causal_work(n, layout, q.shape[0]))
+    g = q.shape[1] // k.shape[1]
+    h = q.shape[1] * q.shape[2]
+    np.testing.assert_allclose(group.bytes_sent, cost.comm_bytes("ring", q.shape[0], h, n, g=g, e=2))

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from lesson10 import cost
+from lesson10 import cost, sim
 from lesson10.sim import SimGroup, sp_forward, tp_forward
 
 
@@ -72,3 +72,16 @@ def test_sp_rejects_tokens_not_divisible_by_t():
         sp_forward([np.ones((6, 2))] * 4, layer_norm)
     with pytest.raises(ValueError, match="rank 1"):
         sp_forward([np.ones((8, 2)), np.ones((8, 3))], layer_norm)
+
+
+# --------------------------------------------------------------------------- bad input
+# (each case was found misbehaving before its validation was added)
+
+def test_sp_forward_needs_a_token_wise_op():
+    parts = [np.random.default_rng(0).standard_normal((4, 3)) for _ in range(2)]
+    with pytest.raises(ValueError, match="token-wise"):
+        sim.sp_forward(parts, lambda x: x.sum(0))      # used to gather a wrong (6,) result
+    with pytest.raises(ValueError, match="token-wise"):
+        sim.tp_forward(parts, lambda x: x[:1])
+    with pytest.raises(ValueError, match="op must be a function"):
+        sim.tp_forward(parts, None)

@@ -1,11 +1,14 @@
 """Ulysses: all-to-all resharding, exact attention, bytes, and the head-count limit."""
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from lesson10 import cost
+from lesson10 import cost, sim
 from lesson10.layouts import shard_positions
 from lesson10.sim import (SimGroup, attention, heads_to_seq, kv_replication, ring_attention,
                           seq_to_heads, ulysses_attention)
+from sim_strategies import FAST, attention_case
 
 
 def _qkv(s, a, a_kv, d, seed=0):
@@ -110,3 +113,52 @@ def test_heads_not_divisible_by_nc():
         seq_to_heads([q[:3]] * 4)
     with pytest.raises(ValueError, match="rank 1"):
         seq_to_heads([q[:3], q[:2]])
+
+
+# --------------------------------------------------------------------------- bad input
+# (each case was found misbehaving before its validation was added)
+def _bad_qkv(s=4, a=2, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((s, a, d)) for _ in range(3))
+
+
+def test_ulysses_helpers_reject_bad_heads():
+    with pytest.raises(ValueError, match="a_kv must be an integer >= 1"):
+        sim.kv_replication(4, 0, 2)
+    with pytest.raises(ValueError, match="not a multiple"):
+        sim.kv_replication(6, 4, 2)                     # used to answer 1
+    with pytest.raises(ValueError, match="tokens, heads"):
+        sim.heads_to_seq([np.float64(1.0)] * 2)
+    # the guide's example: more ranks than K/V heads names the limit and ring attention
+    q, k, _ = _bad_qkv(s=8, a=4)
+    kv = k[:, :2]
+    with pytest.raises(ValueError, match="N_c <= n_kv.*ring attention"):
+        sim.ulysses_attention(*(sim.shard_sequence(t, "contiguous", 4)[0] for t in (q, kv, kv)), "contiguous")
+
+
+# --------------------------------------------------------------------------- properties (hypothesis)
+
+@FAST
+@given(attention_case(need_kv_split=True))
+def test_ulysses_attention_is_exact(case):
+    n, layout, causal, q, k, v = case
+    pos = shard_positions(q.shape[0], n, layout)
+    group = SimGroup(n)
+    out = ulysses_attention([q[p] for p in pos], [k[p] for p in pos], [v[p] for p in pos], pos,
+                            causal=causal, group=group)
+    ref = attention(q, k, v, causal=causal)[0]
+    for o, p in zip(out, pos):
+        np.testing.assert_allclose(o, ref[p], rtol=0, atol=1e-12)
+    g = q.shape[1] // k.shape[1]
+    np.testing.assert_allclose(group.bytes_sent,
+                               cost.comm_bytes("ulysses", q.shape[0], q.shape[1] * q.shape[2], n, g=g))
+
+
+@FAST
+@given(st.integers(1, 5), st.integers(1, 3), st.integers(1, 3), st.integers(0, 999))
+def test_seq_heads_round_trip(n, c, heads_per_rank, seed):
+    rng = np.random.default_rng(seed)
+    shards = [rng.standard_normal((c, n * heads_per_rank, 2)) for _ in range(n)]
+    group = SimGroup(n)
+    back = heads_to_seq(seq_to_heads(shards, group), group)
+    assert all(np.array_equal(b, x) for b, x in zip(back, shards))

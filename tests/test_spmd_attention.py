@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from lesson10.spmd import attention as dattn
 from lesson10.spmd.attention import attention, local_attention, local_attention_backward, merge
 
 
@@ -137,3 +138,66 @@ def test_bad_shapes_raise_clear_errors():
         attention(q, k, v[:, :5])
     with pytest.raises(ValueError, match="4-D"):
         local_attention(q[0], k[0], v[0])
+
+
+@pytest.mark.parametrize("causal,docs", [(True, False), (False, True), (True, True), (False, False)])
+def test_visible_is_the_torch_form_of_layouts_visible(causal, docs):
+    import numpy as np
+
+    from lesson10 import layouts
+    from lesson10.spmd.attention import visible
+    rng = np.random.default_rng(int(causal) + 2 * int(docs))
+    q_pos, k_pos = rng.permutation(16)[:6], rng.permutation(16)[:9]
+    doc_ids = np.repeat([0, 1, 2, 3], 4) if docs else None
+    mask = visible(q_pos, k_pos, causal, doc_ids)
+    want = layouts.visible(q_pos, k_pos, causal, doc_ids)
+    if mask is None:                                   # no mask: every key visible
+        assert want.all()
+    else:
+        assert np.array_equal(mask.numpy(), want) and not want.all()
+
+
+# --------------------------------------------------------------------------- bad input
+# (each case was found misbehaving before its validation was added)
+def _bad_t(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape)), dtype=dtype)
+
+
+def test_dist_local_attention_on_empty_blocks_does_not_crash():
+    """The CPU flash kernel kills the process (SIGFPE) on a zero-length sequence."""
+    q, k, v = _bad_t(1, 4, 2, 3), _bad_t(1, 4, 2, 3), _bad_t(1, 4, 2, 3)
+    out, lse = dattn.local_attention(q, k[:, :0], v[:, :0])
+    assert out.shape == q.shape and torch.all(out == 0) and torch.all(lse == -math.inf)
+    out, lse = dattn.local_attention(q[:, :0], k, v, impl="kernel")
+    assert out.shape == (1, 0, 2, 3) and lse.shape == (1, 2, 0)
+    dq, dk, dv = dattn.local_attention_backward(q, q, k[:, :0], v[:, :0], out=torch.zeros_like(q),
+                                                lse=torch.full((1, 2, 4), -math.inf))
+    assert dk.shape == (1, 0, 2, 3) and torch.all(dq == 0)
+
+
+def test_dist_attention_rejects_bad_dtypes_and_args():
+    q, k, v = _bad_t(1, 4, 2, 3), _bad_t(1, 4, 2, 3), _bad_t(1, 4, 2, 3)
+    for fn in (dattn.attention, dattn.local_attention):
+        with pytest.raises(ValueError, match="floating-point"):
+            fn(q.long(), k.long(), v.long())
+        with pytest.raises(ValueError, match="floating-point"):
+            fn(q.cfloat(), k.cfloat(), v.cfloat())          # used to return complex output
+        with pytest.raises(ValueError, match="mixed dtypes"):
+            fn(q, k.double(), v)
+        with pytest.raises(ValueError, match="torch.Tensor"):
+            fn(q.numpy(), k.numpy(), v.numpy())
+        with pytest.raises(ValueError, match="head dim d"):
+            fn(q[..., :0], k[..., :0], v[..., :0])
+        with pytest.raises(ValueError, match="integer token ids"):
+            fn(q, k, v, causal=True, q_pos=torch.tensor([0.0, 1, float("nan"), 3]),
+               k_pos=torch.arange(4))
+    with pytest.raises(ValueError, match="impl must be one of"):
+        dattn.local_attention(q, k, v, impl="fast")         # used to fall back silently
+    out, lse = dattn.local_attention(q, k, v)
+    with pytest.raises(ValueError, match="lse must be \\(b, a, s_q\\)"):
+        dattn.local_attention_backward(q, q, k, v, out, lse.transpose(1, 2))
+    with pytest.raises(ValueError, match="shape of q"):
+        dattn.local_attention_backward(q[:, :2], q, k, v, out, lse)
+    o, l = dattn.attention(q, k, v)
+    with pytest.raises(ValueError, match="transpose it"):
+        dattn.merge(o, l.transpose(1, 2), o, l.transpose(1, 2))

@@ -9,12 +9,12 @@ from lesson10.spmd.comm import count_bytes, record
 
 def test_counter_nests_and_records():
     with count_bytes() as outer:
-        record("p2p", 10)
+        record("ring_shift", 10)
         with count_bytes() as inner:
-            record("p2p", 5)
+            record("ring_shift", 5)
             record("all_to_all", 7)
-    record("p2p", 1000)                      # outside: not counted
-    assert outer.sent == 22 and outer.by_op == {"p2p": 15, "all_to_all": 7}
+    record("ring_shift", 1000)                      # outside: not counted
+    assert outer.sent == 22 and outer.by_op == {"ring_shift": 15, "all_to_all": 7}
     assert inner.sent == 12 and inner.calls == 2
 
 

@@ -238,3 +238,12 @@ def test_ranks_import_the_parents_lesson10_whatever_is_first_on_the_path(tmp_pat
     monkeypatch.syspath_prepend(str(tmp_path))
     assert [r["rank"] for r in launch(workers.hello, 1, quiet=True)] == [0]
     assert sys.path[0] == str(tmp_path)                 # the parent's path is left as it was
+
+
+def test_launch_rejects_bad_timeout_and_threads():
+    """These used to fail deep inside TCPStore / timedelta, or in every rank after spawning."""
+    for timeout in (float("nan"), -1, 0, "10", float("inf")):
+        with pytest.raises(ValueError, match="timeout must be a finite number of seconds"):
+            launch(w.whoami, 2, timeout=timeout, quiet=True)
+    with pytest.raises(ValueError, match="threads must be None"):
+        launch(w.whoami, 2, threads=0, quiet=True)

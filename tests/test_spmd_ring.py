@@ -13,6 +13,7 @@ import pytest
 from lesson10 import cost
 from lesson10.spmd.ring import ring_blocks
 from lesson10.layouts import causal_work, shard_positions
+from rank_workers import bad_input_test
 
 B, S, A, D = 2, 24, 4, 8          # s = 24 splits into 2*N_c chunks for N_c = 2 and 4
 E = {"float64": 8, "float32": 4}
@@ -39,7 +40,20 @@ def _split_cases():
                  layout="zigzag", split=2, seed=7) for m in ("ring", "ulysses")]
 
 
-RANK_JOBS = {"ring": lambda n: ("check_attention", _cases() + (_split_cases() if n == 4 else [])),
+DOC_S, DOCS = 16, [5, 1, 6, 1, 3]    # packed documents across rank boundaries, two of one token
+
+
+def _doc_cases():
+    """Document masks (``docs=``: the lengths of the packed documents), in float64."""
+    return [dict(method="ring", b=B, s=DOC_S, a=8, a_kv=2, d=4, dtype="float64", causal=causal,
+                 layout=layout, docs=DOCS, seed=50 + i)
+            for i, (layout, causal) in enumerate(itertools.product(("zigzag", "contiguous"),
+                                                                   (True, False)))]
+
+
+RANK_JOBS = {"bad_input": lambda n: ("bad_input_cases", {"prefix": "ring"}),
+             "ring": lambda n: ("check_attention", _cases() + (_split_cases() if n == 4 else [])),
+             "ring_docs": lambda n: ("check_attention", _doc_cases()),
              "ring_errors": lambda n: ("ring_error_messages", {}),
              "unseen_layout": lambda n: ("unseen_layout", [
                  dict(causal=True), dict(causal=False), dict(causal=True, docs=[5, 11, 8])])}
@@ -86,7 +100,7 @@ def test_bytes_match_cost_formula(results):
                 assert row["fwd_by_op"]["all_to_all"] == want == row["bwd"]
                 continue
             assert row["fwd"] == want
-            assert set(row["fwd_by_op"]) == {"p2p", "metadata"}
+            assert set(row["fwd_by_op"]) == {"ring_shift", "metadata"}
             assert row["bwd"] * (n - 1) == row["fwd"] * (2 * n - 1)
 
 
@@ -148,3 +162,25 @@ def test_a_layout_the_ring_was_never_written_for_is_exact(rank_results, n):
             assert set(row["errors"]) == {f"{m}/{lay}" for m in ("ring", "allgather")
                                           for lay in ("permutation", "striped")}
             assert max(row["errors"].values()) < 1e-9, row
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_document_masks_are_exact_and_change_no_byte(rank_results, n):
+    for rows in rank_results(n, "ring_docs"):
+        assert len(rows) == len(_doc_cases())
+        for row in rows:
+            assert "error" not in row, row
+            assert row["ok"] and set(row["err"]) == {"out", "dq", "dk", "dv"}, row
+            g, h = 8 / 2, 8 * 4
+            assert row["fwd"] == row["formula_fwd"] == cost.comm_bytes("ring", DOC_S, h, n, g=g, e=8) * B
+
+
+# multi-process bad input (rank_workers.bad_input_cases) -> what its error says
+test_multi_process_bad_input_says_what_to_do = bad_input_test({
+    "ring int": "floating-point",
+    "ring shards differ": "different shapes or dtypes on the ranks",
+})
+
+
+def test_an_empty_sequence_runs_on_every_rank(rank_results):
+    assert all(res["ring empty"] == ("ok", (1, 0, 2, 3)) for res in rank_results(2, "bad_input"))

@@ -7,7 +7,7 @@ import torch
 
 from lesson10.spmd import count_bytes, gather_sequence, local_positions, shard_sequence
 from lesson10.spmd.launch import launch
-from rank_workers import shard_cases
+from rank_workers import bad_input_test, shard_cases
 from lesson10.layouts import shard_positions
 
 N = 2
@@ -86,3 +86,14 @@ def test_other_dims_and_local_positions(all_results):
             assert torch.equal(res["back"], x), (shape, dim)
             # the all-gather sends this rank's shard to the N - 1 others, float64
             assert res["bytes"] == (N - 1) * x.numel() // N * 8
+
+
+RANK_JOBS = {"bad_input": lambda n: ("bad_input_cases", {"prefix": "shard"})}
+
+
+# multi-process bad input (rank_workers.bad_input_cases) -> what its error says
+test_multi_process_bad_input_says_what_to_do = bad_input_test({
+    "shard dim out of range": "pass the sequence dim",
+    "shard numpy": "torch.as_tensor",
+    "shard gather of shards that differ": "every rank must pass its s/n tokens",
+})

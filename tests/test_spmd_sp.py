@@ -12,7 +12,10 @@ CASES = [dict(b=B, s=S, h=H, ffn=FFN, sequence_parallel=sp, p=p, dtype=dt, block
 ERRORS = [dict(b=1, s=S + 1, h=H, ffn=FFN, sequence_parallel=True),   # s not divisible by t
           dict(b=1, s=S, h=H, ffn=FFN + 1, sequence_parallel=False)]  # ffn not divisible by t
 
-RANK_JOBS = {"sp": lambda n: ("check_sp", CASES + ERRORS)}
+RANK_JOBS = {"sp": lambda n: ("check_sp", CASES + ERRORS),
+             "operators": lambda n: ("sp_operator_pairs", {}),
+             # group=: 4 ranks as two independent groups of 2, each with its own data
+             "groups": lambda n: ("split_groups", {"part": "sp"}) if n == 4 else ("whoami", {})}
 
 
 @pytest.fixture(scope="module", params=[2, 4])
@@ -88,3 +91,53 @@ def test_bad_input_errors(run):
         e_seq, e_ffn = (r["error"] for r in rank_out[len(CASES):])
         assert "multiple" in e_seq and "s = 9" in e_seq
         assert "ffn" in e_ffn and "multiple" in e_ffn
+
+
+def test_each_operator_is_a_forward_backward_pair(rank_results):
+    """The backward of each operator is the collective paired with its forward (f: identity /
+    all-reduce, g: all-reduce / identity, SP gather: all-gather / reduce-scatter, SP scatter:
+    reduce-scatter / all-gather); every rank r holds x_r = (r + 1) * base and back-propagates
+    dy_r = (r + 1) * ones, so the results are written out from the definitions."""
+    import torch
+    n = 2
+    outs = rank_results(n, "operators")
+    b, s, h, e = 2, 4 * n, 3, 8
+    c = s // n
+    base = torch.arange(b * s * h, dtype=torch.float64).reshape(b, s, h)
+    tri = n * (n + 1) / 2                                   # sum over ranks of (r + 1)
+    full = b * s * h * e
+    for r, res in enumerate(outs):
+        k = r + 1
+        # f: identity forward, all-reduce backward
+        assert torch.equal(res["copy_to_tp"]["y"], k * base)
+        assert torch.equal(res["copy_to_tp"]["dx"], torch.full((b, s, h), tri, dtype=torch.float64))
+        assert (res["copy_to_tp"]["fwd"], res["copy_to_tp"]["bwd"]) == (0, 2 * (n - 1) / n * full)
+        # g: all-reduce forward, identity backward
+        assert torch.equal(res["reduce_from_tp"]["y"], tri * base)
+        assert torch.equal(res["reduce_from_tp"]["dx"], torch.full((b, s, h), k, dtype=torch.float64))
+        assert (res["reduce_from_tp"]["fwd"], res["reduce_from_tp"]["bwd"]) == (2 * (n - 1) / n * full, 0)
+        # SP gather: all-gather along s forward, reduce-scatter backward
+        want = torch.cat([(j + 1) * base[:, :c] for j in range(n)], dim=1)
+        assert torch.equal(res["gather_from_sp"]["y"], want)
+        assert torch.equal(res["gather_from_sp"]["dx"], torch.full((b, c, h), tri, dtype=torch.float64))
+        assert res["gather_from_sp"]["fwd"] == res["gather_from_sp"]["bwd"] == (n - 1) / n * full
+        # SP scatter: reduce-scatter along s forward, all-gather backward
+        assert torch.equal(res["reduce_scatter_to_sp"]["y"], tri * base[:, r * c:(r + 1) * c])
+        want = torch.cat([torch.full((b, c, h), float(j + 1), dtype=torch.float64) for j in range(n)], 1)
+        assert torch.equal(res["reduce_scatter_to_sp"]["dx"], want)
+        assert res["reduce_scatter_to_sp"]["fwd"] == res["reduce_scatter_to_sp"]["bwd"] == (n - 1) / n * full
+
+
+def test_groups_are_the_expected_ranks(rank_results):
+    results = rank_results(4, "groups")
+    assert [(o["group_rank"], o["group_size"]) for o in results] == [(0, 2), (1, 2), (0, 2), (1, 2)]
+
+
+def test_sequence_parallel_block_inside_a_group(rank_results):
+    """TP and TP + SP inside a group of 2 of 4 ranks match the reference on that group's data."""
+    results, TOL = rank_results(4, "groups"), 1e-9
+    for rank, out in enumerate(results):
+        for (sp, p), err in out["sp"].items():
+            assert err["plain"] < 1e-12, (rank, sp, p)           # the reference is the formula
+            for key in ("out", "dx", "grads"):
+                assert err[key] < TOL, (rank, sp, p, key, err)

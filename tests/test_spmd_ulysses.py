@@ -6,6 +6,7 @@ import math
 import pytest
 
 from lesson10 import cost
+from rank_workers import bad_input_test
 
 S, D = 16, 4
 LAYOUTS = ("contiguous", "zigzag", "striped")
@@ -26,7 +27,8 @@ def cases(n):
     return good, bad
 
 
-RANK_JOBS = {"ulysses": lambda n: ("check_attention", cases(n)[0] + list(cases(n)[1].values())),
+RANK_JOBS = {"bad_input": lambda n: ("bad_input_cases", {"prefix": "ulysses"}),
+             "ulysses": lambda n: ("check_attention", cases(n)[0] + list(cases(n)[1].values())),
              "ulysses_mismatch": lambda n: ("ulysses_mismatch", {})}
 
 
@@ -71,3 +73,10 @@ def test_bad_input_errors(run):
         assert f"not a multiple of {n}" in errs["heads"]
         assert "zigzag" in errs["seq"] and f"multiple of {2 * n}" in errs["seq"]
         assert "mismatched shards" in errs["mismatch"]
+
+
+# multi-process bad input (rank_workers.bad_input_cases) -> what its error says
+test_multi_process_bad_input_says_what_to_do = bad_input_test({
+    "ulysses misspelled layout": "unknown layout 'zigzog'",
+    "ulysses more ranks than kv heads": "Use ring attention",
+})

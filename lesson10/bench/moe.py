@@ -44,7 +44,7 @@ def _moe_dense_once(st, cfg, n):
     for t in (x, *params):
         t.grad = None
     t0 = time.perf_counter()
-    y, aux = moe_reference(x, *params, cfg["k"], cfg.get("cf"), bias)
+    y, aux = moe_reference(x, *params, cfg["k"], cfg.get("cf"), bias, return_aux=True)
     ((y * dy).sum() + aux).backward()
     return time.perf_counter() - t0
 

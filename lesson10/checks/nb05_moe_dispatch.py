@@ -195,7 +195,7 @@ def capacities(N: int, E: int, k: int, cf) -> set:
 def _capacity_mistake(yours, experts, E, k, N, cf, kept, C):
     """Which known mistake the kept copies look like (a text), or None."""
     from fractions import Fraction
-    from ..sim.moe import capacity_keep as ref_keep
+    from ..sim.moe import keep_within_capacity as ref_keep
     x = Fraction(repr(float(cf))) * k * N / E
     firsts = {"floor (rounding down)": math.floor(x), "C + 1": C + 1, "round to nearest": round(x),
               "without k": math.ceil(Fraction(repr(float(cf))) * N / E)}
@@ -231,7 +231,7 @@ def check_capacity(capacity_keep, rng):
     order; ``capacity_factor=None`` keeps everything. Both the ceiling of the float product
     (``math.ceil(cf * k * N / E)``, in any order) and the exact one are accepted: they differ
     only where the float product lands just above an integer."""
-    from ..sim.moe import capacity_keep as ref_keep, expert_capacity
+    from ..sim.moe import expert_capacity, keep_within_capacity as ref_keep
     cases = _capacity_cases(rng)
     for label, N, E, k, cf, experts in cases:
         C = expert_capacity(N, E, k, cf)
@@ -274,7 +274,7 @@ def _moe_case(rng, Ne, E, k, T, h, cf, e, logits=None):
     kept copies, the byte ledger of its two all-to-alls and its stats. With ``logits``
     (N, E) the tokens are those logits and the router the identity, so h = E."""
     from ..sim.comm import SimGroup
-    from ..sim.moe import capacity_keep, expert_capacity, moe_layer, route_topk
+    from ..sim.moe import expert_capacity, keep_within_capacity, moe_layer, route_topk
     if logits is None:
         bias = 1.5 * rng.standard_normal(E)                  # a few popular experts
         x = [rng.standard_normal((T, h)) for _ in range(Ne)]
@@ -286,7 +286,7 @@ def _moe_case(rng, Ne, E, k, T, h, cf, e, logits=None):
     _, stats = moe_layer(x, W, identity, k, capacity_factor=cf, group=group, bias=bias,
                          return_stats=True)
     chosen, _ = route_topk(np.concatenate(x) @ W, k, bias=bias)
-    keep = capacity_keep(chosen, E, expert_capacity(Ne * T, E, k, cf))
+    keep = keep_within_capacity(chosen, E, expert_capacity(Ne * T, E, k, cf))
     return chosen, keep, group.bytes_sent.copy(), stats
 
 
@@ -324,10 +324,10 @@ def check_moe_stats(moe_stats, rng):
 
         def hint(key, general, _out=out, _args=(chosen, keep, Ne, E, h, e, e_passed)):
             return lambda: mistakes.moe_stats_mistake(key, _out[key], *_args) or general
-        close_number("moe_stats", out["drop_rate"], stats["dropped"] / (Ne * T * k), where=where,
+        close_number("moe_stats", out["drop_rate"], stats.dropped / (Ne * T * k), where=where,
                       what="drop_rate", hint=hint("drop_rate", "the fraction of all copies that "
                                                                "were dropped"))
-        compare_arrays("moe_stats", out["load_per_gpu"], stats["load_per_gpu"], where=where,
+        compare_arrays("moe_stats", out["load_per_gpu"], stats.load_per_gpu, where=where,
                  what="load_per_gpu", axes=("GPU",),
                  hint=hint("load_per_gpu", "the load of a GPU is the number of kept copies its "
                                            "experts compute; expert i lives on GPU i // (E/Ne)"))

@@ -7,25 +7,27 @@ Besides the lesson's methods, their combinations: all-gather context parallelism
 (:mod:`.allgather`), document masks (``doc_ids=``), USP (:mod:`.usp`) and node-limited
 MoE routing (:mod:`.nodes`). Nothing here imports torch.
 """
-from .allgather import allgather_attention
+from .allgather import AllGatherStats, allgather_attention
 from .attention import attention, merge
-from .comm import CommRecord, SimGroup, check_shards, gather_sequence, shard_sequence
-from .moe import (MoEStats, apply_expert, capacity_keep, expert_capacity, init_experts,
-                  moe_layer, moe_reference, route_topk, router_probs, simulate_moe,
-                  switch_aux_loss, update_expert_bias)
+from .comm import CommRecord, SimGroup, Stats, check_shards, gather_sequence, shard_sequence
+from .moe import (MoELayerStats, MoEStats, apply_expert, arrival_order, expert_capacity,
+                  init_experts, keep_within_capacity, moe_layer, moe_reference, route_topk,
+                  router_probs, simulate_moe, skewed_routing, switch_aux_loss, update_expert_bias)
 from .ring import RingStats, ring_attention
 from .sp import sp_forward, tp_forward
 from .ulysses import heads_to_seq, kv_replication, seq_to_heads, ulysses_attention
 from .usp import usp_attention, usp_groups
 
 __all__ = [
-    "SimGroup", "CommRecord", "check_shards", "shard_sequence", "gather_sequence",
+    "SimGroup", "CommRecord", "Stats", "check_shards", "shard_sequence", "gather_sequence",
     "attention", "merge",
     "tp_forward", "sp_forward",
     "ring_attention", "RingStats",
     "seq_to_heads", "heads_to_seq", "ulysses_attention", "kv_replication",
-    "allgather_attention", "usp_attention", "usp_groups",
-    "route_topk", "router_probs", "expert_capacity", "capacity_keep", "apply_expert",
-    "init_experts", "moe_reference", "moe_layer", "simulate_moe", "MoEStats",
+    "allgather_attention", "AllGatherStats", "usp_attention", "usp_groups",
+    "route_topk", "router_probs", "expert_capacity", "arrival_order", "keep_within_capacity",
+    "apply_expert",
+    "init_experts", "moe_reference", "moe_layer", "simulate_moe", "skewed_routing", "MoEStats",
+    "MoELayerStats",
     "switch_aux_loss", "update_expert_bias",
 ]

@@ -13,12 +13,24 @@ rank then stores all of K and V (``2 s h / g`` elements) instead of one block.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .attention import attention, check_doc_ids, visible
+from .comm import Stats
 from .ring import check_qkv_shards
 
-__all__ = ["allgather_attention"]
+__all__ = ["allgather_attention", "AllGatherStats"]
+
+
+@dataclass
+class AllGatherStats(Stats):
+    """What happened in one all-gather attention call: ``work`` (visible pairs per rank,
+    ``(N_c,)``), ``lse`` (per rank, ``(c, a)``) and ``bytes_sent`` (per rank, this call)."""
+    work: np.ndarray
+    lse: list
+    bytes_sent: np.ndarray
 
 
 def allgather_attention(q_shards, k_shards, v_shards, positions, causal: bool = True,
@@ -29,8 +41,7 @@ def allgather_attention(q_shards, k_shards, v_shards, positions, causal: bool = 
     ``(c, a, d)``, ``k_shards[r]`` / ``v_shards[r]`` ``(c, a_kv, d)``, ``positions[r]`` the
     ``c`` global token ids of rank ``r`` (or a layout name); ``doc_ids`` (length ``s``) the
     document of each global position. Returns ``out_shards`` (``(c, a, d)`` per rank); with
-    ``return_stats=True`` also a dict with ``work`` (visible pairs per rank, ``(N_c,)``),
-    ``lse`` (per rank, ``(c, a)``) and ``bytes_sent`` (per rank, this call).
+    ``return_stats=True`` also an :class:`AllGatherStats`.
     """
     q, k, v, positions, group = check_qkv_shards(q_shards, k_shards, v_shards, positions, group,
                                           "allgather_attention")
@@ -49,4 +60,4 @@ def allgather_attention(q_shards, k_shards, v_shards, positions, causal: bool = 
     if not return_stats:
         return out
     work = np.array([visible(p, k_pos, causal, doc_ids).sum() for p in positions])
-    return out, {"work": work, "lse": lse, "bytes_sent": group.bytes_sent - start}
+    return out, AllGatherStats(work=work, lse=lse, bytes_sent=group.bytes_sent - start)

@@ -21,13 +21,22 @@ one sequence ``(s, ...)`` into the per-rank shards of a layout and put it back.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from ..layouts import check_permutation, shard_positions
 
-__all__ = ["SimGroup", "CommRecord", "shard_sequence", "gather_sequence", "check_shards"]
+__all__ = ["SimGroup", "CommRecord", "Stats", "shard_sequence", "gather_sequence", "check_shards"]
+
+
+class Stats:
+    """Base of every result record of the simulation (``RingStats``, ``AllGatherStats``,
+    ``MoELayerStats``, ``MoEStats``): a dataclass read by attribute; ``as_dict()`` gives
+    its fields as a dict (the form of the spmd run reports, which cross processes)."""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -202,14 +211,17 @@ class SimGroup:
         return [box(p[(r - 1) % n].copy() for p in parts) for r in range(n)]
 
 
-def shard_sequence(x, n: int, layout: str = "contiguous"):
-    """Split one sequence ``x`` of shape ``(s, ...)`` over ``n`` ranks.
+def shard_sequence(x, layout, group):
+    """Split one sequence ``x`` of shape ``(s, ...)`` over the ranks of ``group``.
 
+    The argument order of :func:`lesson10.spmd.shard_sequence` (``x, layout, group``);
+    ``group`` is a :class:`SimGroup` or its number of ranks ``n``, ``layout`` a layout name.
     Returns ``(shards, positions)``: ``shards[r] = x[positions[r]]`` and
     ``positions = layouts.shard_positions(s, n, layout)`` (the global token ids of
     rank ``r``). Raises ``ValueError`` when ``s`` does not fit the layout (e.g. zig-zag
     needs ``s`` divisible by ``2 n``).
     """
+    n = group.n if isinstance(group, SimGroup) else group
     x = np.asarray(x)
     if x.ndim == 0:
         raise ValueError("shard_sequence: x must have a token axis first, shape (s, ...)")

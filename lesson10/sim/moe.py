@@ -10,9 +10,10 @@ Conventions used throughout this module:
 * **Capacity** (:func:`expert_capacity`): with a capacity factor ``CF`` every expert
   accepts at most ``C = ceil(CF * k * N / E)`` copies, ``N`` = tokens routed together
   (all ranks). ``CF=None`` means no limit.
-* **Drops** (:func:`capacity_keep`): first come, first served in global token order:
-  rank 0's tokens first, each rank's tokens in order, and for one token its choices
-  in order of preference (which never matters: a token's ``k`` experts are distinct).
+* **Drops** (:func:`keep_within_capacity`, by :func:`arrival_order`, see
+  :mod:`lesson10.sim.capacity`): first come, first served in global token order: rank 0's
+  tokens first, each rank's tokens in order, and for one token its choices in order of
+  preference (which never matters: a token's ``k`` experts are distinct).
   A dropped copy contributes nothing: the layer output of that token lacks that
   expert's term and the token passes on through the residual connection. The gates
   of the kept copies are *not* renormalised (Switch Transformer).
@@ -27,13 +28,14 @@ Conventions used throughout this module:
 from __future__ import annotations
 
 import numbers
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import cost
 from ..cost import expert_capacity  # the one exact formula; re-exported here
-from .comm import check_group, check_shards
+from .capacity import arrival_order, keep_within_capacity  # noqa: F401  (re-exported)
+from .comm import Stats, check_group, check_shards
 from ..topology import check_nodes
 from .nodes import node_bytes, node_limited_scores
 from .sampling import sample_topk
@@ -41,8 +43,9 @@ from .sampling import sample_topk
 _sample_topk = sample_topk        # its former name here
 
 __all__ = [
-    "route_topk", "router_probs", "expert_capacity", "capacity_keep", "apply_expert",
-    "init_experts", "moe_reference", "moe_layer", "simulate_moe", "MoEStats",
+    "route_topk", "router_probs", "expert_capacity", "arrival_order", "keep_within_capacity",
+    "apply_expert", "init_experts", "moe_reference", "moe_layer", "simulate_moe", "skewed_routing",
+    "MoEStats", "MoELayerStats",
     "switch_aux_loss", "update_expert_bias",
 ]
 
@@ -109,34 +112,6 @@ def route_topk(logits, k: int, bias=None, nodes=None, max_nodes=None):
 
 
 
-def capacity_keep(experts, E: int, capacity) -> np.ndarray:
-    """Which copies an expert accepts, first come first served. ``experts (N, k)`` in
-    global token order -> bool ``(N, k)``; copy ``(t, j)`` is kept if fewer than ``capacity``
-    earlier copies (row-major order) chose the same expert. ``capacity=None``: all kept."""
-    experts = np.asarray(experts)
-    if experts.dtype.kind not in "iu":
-        raise ValueError(f"experts must be integer expert ids (route_topk's output), got dtype "
-                         f"{experts.dtype}")
-    if experts.size and (experts.min() < 0 or experts.max() >= E):
-        raise ValueError(f"experts must be expert ids in 0..{E - 1}, got values "
-                         f"{experts.min()}..{experts.max()}")
-    if capacity is None:
-        return np.ones(experts.shape, dtype=bool)
-    if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or capacity < 0:
-        raise ValueError(f"capacity must be an integer >= 0 or None, got {capacity!r} "
-                         f"(see expert_capacity)")
-    flat = experts.ravel()
-    if E < np.iinfo(np.int16).max:
-        flat = flat.astype(np.int16)                    # stable sort on int16 is a radix sort
-    order = np.argsort(flat, kind="stable")             # copies grouped by expert, in arrival order
-    by_expert = flat[order]
-    starts = np.searchsorted(by_expert, np.arange(E, dtype=flat.dtype))  # first copy of each expert
-    arrival = np.arange(flat.size) - starts[by_expert]  # rank of each copy within its expert
-    keep = np.ones(flat.size, dtype=bool)
-    keep[order[arrival >= capacity]] = False            # the late copies of full experts
-    return keep.reshape(experts.shape)
-
-
 # --------------------------------------------------------------------------- experts
 def apply_expert(expert, x) -> np.ndarray:
     """Run one expert on ``x (m, h)``: ``relu(x W1) W2`` for a ``(W1, W2)`` pair, or
@@ -188,22 +163,26 @@ def _check_router(router_w, h: int, experts) -> int:
 
 # --------------------------------------------------------------------------- reference
 def moe_reference(x, router_w, experts, k: int, capacity_factor=None, bias=None,
-                  nodes=None, max_nodes=None) -> np.ndarray:
+                  nodes=None, max_nodes=None, return_aux: bool = False, alpha: float = 1e-2):
     """The MoE layer on one device. ``x (N, h)`` holds all tokens in global order
     (rank 0's first). ``y[t] = sum_j gates[t, j] * expert_{experts[t, j]}(x[t])`` over the
-    kept copies. Returns ``y (N, h)`` (the residual is not added). ``nodes``/``max_nodes``:
-    node-limited routing, see :func:`route_topk`."""
+    kept copies. Returns ``y (N, h)`` (the residual is not added); with ``return_aux=True``
+    ``(y, aux)``, aux = :func:`switch_aux_loss` with ``alpha`` (as
+    :func:`lesson10.spmd.moe_reference`). ``nodes``/``max_nodes``: node-limited routing, see
+    :func:`route_topk`."""
     x = _real(x, "x")
     if x.ndim != 2:
         raise ValueError(f"x must be (tokens, h), got shape {x.shape}")
     E = _check_router(router_w, x.shape[1], experts)
     chosen, gates = route_topk(x @ router_w, k, bias, nodes=nodes, max_nodes=max_nodes)
-    keep = capacity_keep(chosen, E, expert_capacity(x.shape[0], E, k, capacity_factor))
+    keep = keep_within_capacity(chosen, E, expert_capacity(x.shape[0], E, k, capacity_factor))
     y = np.zeros_like(x)
     for i in range(E):
         rows, slots = np.nonzero((chosen == i) & keep)
         y[rows] += gates[rows, slots, None] * apply_expert(experts[i], x[rows])
-    return y
+    if not return_aux:
+        return y
+    return y, switch_aux_loss(router_probs(x @ router_w), chosen, alpha)
 
 
 # --------------------------------------------------------------------------- expert parallel
@@ -216,7 +195,7 @@ def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=N
     ``r E/N_e .. (r+1) E/N_e - 1``. Steps: route locally, dispatch (all-to-all), run the
     local experts, combine (all-to-all), weighted sum. Returns ``y_shards`` (``(T, h)``
     each), equal to :func:`moe_reference` on the concatenated tokens; with
-    ``return_stats=True`` also a dict with the capacity, drops and loads. ``nodes`` /
+    ``return_stats=True`` also a :class:`MoELayerStats` (capacity, drops, loads). ``nodes`` /
     ``max_nodes``: node-limited routing (see :func:`route_topk`).
     """
     xs = [_real(x, f"moe_layer: x_shards[{r}]") for r, x in enumerate(check_shards(x_shards, "moe_layer"))]
@@ -236,7 +215,7 @@ def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=N
     routes = [route_topk(x @ router_w, k, bias, nodes=nodes, max_nodes=max_nodes) for x in xs]
     # capacity, first come first served in global token order (rank 0 first)
     capacity = expert_capacity(n * T, E, k, capacity_factor)
-    keep = np.split(capacity_keep(np.concatenate([c for c, _ in routes]), E, capacity), n)
+    keep = np.split(keep_within_capacity(np.concatenate([c for c, _ in routes]), E, capacity), n)
 
     # 2. dispatch: rank i sends x[t] for each kept copy (t, j) whose expert lives on rank d
     idx = [[None] * n for _ in range(n)]             # idx[i][d] = (tokens, slots) of i -> d
@@ -263,8 +242,18 @@ def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=N
         return ys
     kept_experts = np.concatenate([c[m] for (c, _), m in zip(routes, keep)])
     load_e = np.bincount(kept_experts, minlength=E)
-    return ys, {"capacity": capacity, "dropped": int(sum((~m).sum() for m in keep)),
-                "load_per_expert": load_e, "load_per_gpu": load_e.reshape(n, per_rank).sum(1)}
+    return ys, MoELayerStats(capacity=capacity, dropped=int(sum((~m).sum() for m in keep)),
+                             load_per_expert=load_e, load_per_gpu=load_e.reshape(n, per_rank).sum(1))
+
+
+@dataclass
+class MoELayerStats(Stats):
+    """What one :func:`moe_layer` call did: ``capacity`` (``C`` or None), ``dropped`` copies,
+    kept copies per expert ``load_per_expert (E,)`` and per rank ``load_per_gpu (N_e,)``."""
+    capacity: int | None
+    dropped: int
+    load_per_expert: np.ndarray
+    load_per_gpu: np.ndarray
 
 
 def _run_local_experts(d, routes, idx, received, experts, per_rank: int, h: int) -> list:
@@ -282,7 +271,7 @@ def _run_local_experts(d, routes, idx, received, experts, per_rank: int, h: int)
 
 # --------------------------------------------------------------------------- simulator
 @dataclass
-class MoEStats:
+class MoEStats(Stats):
     """Result of :func:`simulate_moe`. Loads count (token, expert) copies after drops.
 
     ``load_per_gpu`` / ``bytes_per_gpu`` are arrays of shape ``(Ne,)``; ``max_load`` and
@@ -322,9 +311,6 @@ class MoEStats:
     intranode_bytes_per_gpu: np.ndarray | None = None
     remote_nodes_per_token: float | None = None
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 def _check_sim_args(T, E, k, Ne, h, skew, seed) -> int:
     """ValueError for a bad :func:`simulate_moe` size, skew or seed; returns ``k`` checked."""
@@ -344,9 +330,19 @@ def _check_sim_args(T, E, k, Ne, h, skew, seed) -> int:
     return k
 
 
-def _expert_log_weights(E, skew, bias, popularity, pop_seq):
-    """``(popularity, logw)``: the experts' popularity (drawn from ``pop_seq`` unless given)
-    and their routing log-weights ``skew * popularity + bias``."""
+def skewed_routing(T: int, E: int, k: int, skew: float = 0.0, seed: int = 0, bias=None,
+                   popularity=None, nodes=None, max_nodes=None):
+    """The skew model, written once: ``(popularity (E,), experts (T, k))`` for ``T`` tokens.
+
+    Expert ``i`` has a fixed popularity ``u_i`` (standard normal, drawn from ``seed``, or
+    the ``popularity`` given); token ``t`` picks the top ``k`` of
+    ``skew * u_i + bias_i + G_ti`` with independent standard Gumbel noise ``G`` (drawn as
+    Plackett-Luce by :func:`lesson10.sim.sampling.sample_topk`; node-limited through
+    :func:`route_topk` on explicit scores). :func:`simulate_moe` and the MoE figure
+    (:func:`lesson10.figure_data.moe_routing`) draw from it, so one seed is one sample."""
+    k = _check_k(k, E)
+    nodes, max_nodes = check_nodes(E, k, nodes, max_nodes)
+    pop_seq, route_seq = np.random.SeedSequence(seed).spawn(2)
     if popularity is None:
         popularity = np.random.default_rng(pop_seq).standard_normal(E)
     popularity = np.asarray(popularity, dtype=float)
@@ -359,19 +355,12 @@ def _expert_log_weights(E, skew, bias, popularity, pop_seq):
     if not np.all(np.isfinite(logw)):
         raise ValueError(f"skew * popularity + bias must be finite for every expert (NaN or inf in "
                          f"popularity/bias, or skew = {skew!r} too large); lower skew or fix them")
-    return popularity, logw
-
-
-def _draw_choices(logw, T, k, nodes, max_nodes, route_seq) -> np.ndarray:
-    """Every token's ``k`` experts ``(T, k)``: the top-``k`` of ``logw + Gumbel noise``
-    (node-limited: explicit scores in chunks through :func:`route_topk`)."""
-    E = logw.size
     if max_nodes is not None and max_nodes < nodes:       # explicit scores, then route_topk
         rng = np.random.default_rng(route_seq)
-        return np.concatenate([route_topk(logw + rng.gumbel(size=(m, E)), k, nodes=nodes,
-                                          max_nodes=max_nodes)[0]
-                               for m in np.diff(np.r_[0:T:4096, T])])
-    return sample_topk(logw, T, k, np.random.default_rng(route_seq))
+        return popularity, np.concatenate([
+            route_topk(logw + rng.gumbel(size=(m, E)), k, nodes=nodes, max_nodes=max_nodes)[0]
+            for m in np.diff(np.r_[0:T:4096, T])])
+    return popularity, sample_topk(logw, T, k, np.random.default_rng(route_seq))
 
 
 def _kept_per_source(choices, keep, E: int, Ne: int) -> np.ndarray:
@@ -391,10 +380,10 @@ def simulate_moe(T: int, E: int, k: int, Ne: int, capacity_factor=None, skew: fl
                  nodes=None, max_nodes=None) -> MoEStats:
     """Route ``T`` tokens (in total, ``T/Ne`` per GPU) to ``E`` experts on ``Ne`` GPUs, top-``k``.
 
-    Skew model: every expert ``i`` has a fixed popularity ``u_i`` (standard normal, drawn from
-    ``seed``; or pass ``popularity``), and token ``t`` has router scores
-    ``skew * u_i + bias_i + G_ti`` with independent standard Gumbel noise ``G``; it picks its
-    top ``k``. ``skew = 0`` is uniform routing (every set of ``k`` experts equally likely);
+    Skew model (:func:`skewed_routing`): every expert ``i`` has a fixed popularity ``u_i``
+    (standard normal, drawn from ``seed``; or pass ``popularity``), and token ``t`` has router
+    scores ``skew * u_i + bias_i + G_ti`` with independent standard Gumbel noise ``G``; it picks
+    its top ``k``. ``skew = 0`` is uniform routing (every set of ``k`` experts equally likely);
     as ``skew`` grows, the popular experts take most copies. Expert ``i`` sits on GPU
     ``i // (E/Ne)``; GPU ``g`` holds tokens ``g T/Ne .. (g+1) T/Ne - 1``; drops are first
     come, first served in that global order (see the module docstring). Vectorised: no
@@ -406,14 +395,12 @@ def simulate_moe(T: int, E: int, k: int, Ne: int, capacity_factor=None, skew: fl
     """
     k = _check_sim_args(T, E, k, Ne, h, skew, seed)
     capacity = expert_capacity(T, E, k, capacity_factor)
-    pop_seq, route_seq = np.random.SeedSequence(seed).spawn(2)
-    popularity, logw = _expert_log_weights(E, skew, bias, popularity, pop_seq)
     nodes, max_nodes = check_nodes(E, k, nodes, max_nodes)
     if nodes is not None and Ne % nodes:
         raise ValueError(f"Ne = {Ne} GPUs do not split evenly over nodes = {nodes}; use a number "
                          f"of nodes that divides Ne")
-    choices = _draw_choices(logw, T, k, nodes, max_nodes, route_seq)
-    keep = capacity_keep(choices, E, capacity) if capacity is not None else None
+    popularity, choices = skewed_routing(T, E, k, skew, seed, bias, popularity, nodes, max_nodes)
+    keep = keep_within_capacity(choices, E, capacity) if capacity is not None else None
     per_gpu_e, per_gpu_t = E // Ne, T // Ne
     src_exp = _kept_per_source(choices, keep, E, Ne)
     traffic = src_exp.reshape(Ne, Ne, per_gpu_e).sum(axis=2)   # [source GPU, expert GPU]

@@ -20,13 +20,13 @@ import numpy as np
 
 from ..layouts import block_plan, check_permutation, plan_pairs, ring_source, shard_positions
 from .attention import attention, check_doc_ids, merge
-from .comm import check_group, check_shards
+from .comm import Stats, check_group, check_shards
 
 __all__ = ["ring_attention", "RingStats"]
 
 
 @dataclass
-class RingStats:
+class RingStats(Stats):
     """What happened in one ring-attention call.
 
     ``work[k, r]``: visible (query, key) pairs rank ``r`` computed in round ``k``

@@ -33,9 +33,15 @@ from .ulysses import heads_to_seq, seq_to_heads
 __all__ = ["usp_attention", "usp_groups"]
 
 
-def usp_groups(n: int, ulysses_size: int):
-    """``(ulysses_groups, ring_groups)``: the rank lists of the ``r = n/u`` Ulysses groups
-    (consecutive ranks) and of the ``u`` rings (ranks ``j, u + j, 2u + j, ...``)."""
+def usp_groups(ulysses_size: int, group):
+    """``(ulysses_groups, ring_groups)`` over ``group`` (a :class:`~lesson10.sim.SimGroup` or its
+    number of ranks ``n``; the argument order of :func:`lesson10.spmd.usp_groups`): the rank
+    lists of the ``r = n/u`` Ulysses groups (consecutive ranks) and of the ``u`` rings (ranks
+    ``j, u + j, 2u + j, ...``)."""
+    n = group if isinstance(group, int) and not isinstance(group, bool) else getattr(group, "n", None)
+    if n is None:
+        raise ValueError(f"usp_groups: group must be a SimGroup or a number of ranks, got "
+                         f"{type(group).__name__}")
     return usp_group_ranks(n, ulysses_size)
 
 
@@ -51,7 +57,7 @@ def usp_attention(q_shards, k_shards, v_shards, positions, ulysses_size: int, ca
     q, k, v, positions, group = check_qkv_shards(q_shards, k_shards, v_shards, positions, group,
                                           "usp_attention")
     n = len(q)
-    uly_groups, rings = usp_groups(n, ulysses_size)
+    uly_groups, rings = usp_groups(ulysses_size, n)
     u = len(uly_groups[0])
     a, a_kv = q[0].shape[1], k[0].shape[1]
     check_heads(a, a_kv, u, n)

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-__all__ = ["attention", "merge", "local_attention", "local_attention_backward", "visible_mask",
+__all__ = ["attention", "merge", "local_attention", "local_attention_backward", "visible",
            "check_doc_ids", "check_float", "check_local_qkv", "require_rank", "merge_block",
            "block_kwargs", "acc_dtype"]
 
@@ -135,10 +135,11 @@ def _check_impl(impl, q, k):
     return impl
 
 
-def visible_mask(q_pos, k_pos, causal: bool, device=None, doc_ids=None):
+def visible(q_pos, k_pos, causal: bool = False, doc_ids=None, device=None):
     """Boolean ``(s_q, s_k)`` mask, True where query ``i`` may see key ``j`` (``None`` = all):
     ``k_pos[j] <= q_pos[i]`` when causal, and ``doc_ids[k_pos[j]] == doc_ids[q_pos[i]]`` with a
-    document mask (``doc_ids``: the document of every global position, length ``s``)."""
+    document mask (``doc_ids``: the document of every global position, length ``s``). The
+    torch form of :func:`lesson10.layouts.visible` (same arguments, same rule)."""
     if not causal and doc_ids is None:
         return None
     q_pos = torch.as_tensor(q_pos, device=device)
@@ -200,7 +201,7 @@ def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale=None,
 
     Returns ``(out, lse)`` of shapes ``(b, s_q, a, d)`` and ``(b, s_q, a)``; masked-out
     queries get ``out = 0`` and ``lse = -inf``. GQA: K/V heads are repeated ``g`` times.
-    ``doc_ids``: document mask (see :func:`visible_mask`), indexed by the global positions.
+    ``doc_ids``: document mask (see :func:`visible`), indexed by the global positions.
     """
     g = _check_qkv(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -210,7 +211,7 @@ def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale=None,
     x = torch.einsum("bqad,bkad->baqk", q, k) * scale          # (b, a, s_q, s_k)
     if causal or doc_ids is not None:
         qp, kp = _positions(q_pos, k_pos, q.shape[1], k.shape[1], q.device)
-        mask = visible_mask(qp, kp, causal, doc_ids=doc_ids)  # (s_q, s_k)
+        mask = visible(qp, kp, causal, doc_ids=doc_ids)  # (s_q, s_k)
         seen = mask.any(-1)[:, None]                           # query sees >= 1 key
         # rows that see no key are computed on zeros and then dropped: no -inf - -inf,
         # so neither the forward nor autograd's backward can produce a NaN
@@ -411,7 +412,7 @@ def local_attention_backward(dout, q, k, v, out, lse, causal: bool = False, q_po
     x = torch.einsum("bqad,bkad->baqk", q, k) * scale_v
     if causal or doc_ids is not None:
         qp, kp = _positions(q_pos, k_pos, s_q, s_k, q.device)
-        x = x.masked_fill(~visible_mask(qp, kp, causal, doc_ids=doc_ids), float("-inf"))
+        x = x.masked_fill(~visible(qp, kp, causal, doc_ids=doc_ids), float("-inf"))
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)).to(x.dtype)
     p = torch.exp(x - lse_safe[..., None])                       # (b, a, s_q, s_k)
     dv = torch.einsum("baqk,bqad->bkad", p, dout)

@@ -6,12 +6,12 @@ Every collective or point-to-point call a method makes goes through a wrapper of
     with count_bytes() as c:
         out = ring_attention(q, k, v)
     c.sent            # bytes this rank put on the wire
-    c.by_op           # {"p2p": ..., "all_to_all": ...}
+    c.by_op           # {"ring_shift": ..., "all_to_all": ...}
     c.intra, c.inter  # of c.activation: to ranks on this node / on other nodes
 
 Bytes are counted at ring-algorithm cost, like ``lesson10.sim.SimGroup``:
 all-reduce 2(n-1)/n of the tensor, all-gather and reduce-scatter (n-1)/n of the
-full tensor, all-to-all the blocks that leave the rank, p2p what is sent.
+full tensor, all-to-all the blocks that leave the rank, a ring shift what is sent.
 
 **Per link.** Each record names where its bytes go (``to=``: a global rank, or ``{rank:
 bytes}``), and :mod:`lesson10.topology` says whether that rank is on this node. The ring

@@ -9,7 +9,7 @@ and is re-exported here::
     with count_bytes() as c:
         out = ring_attention(q, k, v)
     c.sent            # bytes this rank put on the wire
-    c.by_op           # {"p2p": ..., "all_to_all": ...}
+    c.by_op           # {"ring_shift": ..., "all_to_all": ...}
 """
 from __future__ import annotations
 

@@ -42,7 +42,8 @@ from .moe_dispatch import all_to_all, flat_exchange, two_level_exchange
 from .sp import copy_to_tp
 
 __all__ = ["ExpertParallelMoE", "all_to_all", "route_topk", "expert_capacity",
-           "init_moe_weights", "moe_reference", "switch_aux_loss", "update_expert_bias"]
+           "init_moe_weights", "moe_reference", "arrival_order", "switch_aux_loss",
+           "update_expert_bias"]
 
 
 # ------------------------------------------------------------------ helpers
@@ -122,11 +123,14 @@ def init_moe_weights(h: int, E: int, d_ff: int, seed: int = 0, dtype=torch.float
 
 
 def moe_reference(x, router_w, w1, w2, k: int, capacity_factor=None, bias=None,
-                  alpha: float = 1e-2, nodes=None, max_nodes=None):
+                  nodes=None, max_nodes=None, return_aux: bool = False, alpha: float = 1e-2):
     """Dense single-process MoE on all ``N`` tokens ``x (N, h)`` in global order.
 
-    Returns ``(y (N, h), aux_loss)``; differentiable in ``x`` and every weight. Drops
-    by a running count per expert over the copies in row-major (token, choice) order.
+    The arguments and result of :func:`lesson10.sim.moe_reference` (the experts as stacked
+    ``w1 (E, h, d_ff)``, ``w2 (E, d_ff, h)``): returns ``y (N, h)``; with ``return_aux=True``
+    ``(y, aux_loss)``, the Switch loss with ``alpha``. Differentiable in ``x`` and every
+    weight. Drops: :func:`arrival_order` against the capacity, the rule of
+    :func:`lesson10.sim.arrival_order`.
     """
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a tensor (N, h) of all tokens, got "
@@ -143,16 +147,24 @@ def moe_reference(x, router_w, w1, w2, k: int, capacity_factor=None, bias=None,
     logits = x.to(router_w.dtype) @ router_w                        # (N, E)
     experts, gates = route_topk(logits, k, bias, nodes=nodes, max_nodes=max_nodes)
     C = expert_capacity(N, E, k, capacity_factor)
-    onehot = F.one_hot(experts.reshape(-1), E)                     # (N k, E)
-    arrival = (onehot.cumsum(0) - 1).gather(1, experts.reshape(-1, 1)).reshape(N, k)
+    arrival = arrival_order(experts, E)
     keep = torch.ones_like(arrival, dtype=torch.bool) if C is None else arrival < C
     y = torch.zeros_like(x)
     for e in range(E):
         rows, slots = torch.nonzero((experts == e) & keep, as_tuple=True)
         out = torch.relu(x[rows] @ w1[e]) @ w2[e]
         y = y.index_add(0, rows, gates[rows, slots, None].to(x.dtype) * out)
-    aux = switch_aux_loss(torch.softmax(logits, -1), experts, alpha)
-    return y, aux
+    if not return_aux:
+        return y
+    return y, switch_aux_loss(torch.softmax(logits, -1), experts, alpha)
+
+
+def arrival_order(experts: torch.Tensor, E: int) -> torch.Tensor:
+    """Place of every copy in its expert's queue, ``experts (N, k)`` -> ``(N, k)`` long:
+    copy ``(t, j)`` comes after the earlier copies of the same expert in row-major
+    (token, choice) order. The torch form of :func:`lesson10.sim.arrival_order`."""
+    onehot = F.one_hot(experts.reshape(-1), E)                     # (N k, E)
+    return (onehot.cumsum(0) - 1).gather(1, experts.reshape(-1, 1)).reshape(experts.shape)
 
 
 # -------------------------------------------------------------------- layer

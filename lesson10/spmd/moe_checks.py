@@ -144,8 +144,8 @@ def _moe_errors(layer, x, dy, router_w, w1, w2, y, xl, aux_total, alpha, rows, r
     lo, hi = rows
     xr, rw, rw1, rw2 = (t.clone().requires_grad_() for t in (x, router_w, w1, w2))
     yr, auxr = moe_reference(xr, rw, rw1, rw2, route["k"], route["capacity_factor"],
-                             route["bias"], alpha, nodes=route["nodes"],
-                             max_nodes=route["max_nodes"])
+                             route["bias"], nodes=route["nodes"], max_nodes=route["max_nodes"],
+                             return_aux=True, alpha=alpha)
     ((yr * dy).sum() + auxr).backward()
     El = w1.shape[0] // n
     errs = Errors()
@@ -171,13 +171,13 @@ def _sim_routing(x, router_w, route):
 def _moe_bookkeeping(x, router_w, Ts, E, h, dtype, layer, aux_total, route) -> dict:
     """Drops and remote copies counted independently with :mod:`lesson10.sim.moe`, next to
     what the layer reports."""
-    from ..sim.moe import capacity_keep
+    from ..sim.moe import keep_within_capacity
     n, r = dist.get_world_size(), dist.get_rank()
     nodes, El = route["nodes"], E // n
     _, experts = _sim_routing(x, router_w, route)
     N, k = sum(Ts), route["k"]
     cap = cost.expert_capacity(N, E, k, route["capacity_factor"])
-    kept = capacity_keep(experts, E, cap)
+    kept = keep_within_capacity(experts, E, cap)
     home = experts // El                                          # (N, k) rank of each expert
     owner = np.repeat(np.arange(n), Ts)[:, None]                  # (N, 1) rank of each token
     return {"capacity": cap, "ref_dropped": int((~kept).sum()),

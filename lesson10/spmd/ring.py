@@ -161,7 +161,7 @@ class RingComm:
         """Start sending every tensor to ``r+1`` and receiving as many from ``r-1`` (async).
 
         Returns a shift to ``wait()`` on; the sent tensors must not change until then.
-        Every sent byte is recorded as ``"p2p"`` in :func:`lesson10.spmd.comm.count_bytes`.
+        Every sent byte is recorded as ``"ring_shift"`` in :func:`lesson10.spmd.comm.count_bytes`.
         Without overlap the transfer completes before this returns.
         """
         sent = [t.contiguous() for t in tensors]
@@ -173,7 +173,7 @@ class RingComm:
         for i, (t, buf) in enumerate(zip(sent, received)):
             ops.append(dist.P2POp(dist.isend, t, self.next, self.group, tag + i))
             ops.append(dist.P2POp(dist.irecv, buf, self.prev, self.group, tag + i))
-            record("p2p", t.numel() * t.element_size(), to=self.next)
+            record("ring_shift", t.numel() * t.element_size(), to=self.next)
             nbytes += t.numel() * t.element_size()
         start = time.perf_counter()
         handles = dist.batch_isend_irecv(ops)

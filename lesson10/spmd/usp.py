@@ -14,7 +14,7 @@ sub-groups come from ``torch.distributed.new_group`` and are made once per
 3. :func:`~lesson10.spmd.heads_to_seq` goes back. Autograd flows through all three.
 
 Bytes per rank (forward): ``(u-1)/u (2 + 2/g) c h e + (r-1) 2 (s/r) h e / (g u)``
-(:func:`lesson10.cost.usp_bytes`): ``"all_to_all"`` and ``"p2p"`` in ``count_bytes``.
+(:func:`lesson10.cost.usp_bytes`): ``"all_to_all"`` and ``"ring_shift"`` in ``count_bytes``.
 The head limit applies only to ``u``: it must divide ``a_kv``.
 
 **Topology.** The all-to-alls want the fast links of a node, the ring tolerates the network.
