@@ -125,7 +125,7 @@ def test_usp_bad_sizes():
 
 def test_usp_groups_and_subgroup_ledger():
     assert usp_groups(2, 6) == ([[0, 1], [2, 3], [4, 5]], [[0, 2, 4], [1, 3, 5]])
-    assert usp_groups(3, sim.SimGroup(6)) == ([[0, 1, 2], [3, 4, 5]], [[0, 3], [1, 4], [2, 5]])
+    assert usp_groups(3, SimGroup(6)) == ([[0, 1, 2], [3, 4, 5]], [[0, 3], [1, 4], [2, 5]])
     with pytest.raises(ValueError, match="SimGroup or a number"):
         usp_groups(2, "six")
     parent = SimGroup(6, e=1)

@@ -76,17 +76,7 @@ def check_moe(T=16, h: int = 8, E: int = 4, k: int = 2, d_ff: int = 16, capacity
     except ValueError as e:
         return {"method": "moe", "case": case, "error": str(e)}
     xl = x[lo:hi].clone().to(dev).requires_grad_()
-    dyl = dy[lo:hi].to(dev)
-    outs = []
-
-    def forward():
-        outs.append(layer(xl))
-        return (outs[0] * dyl).sum() + layer.aux_loss      # a scalar: backward() needs no dout
-
-    _, fwd, bwd, seconds = timed_step(forward, None)
-    y = outs[0].detach()
-    aux_total = layer.aux_loss.detach().clone()
-    dist.all_reduce(aux_total)
+    y, aux_total, fwd, bwd, seconds = _moe_step(layer, xl, dy[lo:hi].to(dev))
     route = dict(k=k, capacity_factor=capacity_factor, bias=b_t, nodes=layer.nodes,
                  max_nodes=max_nodes)
     errs = _moe_errors(layer, x, dy, router_w, w1, w2, y, xl, aux_total, alpha, (lo, hi), route)
@@ -97,6 +87,21 @@ def check_moe(T=16, h: int = 8, E: int = 4, k: int = 2, d_ff: int = 16, capacity
         extra["bias_changed"] = _moe_bias_update(errs, layer, rate)
     formula = cost.moe_a2a_bytes(k, Ts[r], h, n, e=elem_size(dtype)) if Ts[r] else 0.0
     return make_result("moe", case, n, errs, fwd, bwd, formula, seconds, **extra)
+
+
+def _moe_step(layer, xl, dyl):
+    """One timed step, loss ``sum(y dy) + aux_loss``: ``(y, aux loss over all ranks, fwd
+    bytes, bwd bytes, seconds)``."""
+    outs = []
+
+    def forward():
+        outs.append(layer(xl))
+        return (outs[0] * dyl).sum() + layer.aux_loss      # a scalar: backward() needs no dout
+
+    _, fwd, bwd, seconds = timed_step(forward, None)
+    aux_total = layer.aux_loss.detach().clone()
+    dist.all_reduce(aux_total)
+    return outs[0].detach(), aux_total, fwd, bwd, seconds
 
 
 def _moe_layer(h, E, d_ff, k, capacity_factor, router_w, w1, w2, alpha, nodes, max_nodes, bias,

@@ -90,8 +90,8 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
     consecutive ranks (``new_group``), each running the method on its own sequence.
     ``ulysses_size``: USP's Ulysses degree (``formula_fwd = cost.usp_bytes``; ``None``: the
     ranks per node, and the extra ``ulysses_size`` says which ran; ``warnings``: e.g. a
-    Ulysses group that spans nodes); ``docs``:
-    document lengths (summing to ``s``) for a document mask (ring, allgather, usp).
+    Ulysses group that spans nodes); ``docs``: document lengths (summing to ``s``) for a
+    document mask (ring, allgather, usp).
     Extras: ``tokens`` (this rank's global positions), ``kv_heads_sent``.
     """
     case = dict(locals())                                  # the arguments, as passed
@@ -102,17 +102,13 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
     layout = case["layout"] = layout or record.default_layout
     group, n, which = _split_world(split)
     dt, dev = torch_dtype(dtype), current_device()
-    g = torch.Generator().manual_seed(seed + 1000 * which)
-    q, dout = (torch.randn(b, s, a, d, generator=g, dtype=torch.float64).to(dt) for _ in range(2))
-    k, v = (torch.randn(b, s, a_kv, d, generator=g, dtype=torch.float64).to(dt) for _ in range(2))
+    q, k, v, dout = _attention_inputs(b, s, a, a_kv, d, dt, seed + 1000 * which)
     if docs is not None and (method == "ulysses" or sum(docs) != s or min(docs) < 1):
         return {"method": method, "case": case,
                 "error": f"docs: document lengths >= 1 summing to s = {s}, for the ring, "
                          f"allgather or usp (got {docs} with {method})"}
     doc = None if docs is None else torch.as_tensor(np.repeat(np.arange(len(docs)), docs))
-    ref = [t.double().requires_grad_() for t in (q, k, v)]
-    o_ref, _ = attention(*ref, causal=causal, doc_ids=doc)
-    o_ref.backward(dout.double())
+    o_ref, ref = _attention_reference(q, k, v, dout, causal, doc)
     notes = []
     try:
         if method == "usp":                            # the default u comes from the topology
@@ -132,11 +128,27 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
     for name, mine, full in zip(("dq", "dk", "dv"), loc, ref):
         errs.tensor(name, mine.grad, full.grad[:, pos])
     sent_kv = math.lcm(a_kv, n) if method == "ulysses" and replicate_kv and a_kv % n else a_kv
-    extra_opts = {"ulysses_size": ulysses_size} if method == "usp" else {}
-    formula = record.bytes_fwd(s, a * d, n, g=a / sent_kv, e=elem_size(dtype), **extra_opts) * b
-    return make_result(method, case, n, errs, fwd, bwd, formula, seconds,
-                       tokens=pos.tolist(), kv_heads_sent=sent_kv, warnings=notes,
-                       **extra_opts)
+    opts = {"ulysses_size": ulysses_size} if method == "usp" else {}
+    formula = record.bytes_fwd(s, a * d, n, g=a / sent_kv, e=elem_size(dtype), **opts) * b
+    return make_result(method, case, n, errs, fwd, bwd, formula, seconds, tokens=pos.tolist(),
+                       kv_heads_sent=sent_kv, warnings=notes, **opts)
+
+
+def _attention_inputs(b, s, a, a_kv, d, dt, seed):
+    """The whole run's ``q (b, s, a, d)``, ``k, v (b, s, a_kv, d)`` and ``dout``, from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    q, dout = (torch.randn(b, s, a, d, generator=g, dtype=torch.float64).to(dt) for _ in range(2))
+    k, v = (torch.randn(b, s, a_kv, d, generator=g, dtype=torch.float64).to(dt) for _ in range(2))
+    return q, k, v, dout
+
+
+def _attention_reference(q, k, v, dout, causal, doc):
+    """Full attention in float64 on the same (rounded) inputs, forward and backward:
+    ``(out, [q, k, v])`` with the gradients in ``.grad``."""
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    o_ref, _ = attention(*ref, causal=causal, doc_ids=doc)
+    o_ref.backward(dout.double())
+    return o_ref, ref
 
 
 def _ulysses_size(ulysses_size, a_kv, group, notes: list) -> int:
