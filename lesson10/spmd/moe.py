@@ -32,7 +32,6 @@ import numbers
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .. import topology
 from ..cost import expert_capacity
@@ -163,8 +162,13 @@ def arrival_order(experts: torch.Tensor, E: int) -> torch.Tensor:
     """Place of every copy in its expert's queue, ``experts (N, k)`` -> ``(N, k)`` long:
     copy ``(t, j)`` comes after the earlier copies of the same expert in row-major
     (token, choice) order. The torch form of :func:`lesson10.sim.arrival_order`."""
-    onehot = F.one_hot(experts.reshape(-1), E)                     # (N k, E)
-    return (onehot.cumsum(0) - 1).gather(1, experts.reshape(-1, 1)).reshape(experts.shape)
+    flat = experts.reshape(-1)                                     # (N k,) row-major (t, j)
+    perm = torch.sort(flat, stable=True).indices                   # queues, each in (t, j) order
+    counts = torch.bincount(flat, minlength=E)
+    start = counts.cumsum(0) - counts                              # first slot of each queue
+    place = torch.empty_like(flat)
+    place[perm] = torch.arange(flat.numel(), device=flat.device) - start[flat[perm]]
+    return place.reshape(experts.shape)
 
 
 # -------------------------------------------------------------------- layer
@@ -302,12 +306,10 @@ class ExpertParallelMoE(nn.Module):
         C = expert_capacity(N, E, k, self.capacity_factor)
         before = all_counts.cumsum(0) - all_counts               # copies of earlier ranks
         kept = all_counts if C is None else (C - before).clamp(min=0).minimum(all_counts)
-        # this rank's copies grouped by expert (stable: each group in (t, j) order)
-        perm = torch.sort(flat, stable=True).indices             # (T k,)
-        sorted_e = flat[perm]
-        start = counts.cumsum(0) - counts                        # first sorted slot per expert
-        arrival = torch.arange(flat.numel(), device=counts.device) - start[sorted_e]
-        send = perm[arrival < kept[r][sorted_e]]                 # kept copies, grouped by expert
+        # a copy is kept when it is among the first kept[r][e] of this rank's copies of e
+        keep = arrival_order(experts, E).reshape(-1) < kept[r][flat]       # (T k,)
+        perm = torch.sort(flat, stable=True).indices             # grouped by expert, (t, j) order
+        send = perm[keep[perm]]                                  # kept copies, grouped by expert
         return send, all_counts, kept, N
 
     def _local_experts(self, xr, recv_counts):
