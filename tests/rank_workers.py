@@ -472,3 +472,26 @@ if __name__ == "__main__":  # under torchrun
     total = float(all_reduce_rank()[0])
     print(f"rank {rank}/{world} backend={dist.get_backend()} sum={total:g}", flush=True)
     shutdown()
+
+
+def moe_interleaved_group(node_size: int = 2) -> dict:
+    """ExpertParallelMoE on groups of 4 ranks in nodes of ``node_size``: (0, 2) and (1, 3)
+    have one rank on each node, in node order (two-level works); (0, 1, 2) has two ranks on
+    one node and one on the other, so it does not fill its nodes in blocks (``two_level`` is
+    refused, ``auto`` falls back to flat). torch orders a group's ranks itself."""
+    from lesson10 import topology
+    from lesson10.spmd.moe import ExpertParallelMoE
+    rank = dist.get_rank()
+    pairs = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    triple = dist.new_group([0, 1, 2])
+    out = {}
+    with topology.assume(node_size):
+        out["pair"] = ExpertParallelMoE(4, 4, 8, 2, group=pairs[rank % 2]).dispatch
+        if rank < 3:
+            try:
+                ExpertParallelMoE(4, 6, 8, 2, group=triple, dispatch="two_level")
+                out["triple"] = "built"
+            except ValueError as e:
+                out["triple"] = str(e)
+            out["triple_auto"] = ExpertParallelMoE(4, 6, 8, 2, group=triple).dispatch
+    return out

@@ -22,7 +22,8 @@ BAD = {"dispatch": dict(BASE, dispatch="tree"),
        "ragged_nodes": dict(BASE, node_size=3)}
 
 RANK_JOBS = {"dispatch": lambda n: ("check_moe", list(CASES.values()) + list(BAD.values()))
-             if n == 4 else ("check_moe", [])}
+             if n == 4 else ("check_moe", []),
+             "groups": lambda n: ("moe_interleaved_group", {}) if n == 4 else ("hello", {})}
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +81,11 @@ def test_bad_settings_are_rejected_on_every_rank(outs):
     for r in outs:
         assert "dispatch must be 'auto', 'flat' or 'two_level'" in r["dispatch"]["error"]
         assert "do not fill nodes of 3" in r["ragged_nodes"]["error"]
+
+
+def test_groups_that_do_not_fill_their_nodes_in_blocks(rank_results):
+    outs = rank_results(4, "groups")
+    assert all(res["pair"] == "two_level" for res in outs)   # (0, 2): a rank on each node
+    for res in outs[:3]:
+        assert "fills its nodes evenly" in res["triple"] and "dispatch='flat'" in res["triple"]
+        assert res["triple_auto"] == "flat"                  # auto falls back, it does not refuse
