@@ -3,7 +3,7 @@
     demo                      every simulated method on a small case: error and bytes vs. the lesson
     run METHOD --nproc N      one real multi-process run on gloo/NCCL; METHOD one of
                               sp, ring, ulysses, allgather, usp, moe (lesson10.methods)
-    bench WHAT                benchmarks (sim, ring, ulysses, moe, sp) -> benchmarks/results/
+    bench WHAT                benchmarks (sim, ring, ulysses, compare, moe, nodes, sp, ...) -> benchmarks/results/
                               (run and bench, but bench sim, need PyTorch: lesson10[spmd])
     grade NOTEBOOK...         instructors: score submitted notebooks with a judge (see README)
     gradescope OUT.zip        instructors: write a Gradescope autograder (setup.sh, run_autograder)
