@@ -484,6 +484,7 @@ def moe_interleaved_group(node_size: int = 2) -> dict:
     rank = dist.get_rank()
     pairs = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     triple = dist.new_group([0, 1, 2])
+    dist.new_group([3])          # every rank in as many groups: see lesson10.spmd.usp.usp_groups
     out = {}
     with topology.assume(node_size):
         out["pair"] = ExpertParallelMoE(4, 4, 8, 2, group=pairs[rank % 2]).dispatch
@@ -495,3 +496,15 @@ def moe_interleaved_group(node_size: int = 2) -> dict:
                 out["triple"] = str(e)
             out["triple_auto"] = ExpertParallelMoE(4, 6, 8, 2, group=triple).dispatch
     return out
+
+
+def usp_after_an_uneven_group() -> list:
+    """World USP right after a group that leaves rank 3 out (so rank 3 knows one group fewer,
+    which is what torch's names for locally synchronised groups depend on): the rows of
+    ``check_attention``; then a group of rank 3 alone evens the count for the jobs after."""
+    from lesson10.spmd import workers
+    dist.new_group([0, 1, 2])
+    rows = [workers.check_attention(method="usp", s=16, a=4, a_kv=4, d=4, ulysses_size=u)
+            for u in (1, 2)]
+    dist.new_group([3])
+    return rows

@@ -36,6 +36,7 @@ BAD_SIZES = {   # case -> the words its error must contain
 }
 
 RANK_JOBS = {"usp": lambda n: ("check_attention", _cases(n)),
+             "uneven": lambda n: ("usp_after_an_uneven_group", {}) if n == 4 else ("hello", {}),
              "usp_errors": lambda n: ("check_attention", [c for c, _ in BAD_SIZES.values()])}
 
 
@@ -83,3 +84,10 @@ def test_usp_bad_sizes_say_what_to_do(rank_results, what):
     for rows in rank_results(2, "usp_errors"):
         message = rows[list(BAD_SIZES).index(what)]["error"]
         assert all(w in message for w in words), (what, message)
+
+
+def test_world_usp_does_not_hang_after_a_group_that_leaves_ranks_out(rank_results):
+    """Its sub-groups are made by every rank in one order, so torch's group names agree
+    (locally synchronised groups would be named after each rank's own group count)."""
+    outs = rank_results(4, "uneven")
+    assert not inexact_rows(outs, 2), outs

@@ -48,24 +48,25 @@ def usp_groups(ulysses_size: int, group=None):
     """``(ulysses_group, ring_group)`` of this rank for ``ulysses_size`` over ``group``.
 
     Every rank of ``group`` must call it (the first call per ``(group, u)`` creates the
-    sub-groups with ``new_group``; later calls reuse them)."""
+    sub-groups with ``new_group``; later calls reuse them). Over the world every rank creates
+    every sub-group in the same order; over a sub-group only its ranks are there, so its
+    sub-groups use ``use_local_synchronization`` (whose names torch derives from how many
+    groups each rank knows: create groups on every rank alike before, e.g. also a group for
+    the ranks a group leaves out, or such a call can wait forever)."""
     n = comm.group_size(group)
     u = check_ulysses_size(ulysses_size, n)
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
     world = dist.distributed_c10d._get_default_group()    # a new world: new sub-groups
     key = (id(world), tuple(ranks), u)
     if key not in _GROUPS:
+        uly = [ranks[i * u:(i + 1) * u] for i in range(n // u)]    # u consecutive ranks each
+        rings = [ranks[j::u] for j in range(u)]                    # one rank of each of those
         mine = {}
-        for i in range(n // u):               # every rank creates every sub-group, same order
-            members = ranks[i * u:(i + 1) * u]
-            pg = dist.new_group(members, use_local_synchronization=True) if dist.get_rank() in members else None
-            if pg is not None:
-                mine["ulysses"] = pg
-        for j in range(u):
-            members = ranks[j::u]
-            pg = dist.new_group(members, use_local_synchronization=True) if dist.get_rank() in members else None
-            if pg is not None:
-                mine["ring"] = pg
+        for kind, blocks in (("ulysses", uly), ("ring", rings)):
+            for members in blocks:                                 # all in the same order
+                pg = _sub_group(members, local=group is not None)
+                if dist.get_rank() in members:
+                    mine[kind] = pg
         _GROUPS[key] = (mine["ulysses"], mine["ring"])
     return _GROUPS[key]
 
@@ -87,6 +88,14 @@ def choose_ulysses_size(ulysses_size, a_kv: int, group=None) -> int:
                       f"{topology.default_ulysses_size(ranks, a_kv, topo)} (the default, the ranks "
                       f"per node) keeps them inside a node", UserWarning, stacklevel=3)
     return u
+
+
+def _sub_group(members, local: bool):
+    """``new_group(members)``: by every rank (``local=False``) or only by the members."""
+    if not local:
+        return dist.new_group(members)
+    return dist.new_group(members, use_local_synchronization=True) \
+        if dist.get_rank() in members else None
 
 
 def usp_attention(q, k, v, causal: bool = True, layout: str = "zigzag", ulysses_size: int = None,
