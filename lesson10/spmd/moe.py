@@ -275,8 +275,9 @@ class ExpertParallelMoE(nn.Module):
             y = two_level_exchange(x, gates, tok, slot, e // El, e % El, n, El, self.node_size,
                                    self._local_experts, self.group)
         else:
+            r = comm.group_rank(self.group)                      # counts known from step 2
             y = flat_exchange(x, gates, tok, slot, e // El, e % El, n, El,
-                              self._local_experts, self.group)
+                              self._local_experts, self.group, kept[:, r * El:(r + 1) * El])
         self._balance_stats(logits, all_counts, kept, N)
         return y.reshape(shape)
 

@@ -67,10 +67,12 @@ def _exchange_counts(counts: torch.Tensor, group) -> torch.Tensor:
     return comm.all_to_all_single(counts.reshape(n, -1), group=group, op="metadata")
 
 
-def flat_exchange(x, gates, tok, slot, dest, expert_local, n, El, experts_fn, group):
+def flat_exchange(x, gates, tok, slot, dest, expert_local, n, El, experts_fn, group,
+                  recv_counts=None):
     """One copy per (token, expert) to the expert's rank and back; ``dest (m,)`` group rank
-    and ``expert_local (m,)`` local expert of each kept copy."""
-    out = flat_rows(x[tok], dest, expert_local, n, El, experts_fn, group)    # (m, h)
+    and ``expert_local (m,)`` local expert of each kept copy; ``recv_counts (N_e, El)``: the
+    rows each rank sends here per local expert, when the caller knows them (else exchanged)."""
+    out = flat_rows(x[tok], dest, expert_local, n, El, experts_fn, group, recv_counts)  # (m, h)
     return torch.zeros_like(x).index_add(0, tok, gates[tok, slot, None].to(x.dtype) * out)
 
 
@@ -116,13 +118,15 @@ def two_level_exchange(x, gates, tok, slot, dest, expert_local, n, El, g, expert
     return y.index_add(0, u_tok, back)
 
 
-def flat_rows(rows, dest, expert_local, n, El, experts_fn, group):
+def flat_rows(rows, dest, expert_local, n, El, experts_fn, group, recv_counts=None):
     """Rows ``(m, h)`` to the ranks ``dest`` for their local experts and the experts'
-    outputs back, in the rows' order (the last two steps of both dispatches)."""
+    outputs back, in the rows' order (the last two steps of both dispatches); ``recv_counts``
+    as in :func:`flat_exchange`."""
     order = torch.argsort(dest * El + expert_local, stable=True)
     counts = torch.zeros(n, El, dtype=torch.long, device=rows.device)
     counts.index_put_((dest, expert_local), torch.ones_like(dest), accumulate=True)
-    recv_counts = _exchange_counts(counts, group)
+    if recv_counts is None:
+        recv_counts = _exchange_counts(counts, group)
     send_splits, recv_splits = counts.sum(1).tolist(), recv_counts.sum(1).tolist()
     xr = all_to_all(rows[order], recv_splits, send_splits, group)
     yb = all_to_all(experts_fn(xr, recv_counts), send_splits, recv_splits, group)
