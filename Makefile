@@ -8,7 +8,8 @@
 #                       what grading needs (.venv-py312, .venv-py313; no torch); a missing Python is skipped
 # make test-multinode : torchrun --nnodes 2 across two network namespaces joined by a veth (root, iproute2;
 #                       skipped with a message where namespaces cannot be made)
-# .ci/run runs all five.
+# make lint          : ruff and mypy (their settings: pyproject.toml)
+# .ci/run runs lint and all five.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -23,7 +24,7 @@ PY313   ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) 
 COLAB_NEW := .venv-colab312/.installed .venv-colab313/.installed
 SLOW    := -m "not colab and not frontends and not multinode"
 
-.PHONY: lab test test-colab test-frontends test-grader test-multinode demo bench build clean
+.PHONY: lab lint test test-colab test-frontends test-grader test-multinode demo bench build clean
 
 PYENV_ROOT   ?= $(HOME)/.pyenv
 # (make test runs these and the gradebook and answer-suite tests on 3.11; CI's 20 minutes
@@ -37,11 +38,16 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(PIP_ENV) $(BIN)/pip install -q -c constraints.txt -e ".[spmd,lab,test,frontends]"
+	$(PIP_ENV) $(BIN)/pip install -q -c constraints.txt -e ".[spmd,lab,test,frontends,lint]"
 	touch $(STAMP)
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/
+
+# ruff (the rule set and its reasons: pyproject.toml) and mypy on lesson10/
+lint: $(STAMP)
+	$(BIN)/ruff check lesson10 tests conftest.py
+	$(BIN)/mypy
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(SLOW) tests

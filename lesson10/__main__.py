@@ -2,7 +2,7 @@
 
     demo                      every simulated method on a small case: error and bytes vs. the lesson
     run METHOD --nproc N      one real multi-process run on gloo/NCCL; METHOD one of
-                              sp, ring, ulysses, allgather, usp, moe (lesson10.methods)
+                              sp, ring, ulysses, allgather, usp, moe (lesson10.runs.registry)
     bench WHAT                benchmarks (sim, ring, ulysses, compare, moe, nodes, sp, ...) -> benchmarks/results/
                               (run and bench, but bench sim, need PyTorch: lesson10[spmd])
     grade NOTEBOOK...         instructors: score submitted notebooks with a judge (see README)
@@ -24,19 +24,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "demo":
-        from .demo import main as run
+        from .runs.demo import main as run
     elif cmd == "run":
-        from .run import main as run
+        from .runs.cli import main as run
     elif cmd == "bench":
         from .bench import main as run
     elif cmd == "grade":
-        from .grade import main as run
+        from .course.grade import main as run
     elif cmd == "gradescope":
-        from .grade.gradescope import main_bundle as run
+        from .course.grade.gradescope import main_bundle as run
     elif cmd == "release":
-        from .release import main as run
+        from .course.release import main as run
     elif cmd == "build":
-        from .build import main as run
+        from .course.build import main as run
     else:
         print(f"unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
         return 2

@@ -5,7 +5,6 @@ from decimal import Decimal
 from fractions import Fraction
 
 import numpy as np
-
 from answers_01_03 import attn_einsum
 
 

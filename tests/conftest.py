@@ -24,7 +24,7 @@ class SharedLaunch:
 
     Starting ranks costs seconds (each imports torch), so a test module declares its
     jobs as ``RANK_JOBS = {name: make}`` with ``make(n) -> (worker, kwargs)`` (a worker
-    of :mod:`lesson10.spmd.workers` or of ``rank_workers``; ``kwargs`` a dict, or a list
+    of :mod:`lesson10.runs.workers` or of ``rank_workers``; ``kwargs`` a dict, or a list
     of dicts for one result per case). The first test that asks for ``n`` ranks starts
     them once for all the jobs of the selected tests; results are cached for the session,
     and a failed launch is remembered instead of retried by every module.
@@ -45,8 +45,9 @@ class SharedLaunch:
 
     def __call__(self, n: int, name: str, timeout: float = 240.0) -> list:
         """Each rank's result of job ``name`` (``"module:name"``) on ``n`` ranks."""
-        from lesson10.spmd.launch import launch
         from rank_workers import run_jobs
+
+        from lesson10.spmd.launch import launch
 
         have = self.cache.setdefault(n, {})
         if name not in have:

@@ -226,6 +226,7 @@ def unseen_layout(s: int = 24, seed: int = 5, causal: bool = True, docs=None) ->
     positions; and the striped layout by name. Largest error of each rank's output and
     gradients against autograd through plain attention on the whole sequence."""
     import numpy as np
+
     from lesson10.spmd import allgather_attention, ring_attention
     from lesson10.spmd.attention import attention
 
@@ -377,8 +378,13 @@ def _bad_input_calls(rank: int) -> dict:
     """``{case: call}``: the multi-process bad inputs; each raises the same error on every
     rank (before or inside a shape check that all ranks join) or runs to the end on every
     rank, so no case leaves a rank waiting in a collective."""
-    from lesson10.spmd import (ExpertParallelMoE, gather_sequence, ring_attention,
-                               shard_sequence, ulysses_attention)
+    from lesson10.spmd import (
+        ExpertParallelMoE,
+        gather_sequence,
+        ring_attention,
+        shard_sequence,
+        ulysses_attention,
+    )
     from lesson10.spmd.moe import init_moe_weights
     q, x = _randn(1, 4, 2, 3), _randn(1, 8, 2, 3)
     rw, w1, w2 = init_moe_weights(4, 4, 8)
@@ -452,9 +458,9 @@ def inexact_rows(outs: list, n_cases: int) -> list:
 
 def run_jobs(jobs: dict) -> dict:
     """In each rank: ``{name: (worker, kwargs)}`` -> ``{name: worker(**kwargs)}``, where a
-    worker is a name in :mod:`lesson10.spmd.workers` or in this module (the shared launch
+    worker is a name in :mod:`lesson10.runs.workers` or in this module (the shared launch
     of ``conftest.rank_results``)."""
-    from lesson10.spmd import workers
+    from lesson10.runs import workers
     out = {}
     for name, (worker, kwargs) in jobs.items():
         fn = getattr(workers, worker, None) or globals()[worker]
@@ -502,7 +508,7 @@ def usp_after_an_uneven_group() -> list:
     """World USP right after a group that leaves rank 3 out (so rank 3 knows one group fewer,
     which is what torch's names for locally synchronised groups depend on): the rows of
     ``check_attention``; then a group of rank 3 alone evens the count for the jobs after."""
-    from lesson10.spmd import workers
+    from lesson10.runs import workers
     dist.new_group([0, 1, 2])
     rows = [workers.check_attention(method="usp", s=16, a=4, a_kv=4, d=4, ulysses_size=u)
             for u in (1, 2)]

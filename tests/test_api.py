@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lesson10 import checks, cost, layouts, sim
 from lesson10 import __main__ as cli
+from lesson10 import checks, cost, layouts, sim
 
 ROOT = Path(__file__).resolve().parents[1]
 _ANY = object()
@@ -95,7 +95,8 @@ def test_dist_signatures():
 def test_sim_and_spmd_share_one_vocabulary():
     """The same concept has the same name and argument order in sim and spmd."""
     from lesson10 import spmd
-    from lesson10.spmd import attention as dattn, moe as dmoe
+    from lesson10.spmd import attention as dattn
+    from lesson10.spmd import moe as dmoe
 
     def names(fn):
         return list(inspect.signature(fn).parameters)

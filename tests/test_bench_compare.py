@@ -3,7 +3,8 @@ import re
 
 import pytest
 
-from lesson10 import bench, run
+from lesson10 import bench
+from lesson10.runs import cli as run
 
 
 def test_bench_compare_writes_times_and_bytes_next_to_the_formulas(tmp_path, capsys):

@@ -3,8 +3,9 @@ import csv
 import re
 import shutil
 
-from lesson10 import bench
 from redteam import build
+
+from lesson10 import bench
 
 
 def test_bench_grade_writes_the_table_and_the_csv(tmp_path, capsys):

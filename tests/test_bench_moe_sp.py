@@ -4,8 +4,7 @@ from fractions import Fraction
 
 import pytest
 
-from lesson10 import cost
-from lesson10 import bench
+from lesson10 import bench, cost
 
 
 def _rows(md: str, first: str):

@@ -1,7 +1,8 @@
 """The benchmark harness and the `run` command on tiny sizes (gloo, 2 ranks)."""
 import re
 
-from lesson10 import bench, run
+from lesson10 import bench
+from lesson10.runs import cli as run
 
 
 def test_bench_ring_writes_the_tables(tmp_path, capsys):

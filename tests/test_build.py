@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from lesson10 import build
+from lesson10.course import build
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -397,7 +397,7 @@ def test_fallback_toml_parser_agrees_with_tomllib():
 
 
 def test_build_check_runs_with_the_standard_library_only():
-    """`python lesson10/build.py --check` with no site-packages at all (-S -I): instructors and CI
+    """`python lesson10/course/build.py --check` with no site-packages at all (-S -I): instructors and CI
     can check the notebooks with any python3, outside the venv."""
     proc = subprocess.run([sys.executable, "-S", "-I", str(ROOT / "lesson10" / "build.py"), "--check"],
                           capture_output=True, text=True, timeout=60)

@@ -5,11 +5,11 @@ import contextlib
 import io
 import math
 
+import answers_01_03 as a1
+import answers_04_05 as a4
 import numpy as np
 import pytest
 
-import answers_01_03 as a1
-import answers_04_05 as a4
 from lesson10 import checks, layouts, sim
 from lesson10.checks import CheckFailed
 
@@ -311,7 +311,6 @@ _ORDERS = [lambda cf, k, N, E: cf * k * N / E, lambda cf, k, N, E: k * N * cf / 
 
 
 def _capacity_with(C_of):
-    import math
 
     def capacity_keep(experts, E, capacity_factor):
         N, k = experts.shape

@@ -8,11 +8,11 @@ batches besides the fixed cases)."""
 import math
 import re
 
+import answers_01_03 as a1
+import answers_04_05 as a4
 import numpy as np
 import pytest
 
-import answers_01_03 as a1
-import answers_04_05 as a4
 from lesson10 import checks
 from lesson10.checks import CheckFailed
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lesson10 import build
+from lesson10.course import build
 
 ROOT = Path(__file__).resolve().parents[1]
 COLAB = ROOT / "tests" / "colab"

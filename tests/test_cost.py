@@ -8,9 +8,18 @@ import math
 import pytest
 
 from lesson10 import cost
-from lesson10.cost import (HARDWARE, activation_bytes, comm_bytes, min_block_size, moe_a2a_bytes,
-                           moe_comm_ratio, moe_expert_flops, ring_round_bytes, ring_round_flops,
-                           ring_round_times)
+from lesson10.cost import (
+    HARDWARE,
+    activation_bytes,
+    comm_bytes,
+    min_block_size,
+    moe_a2a_bytes,
+    moe_comm_ratio,
+    moe_expert_flops,
+    ring_round_bytes,
+    ring_round_flops,
+    ring_round_times,
+)
 
 GB, MB, MS = 1e9, 1e6, 1e-3
 H100 = HARDWARE["H100"]["flops"]

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from lesson10.demo import format_table, run_demo
+from lesson10.runs.demo import format_table, run_demo
 
 
 @pytest.fixture(scope="module")

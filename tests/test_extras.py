@@ -54,7 +54,7 @@ def test_spmd_without_torch_names_the_extra():
 def test_base_install_modules_work_without_torch():
     """What notebooks 01-05 and the grader import, with torch out of reach."""
     proc = _python("import lesson10, lesson10.sim, lesson10.layouts, lesson10.cost, lesson10.checks, "
-                   "lesson10.figures, lesson10.build, lesson10.grade, lesson10.demo\n"
+                   "lesson10.figures, lesson10.course.build, lesson10.course.grade, lesson10.runs.demo\n"
                    "from lesson10.__main__ import main\n"
                    "assert main(['build', '--check']) == 0\n"
                    "print('fine')")

@@ -329,7 +329,7 @@ def test_ulysses_grid_explains_its_colours():
 def test_moe_capacity_line_separates_kept_from_dropped(cf, skew):
     fig = figures.draw_moe_capacity(T=64, capacity_factor=cf, skew=skew)
     C = fig.moe_routing["capacity"]
-    assert C == int(np.ceil(cf * 2 * 256 / 8))                     # CF = 1.1: C = 71, not a multiple of 4
+    assert int(np.ceil(cf * 2 * 256 / 8)) == C                     # CF = 1.1: C = 71, not a multiple of 4
     ax = fig.axes[0]
     line = [ln for ln in ax.lines if ln.get_linestyle() == "--"][0]
     y_line = line.get_ydata()[0]
@@ -375,7 +375,8 @@ def test_figures_use_only_widgets_and_arguments_of_ipywidgets_7():
     """Colab renders ipywidgets 7.7.1 only: every widget class and keyword the figures use exists there."""
     import inspect
     import re as _re
-    from lesson10 import figure_kit
+
+    from lesson10.figures import kit as figure_kit
     source = inspect.getsource(figures) + inspect.getsource(figure_kit)
     used = set(_re.findall(r"\bw\.([A-Z][A-Za-z]+)\(", source))
     ipywidgets_7_7_core = {"VBox", "HBox", "Image", "HTML", "Button", "ToggleButtons", "IntSlider",

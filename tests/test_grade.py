@@ -15,7 +15,7 @@ import pytest
 
 import lesson10
 from lesson10 import checks
-from lesson10.grade import course, exit_status, judge, main, reports, sandbox, standin, wire
+from lesson10.course.grade import course, exit_status, judge, main, sandbox, standin, wire
 
 ROOT = Path(__file__).resolve().parent.parent
 NB = "03_load_balance.ipynb"
@@ -332,7 +332,7 @@ def test_missing_file_and_bad_options_are_status_2(tmp_path, capsys):
 def test_wire_plain_python_extras_and_copy_back_through_tuples():
     assert _roundtrip(range(3)) == [0, 1, 2]
     assert _roundtrip(1 + 2j) == 1 + 2j
-    from lesson10.grade.judge import _copy_back
+    from lesson10.course.grade.judge import _copy_back
     a, b = np.zeros(2), [np.zeros(1), 5]
     _copy_back([(a,), b], [(np.ones(2),), [np.full(1, 7.0), 6]])
     assert (a == 1).all() and b[0][0] == 7 and b[1] == 6

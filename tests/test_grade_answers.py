@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import test_checks_answers as T
-from lesson10.grade import course, sandbox
+
+from lesson10.course.grade import course, sandbox
 
 HERE = Path(__file__).resolve().parent
 PY3 = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},

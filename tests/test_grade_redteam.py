@@ -33,13 +33,12 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
-
 from redteam import build as B
 from redteam import cells as C
 
@@ -519,7 +518,7 @@ class Listeners:
                     conn, _ = sock.accept()
                     self.got.append(f"{kind}: connection")
                     conn.close()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
 
     def close(self):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from lesson10.build import install_url, repository_setting
 from lesson10.checks import EXERCISES
+from lesson10.course.build import install_url, repository_setting
 
 yaml = pytest.importorskip("yaml")
 

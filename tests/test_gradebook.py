@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lesson10.checks import EXERCISES
-from lesson10.grade import classroom, course, exit_status, feedback, gradebook, reports
+from lesson10.course.grade import classroom, course, exit_status, feedback, gradebook, reports
 
 ROOT = Path(__file__).resolve().parent.parent
 COURSE_MAX = sum(ex.points for ex in EXERCISES.values())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lesson10.checks import EXERCISES
-from lesson10.grade import main
+from lesson10.course.grade import main
 
 ROOT = Path(__file__).resolve().parent.parent
 NB = "03_load_balance.ipynb"

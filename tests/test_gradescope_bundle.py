@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from lesson10.build import install_url, repository_setting
 from lesson10.checks import EXERCISES
-from lesson10.grade import gradescope, main
+from lesson10.course.build import install_url, repository_setting
+from lesson10.course.grade import gradescope, main
 
 ROOT = Path(__file__).resolve().parent.parent
 NB = "03_load_balance.ipynb"
@@ -117,7 +117,7 @@ def test_an_empty_submission_without_a_sandbox(bundle, tmp_path):
 
 
 def test_a_grader_error_is_shown_not_a_silent_zero(tmp_path, monkeypatch):
-    from lesson10.grade import cli
+    from lesson10.course.grade import cli
     seen = {}
 
     def broken(argv):

@@ -7,7 +7,8 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lesson10 import layouts
 from lesson10.layouts import causal_work, efficiency, ring_source, ring_time, shard_positions

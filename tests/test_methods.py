@@ -1,4 +1,4 @@
-"""The method registry (lesson10.methods) is what everyone reads: run's choices and help, the
+"""The method registry (lesson10.runs.registry) is what everyone reads: run's choices and help, the
 CLI usage, the README's table, the workers; its functions load and its byte formulas are
 lesson10.cost's."""
 import re
@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from lesson10 import cost, methods
+from lesson10 import cost
 from lesson10.__main__ import USAGE
-from lesson10.run import METHODS as RUN_METHODS, _parser
-from lesson10.spmd import workers
+from lesson10.runs import registry as methods
+from lesson10.runs import workers
+from lesson10.runs.cli import METHODS as RUN_METHODS
+from lesson10.runs.cli import _parser
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,12 +13,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import twohost
+from twohost import TwoHosts, namespaces_unavailable, torchrun_two
 
-from lesson10.bench import twohost
-from lesson10.bench.twohost import TwoHosts, namespaces_unavailable, torchrun_two
-from lesson10.methods import METHODS
+from lesson10.runs.registry import METHODS
 
 pytestmark = pytest.mark.multinode
 
@@ -202,10 +203,9 @@ def test_the_link_counters_and_the_rate_limit():
 
 def test_cleanup_after_an_exception_and_after_a_killed_instance():
     _need_hosts()
-    with pytest.raises(RuntimeError, match="boom"):
-        with TwoHosts() as h:
-            p = h.start(0, ["sleep", "300"])
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), TwoHosts() as h:
+        p = h.start(0, ["sleep", "300"])
+        raise RuntimeError("boom")
     assert p.poll() is not None and not set(h.names) & set(_netns())
     # an instance killed outright (SIGKILL: no clean-up ran) leaves its namespaces and their
     # processes; the next instance removes them
@@ -222,7 +222,8 @@ def test_cleanup_after_an_exception_and_after_a_killed_instance():
 def _harness_in_a_process():
     """A Python process inside ``with TwoHosts()`` that started ``sleep 300`` on host 1."""
     code = ("import sys, time\n"
-            "from lesson10.bench.twohost import TwoHosts\n"
+            f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "from twohost import TwoHosts\n"
             "with TwoHosts() as h:\n"
             "    p = h.start(1, ['sleep', '300'])\n"
             "    print(' '.join(h.names), p.pid, flush=True)\n"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lesson10 import release
-from lesson10.build import BEGIN, END, install_url, plan, repository_setting
+from lesson10.course import release
+from lesson10.course.build import BEGIN, END, install_url, plan, repository_setting
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,7 @@ def test_the_release_has_what_students_need(released):
     assert {p.name: p.read_text() for p in (released / "notebooks").glob("*.ipynb")} == built
     assert (released / "lesson10" / "grade" / "judge.py").is_file()
     assert not list(released.rglob("__pycache__"))
-    proc = subprocess.run([sys.executable, "-c", "import lesson10, lesson10.checks, lesson10.grade;"
+    proc = subprocess.run([sys.executable, "-c", "import lesson10, lesson10.checks, lesson10.course.grade;"
                            "print(lesson10.__file__)"], cwd=released, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith(str(released)), proc.stderr
 

@@ -8,7 +8,7 @@ absolute errors reach 1e-4 and beyond, while relative to the values' size they a
 """
 import pytest
 
-from lesson10 import run
+from lesson10.runs import cli as run
 
 README = {"moe": ["moe"], "sp4096": ["sp", "--seq", "4096"],
           "moe_nodes": ["moe", "--node-size", "2", "--max-nodes", "1"]}

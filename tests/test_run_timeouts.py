@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from lesson10 import run
+from lesson10.runs import cli as run
 from lesson10.spmd.launch import check_peer_timeout, is_peer_error
 
 
 def test_the_watchdog_says_which_limit_was_hit_and_exits_4():
-    code = "from lesson10.run import start_watchdog\nimport time\nstart_watchdog(0.5, 3)\ntime.sleep(60)"
+    code = "from lesson10.runs.cli import start_watchdog\nimport time\nstart_watchdog(0.5, 3)\ntime.sleep(60)"
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == run.TIMED_OUT == 4, proc.stderr

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sim_strategies import FAST
 
 from lesson10 import sim
 from lesson10.sim import attention, merge
-from sim_strategies import FAST
 
 
 def naive_attention(q, k, v, causal=False, q_pos=None, k_pos=None):

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sim_strategies import FAST
 
 from lesson10 import sim
 from lesson10.sim import arrival_order, keep_within_capacity, route_topk
-from sim_strategies import FAST
 
 
 def _arrival_by_loop(experts, E):

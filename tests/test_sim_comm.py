@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sim_strategies import FAST
 
 from lesson10 import cost, sim
 from lesson10.sim import SimGroup, gather_sequence, shard_sequence
-from sim_strategies import FAST
 
 
 def _xs(n, shape, seed=0):

@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 from hypothesis import given
+from sim_strategies import FAST, attention_case
 
 from lesson10 import cost
 from lesson10.layouts import causal_work, shard_positions
 from lesson10.sim import SimGroup, attention, ring_attention, shard_sequence
-from sim_strategies import FAST, attention_case
 
 LAYOUTS = ["contiguous", "zigzag", "striped"]
 

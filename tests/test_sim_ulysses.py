@@ -3,12 +3,19 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sim_strategies import FAST, attention_case
 
 from lesson10 import cost, sim
 from lesson10.layouts import shard_positions
-from lesson10.sim import (SimGroup, attention, heads_to_seq, kv_replication, ring_attention,
-                          seq_to_heads, ulysses_attention)
-from sim_strategies import FAST, attention_case
+from lesson10.sim import (
+    SimGroup,
+    attention,
+    heads_to_seq,
+    kv_replication,
+    ring_attention,
+    seq_to_heads,
+    ulysses_attention,
+)
 
 
 def _qkv(s, a, a_kv, d, seed=0):

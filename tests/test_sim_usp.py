@@ -6,8 +6,7 @@ from hypothesis import strategies as st
 
 from lesson10 import cost
 from lesson10.layouts import shard_positions
-from lesson10.sim import (SimGroup, attention, ring_attention, ulysses_attention, usp_attention,
-                          usp_groups)
+from lesson10.sim import SimGroup, attention, ring_attention, ulysses_attention, usp_attention, usp_groups
 
 LAYOUTS = ["contiguous", "zigzag", "striped"]
 

@@ -2,13 +2,13 @@
 2 and 4 ranks) against one process: every layout, causal or not, GQA, document masks, one
 float32 case and two independent groups of 2 ranks; bytes equal ``cost.comm_bytes("allgather")``.
 
-The runs are :func:`lesson10.spmd.workers.check_attention` inside the shared launch per rank
+The runs are :func:`lesson10.runs.workers.check_attention` inside the shared launch per rank
 count (``rank_results`` in conftest).
 """
 import pytest
+from rank_workers import inexact_rows
 
 from lesson10 import cost
-from rank_workers import inexact_rows
 
 B, S, A, D = 2, 16, 8, 4
 DOCS = [5, 1, 6, 1, 3]                 # packed documents across rank boundaries, two of one token

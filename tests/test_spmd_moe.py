@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from rank_workers import bad_input_test
 
 from lesson10 import cost, sim
 from lesson10.spmd import moe as dmoe
-from rank_workers import bad_input_test
 
 H, E, DFF, K = 8, 8, 6, 2
 BASE = dict(h=H, E=E, d_ff=DFF, k=K)

@@ -1,7 +1,7 @@
 """Ring attention on real torch.distributed (gloo, 2 and 4 ranks), against one process.
 
 All cases run inside the shared launch per rank count (``rank_results`` in conftest:
-starting ranks costs seconds); the worker ``lesson10.spmd.workers.check_attention``
+starting ranks costs seconds); the worker ``lesson10.runs.workers.check_attention``
 compares each rank's output and gradients with autograd through plain attention on the
 whole sequence.
 """
@@ -9,11 +9,11 @@ import itertools
 
 import numpy as np
 import pytest
+from rank_workers import bad_input_test
 
 from lesson10 import cost
-from lesson10.spmd.ring import ring_blocks
 from lesson10.layouts import causal_work, shard_positions
-from rank_workers import bad_input_test
+from lesson10.spmd.ring import ring_blocks
 
 B, S, A, D = 2, 24, 4, 8          # s = 24 splits into 2*N_c chunks for N_c = 2 and 4
 E = {"float64": 8, "float32": 4}

@@ -4,11 +4,11 @@ The worker is a function of this module: each rank imports it by name (pytest's 
 import mode puts tests/ on sys.path, which spawned ranks inherit)."""
 import pytest
 import torch
+from rank_workers import bad_input_test, shard_cases
 
+from lesson10.layouts import shard_positions
 from lesson10.spmd import count_bytes, gather_sequence, local_positions, shard_sequence
 from lesson10.spmd.launch import launch
-from rank_workers import bad_input_test, shard_cases
-from lesson10.layouts import shard_positions
 
 N = 2
 CASES = [(16, "contiguous"), (16, "zigzag"), (16, "striped"), (4, "zigzag"), (6, "zigzag"),

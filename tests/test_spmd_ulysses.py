@@ -4,9 +4,9 @@ gives a clear error."""
 import math
 
 import pytest
+from rank_workers import bad_input_test
 
 from lesson10 import cost
-from rank_workers import bad_input_test
 
 S, D = 16, 4
 LAYOUTS = ("contiguous", "zigzag", "striped")

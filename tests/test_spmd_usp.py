@@ -2,13 +2,13 @@
 them) on real torch.distributed (gloo, 2 and 4 ranks) against one process: every Ulysses
 size, document masks, GQA, one float32 case and sub-groups of a sub-group; bytes equal
 ``cost.usp_bytes``, split into the all-to-alls and the ring; bad sizes say what to do.
-Each run is one ``check_attention`` of :mod:`lesson10.spmd.workers` in the shared launch
+Each run is one ``check_attention`` of :mod:`lesson10.runs.workers` in the shared launch
 (``rank_results``); the cases mirror those of ``test_spmd_allgather.py``.
 """
 import pytest
+from rank_workers import inexact_rows
 
 from lesson10 import cost
-from rank_workers import inexact_rows
 
 DOCS = [5, 1, 6, 1, 3]                 # packed documents across rank boundaries, two of one token
 B, S, A, D = 2, 16, 8, 4

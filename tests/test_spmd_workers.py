@@ -1,4 +1,4 @@
-"""lesson10.spmd.workers (notebook 06, `run`, the tests): the checked runs on 2 ranks,
+"""lesson10.runs.workers (notebook 06, `run`, the tests): the checked runs on 2 ranks,
 in the shared launch.
 
 Expected bytes are written out from the lesson's formulas here (not read from

@@ -3,8 +3,7 @@ import os
 import shutil
 
 import pytest
-
-from lesson10.bench import twohost
+import twohost
 
 
 def test_it_says_why_namespaces_cannot_be_made(monkeypatch):

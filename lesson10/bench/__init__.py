@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     if argv[:1] == ["grade"]:
         from .grade import main as grade_main
         return grade_main(argv[1:])
-    from ..run import add_size_args
+    from ..runs.cli import add_size_args
     p = argparse.ArgumentParser(prog="python -m lesson10 bench",
                                 description="benchmarks of the real multi-process methods "
                                             "('bench sim' times the NumPy simulation, 'bench "

@@ -22,10 +22,20 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..runs import registry as methods
 from ..spmd.device import current_device, synchronize, torch_dtype
-from .. import methods
-from .harness import (run_configs, save_figure, interleaved, machine_note, md_table, median, ms, one_process, timed,
-                      write_table)
+from .harness import (
+    interleaved,
+    machine_note,
+    md_table,
+    median,
+    ms,
+    one_process,
+    run_configs,
+    save_figure,
+    timed,
+    write_table,
+)
 
 __all__ = ["time_attention", "ring_table", "compare_table", "bench", "bench_compare"]
 

@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from .. import cost
 from ..spmd.device import current_device, synchronize, torch_dtype
-from .harness import save_figure, machine_note, md_table, ms, slowest, write_table
+from .harness import machine_note, md_table, ms, save_figure, slowest, write_table
 
 __all__ = ["cstar_sweep", "crossing", "cstar_table", "bench"]
 

@@ -70,6 +70,7 @@ def bench(args, out_dir):
     one by one, so the resident set follows the live tensors instead of the allocator's
     reused heap, which otherwise only grows."""
     import os
+
     from ..spmd.launch import launch
     old = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"

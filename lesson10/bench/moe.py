@@ -11,8 +11,19 @@ import torch.distributed as dist
 from .. import cost
 from ..spmd.comm import count_bytes
 from ..spmd.device import current_device, torch_dtype
-from .harness import (run_configs, save_figure, interleaved, machine_note, md_table, median, ms, one_process, ratio, timed,
-                      write_table)
+from .harness import (
+    interleaved,
+    machine_note,
+    md_table,
+    median,
+    ms,
+    one_process,
+    ratio,
+    run_configs,
+    save_figure,
+    timed,
+    write_table,
+)
 
 __all__ = ["time_moe", "moe_table", "bench"]
 

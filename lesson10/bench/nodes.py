@@ -31,6 +31,7 @@ def _step(cfg, st):
     """One timed forward + backward of ``cfg`` (the layer and tokens are built once)."""
     import torch
     import torch.distributed as dist
+
     from ..spmd.comm import count_bytes
     from ..spmd.device import current_device, torch_dtype
     from ..spmd.moe import ExpertParallelMoE
@@ -125,9 +126,24 @@ def bench(args, out_dir):
     return rows
 
 
+def _twohost():
+    """``tests/twohost.py`` of the repository this package was installed from (editable)."""
+    import sys
+    from pathlib import Path
+    tests = Path(__file__).resolve().parents[2] / "tests"
+    if not (tests / "twohost.py").is_file():
+        raise SystemExit("bench nodes --twohost: the two-host harness is tests/twohost.py of "
+                         "the repository; run it from a clone (pip install -e .)")
+    if str(tests) not in sys.path:
+        sys.path.insert(0, str(tests))
+    from twohost import TwoHosts, torchrun_two
+    return TwoHosts, torchrun_two
+
+
 def _twohost_section(configs, args) -> list[str]:
-    """The same configs across two network namespaces with a ``--rate`` link."""
-    from .twohost import TwoHosts, torchrun_two
+    """The same configs across two network namespaces with a ``--rate`` link (the harness
+    is the tests' ``tests/twohost.py``: this needs the repository, not only the package)."""
+    TwoHosts, torchrun_two = _twohost()
     rows, wire = [], {}
     with TwoHosts(rate=args.rate) as hosts:
         for cfg in configs:

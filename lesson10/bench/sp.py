@@ -9,7 +9,7 @@ import torch.distributed as dist
 from .. import cost
 from ..spmd.comm import ByteCounter, count_bytes
 from ..spmd.device import current_device, torch_dtype
-from .harness import run_configs, interleaved, machine_note, md_table, median, ms, timed, write_table
+from .harness import interleaved, machine_note, md_table, median, ms, run_configs, timed, write_table
 
 __all__ = ["time_sp", "sp_table", "bench"]
 
@@ -46,9 +46,8 @@ def _sp_step(cfg, st):
         st.update(block=blk, x=x.to(device).requires_grad_(), dy=dy.to(device))
         # one extra step: the bytes sent and the memory saved for the backward
         hooks, seen = _saved_bytes(list(blk.parameters()))
-        with count_bytes() as fwd:
-            with hooks:
-                y = blk(st["x"])
+        with count_bytes() as fwd, hooks:
+            y = blk(st["x"])
         st["saved"] = sum(seen.values())
         with count_bytes() as bwd:
             y.backward(st["dy"])

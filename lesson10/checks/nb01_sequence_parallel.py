@@ -4,8 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import mistakes
-from .core import close_number, compare_shards, register_exercise, fail_check, log_int, as_pair, run_student
-
+from .core import as_pair, close_number, compare_shards, fail_check, log_int, register_exercise, run_student
 
 NB01 = "01_sequence_parallel"
 

@@ -4,9 +4,16 @@ from __future__ import annotations
 import numpy as np
 
 from . import mistakes
-from .core import CheckFailed, compare_arrays, compare_shards, register_exercise, fail_check, as_pair, run_student
+from .core import (
+    CheckFailed,
+    as_pair,
+    compare_arrays,
+    compare_shards,
+    fail_check,
+    register_exercise,
+    run_student,
+)
 from .network import Referee, RingNetwork, served_call, substituted
-
 
 NB02 = "02_ring_attention"
 

@@ -4,9 +4,16 @@ from __future__ import annotations
 import numpy as np
 
 from . import mistakes
-from .core import (as_shard_list, close_number, compare_arrays, compare_shards, register_exercise, int_array,
-                   log_int, run_student)
-
+from .core import (
+    as_shard_list,
+    close_number,
+    compare_arrays,
+    compare_shards,
+    int_array,
+    log_int,
+    register_exercise,
+    run_student,
+)
 
 NB03 = "03_load_balance"
 
@@ -89,7 +96,8 @@ def check_ring_time(ring_time, rng):
     """``ring_time(work) -> number``: every round lasts as long as its busiest rank, so the
     ring takes ``sum over rounds of max over ranks``. ``work`` may be fractional (block
     units, as ``layouts.causal_work(n, layout)`` returns them)."""
-    from ..layouts import causal_work as ref_work, ring_time as ref_time
+    from ..layouts import causal_work as ref_work
+    from ..layouts import ring_time as ref_time
     cases = [("block units, contiguous, N_c=4", ref_work(4, "contiguous")),
              ("block units, zigzag, N_c=5", ref_work(5, "zigzag")),
              ("block units, striped, N_c=3", ref_work(3, "striped")),

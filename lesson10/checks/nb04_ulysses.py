@@ -4,12 +4,27 @@ from __future__ import annotations
 import numpy as np
 
 from . import mistakes
-from .core import (CheckFailed, StudentError, close_number, compare_shards, register_exercise,
-                   fail_check, log_int, run_student)
-from .network import (AllToAllNetwork, Referee, Send, ServedAttention, served_call,
-                      substitute_blocks, substituted, tokens)
-from .nb02_ring_attention import diagnose, diagnose_plain, mask_mistakes, draw_qkv
-
+from .core import (
+    CheckFailed,
+    StudentError,
+    close_number,
+    compare_shards,
+    fail_check,
+    log_int,
+    register_exercise,
+    run_student,
+)
+from .nb02_ring_attention import diagnose, diagnose_plain, draw_qkv, mask_mistakes
+from .network import (
+    AllToAllNetwork,
+    Referee,
+    Send,
+    ServedAttention,
+    served_call,
+    substitute_blocks,
+    substituted,
+    tokens,
+)
 
 NB04 = "04_ulysses"
 
@@ -200,8 +215,8 @@ def _ulysses_case(rng, referee, qs, ks, vs, swap):
     for name, shards in (("Q", qs), ("K", ks), ("V", vs)):
         send = _head_group_send(f"{name} (sequence -> heads)", shards, n, rng, swap)
         send.missing = (f"{name} never went through all_to_all: every rank needs the head groups of "
-                        f"all ranks' tokens", f"run your seq_to_heads(q_shards, group) (and on K, V) "
-                        f"first; rank j attends on what it received")
+                        f"all ranks' tokens", "run your seq_to_heads(q_shards, group) (and on K, V) "
+                        "first; rank j attends on what it received")
         sends.append(send)
         held[name] = [np.concatenate([send.delivered[i][j] for i in range(n)]) for j in range(n)]
         real[name] = [np.concatenate([send.expected[i][j] for i in range(n)]) for j in range(n)]

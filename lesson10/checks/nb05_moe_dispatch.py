@@ -7,9 +7,17 @@ import math
 import numpy as np
 
 from . import mistakes
-from .core import (bool_array, close_number, compare_arrays, register_exercise, fail_check, int_array, log_int,
-                   as_pair, run_student)
-
+from .core import (
+    as_pair,
+    bool_array,
+    close_number,
+    compare_arrays,
+    fail_check,
+    int_array,
+    log_int,
+    register_exercise,
+    run_student,
+)
 
 NB05 = "05_moe_dispatch"
 
@@ -195,6 +203,7 @@ def capacities(N: int, E: int, k: int, cf) -> set:
 def _capacity_mistake(yours, experts, E, k, N, cf, kept, C):
     """Which known mistake the kept copies look like (a text), or None."""
     from fractions import Fraction
+
     from ..sim.moe import keep_within_capacity as ref_keep
     x = Fraction(repr(float(cf))) * k * N / E
     firsts = {"floor (rounding down)": math.floor(x), "C + 1": C + 1, "round to nearest": round(x),
@@ -231,7 +240,8 @@ def check_capacity(capacity_keep, rng):
     order; ``capacity_factor=None`` keeps everything. Both the ceiling of the float product
     (``math.ceil(cf * k * N / E)``, in any order) and the exact one are accepted: they differ
     only where the float product lands just above an integer."""
-    from ..sim.moe import expert_capacity, keep_within_capacity as ref_keep
+    from ..sim.moe import expert_capacity
+    from ..sim.moe import keep_within_capacity as ref_keep
     cases = _capacity_cases(rng)
     for label, N, E, k, cf, experts in cases:
         C = expert_capacity(N, E, k, cf)
@@ -344,7 +354,8 @@ def check_aux_loss(switch_aux_loss, rng):
     """``switch_aux_loss(probs, experts, alpha=1e-2) -> float``: ``alpha E sum_i f_i P_i`` with
     ``f_i`` the fraction of the ``N k`` copies routed to expert ``i`` and ``P_i`` the mean
     router probability of expert ``i``, for ``probs (N, E)`` and ``experts (N, k)``."""
-    from ..sim.moe import route_topk, router_probs, switch_aux_loss as ref
+    from ..sim.moe import route_topk, router_probs
+    from ..sim.moe import switch_aux_loss as ref
     # (label, N, E, k, alpha, logits kw); alpha None: not passed (the default 1e-2)
     spec = [("uniform router, k = 1", 16, 4, 1, 1e-2, dict()),
             ("skewed, k = 2", 20, 6, 2, 0.1, dict(skew=2.0)),

@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .core import CheckFailed, describe_value, fail_check, failure_message
-from .served_attention import ServedAttention, numeric_array as _array, same_values as _same
+from .served_attention import ServedAttention
+from .served_attention import numeric_array as _array
+from .served_attention import same_values as _same
 
 __all__ = ["RuleBroken", "Referee", "RingNetwork", "AllToAllNetwork", "Send", "ServedAttention",
            "substitute_blocks", "substituted", "served_call", "tokens"]

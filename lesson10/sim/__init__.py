@@ -10,9 +10,23 @@ MoE routing (:mod:`.nodes`). Nothing here imports torch.
 from .allgather import AllGatherStats, allgather_attention
 from .attention import attention, merge
 from .comm import CommRecord, SimGroup, Stats, check_shards, gather_sequence, shard_sequence
-from .moe import (MoELayerStats, MoEStats, apply_expert, arrival_order, expert_capacity,
-                  init_experts, keep_within_capacity, moe_layer, moe_reference, route_topk,
-                  router_probs, simulate_moe, skewed_routing, switch_aux_loss, update_expert_bias)
+from .moe import (
+                  MoELayerStats,
+                  MoEStats,
+                  apply_expert,
+                  arrival_order,
+                  expert_capacity,
+                  init_experts,
+                  keep_within_capacity,
+                  moe_layer,
+                  moe_reference,
+                  route_topk,
+                  router_probs,
+                  simulate_moe,
+                  skewed_routing,
+                  switch_aux_loss,
+                  update_expert_bias,
+)
 from .ring import RingStats, ring_attention
 from .sp import sp_forward, tp_forward
 from .ulysses import heads_to_seq, kv_replication, seq_to_heads, ulysses_attention

@@ -24,7 +24,7 @@ def _queues(experts, E: int):
         raise ValueError(f"experts must be expert ids in 0..{E - 1}, got values "
                          f"{experts.min()}..{experts.max()}")
     flat = experts.ravel()
-    if E < np.iinfo(np.int16).max:
+    if np.iinfo(np.int16).max > E:
         flat = flat.astype(np.int16)                    # stable sort on int16 is a radix sort
     order = np.argsort(flat, kind="stable")             # copies grouped by expert, in arrival order
     by_expert = flat[order]

@@ -73,7 +73,7 @@ class SimGroup:
         self.bytes_sent = np.zeros(self.n)
         self.history: list[CommRecord] = []
 
-    def subgroup(self, ranks) -> "SimGroup":
+    def subgroup(self, ranks) -> SimGroup:
         """A group of some of these ranks (``torch.distributed.new_group``): its rank ``i`` is
         rank ``ranks[i]`` here, and every byte it sends is also booked on that rank here."""
         ranks = [int(r) for r in np.asarray(ranks).reshape(-1)]

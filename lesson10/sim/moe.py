@@ -34,9 +34,9 @@ import numpy as np
 
 from .. import cost
 from ..cost import expert_capacity  # the one exact formula; re-exported here
+from ..topology import check_nodes
 from .capacity import arrival_order, keep_within_capacity  # noqa: F401  (re-exported)
 from .comm import Stats, check_group, check_shards
-from ..topology import check_nodes
 from .nodes import node_bytes, node_limited_scores
 from .sampling import sample_topk
 
@@ -339,7 +339,7 @@ def skewed_routing(T: int, E: int, k: int, skew: float = 0.0, seed: int = 0, bia
     ``skew * u_i + bias_i + G_ti`` with independent standard Gumbel noise ``G`` (drawn as
     Plackett-Luce by :func:`lesson10.sim.sampling.sample_topk`; node-limited through
     :func:`route_topk` on explicit scores). :func:`simulate_moe` and the MoE figure
-    (:func:`lesson10.figure_data.moe_routing`) draw from it, so one seed is one sample."""
+    (:func:`lesson10.figures.data.moe_routing`) draw from it, so one seed is one sample."""
     k = _check_k(k, E)
     nodes, max_nodes = check_nodes(E, k, nodes, max_nodes)
     pop_seq, route_seq = np.random.SeedSequence(seed).spawn(2)

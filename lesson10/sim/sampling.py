@@ -71,7 +71,7 @@ def sample_topk(logw: np.ndarray, T: int, k: int, rng, max_rounds: int = 3) -> n
     chosen experts. (Tokens whose remaining weights all underflow to 0 finish with the
     Gumbel top-k itself.) No Python loop over tokens."""
     E = logw.size
-    dtype = np.int16 if E <= np.iinfo(np.int16).max else np.int32
+    dtype = np.int16 if np.iinfo(np.int16).max >= E else np.int32
     with np.errstate(over="ignore"):                   # a gap beyond 1e308 is weight 0
         p = np.exp(logw - logw.max())
     cdf = np.cumsum(p)

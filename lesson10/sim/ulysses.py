@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .attention import attention as _attention, check_doc_ids
+from .attention import attention as _attention
+from .attention import check_doc_ids
 from .comm import check_group, check_shards
 from .ring import check_qkv_shards
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..topology import check_heads, usp_group_ranks
-
 from .attention import check_doc_ids
 from .ring import check_qkv_shards, ring_attention
 from .ulysses import heads_to_seq, seq_to_heads

@@ -26,8 +26,16 @@ import torch
 
 from ..layouts import block_plan
 from . import comm
-from .attention import (acc_dtype, block_kwargs, check_doc_ids, check_local_qkv, local_attention,
-                        local_attention_backward, merge_block, require_rank)
+from .attention import (
+    acc_dtype,
+    block_kwargs,
+    check_doc_ids,
+    check_local_qkv,
+    local_attention,
+    local_attention_backward,
+    merge_block,
+    require_rank,
+)
 from .shard import layout_positions
 
 __all__ = ["allgather_attention", "AllGatherAttention"]

@@ -34,7 +34,7 @@ __all__ = ["ByteCounter", "SIDE_OPS", "LINKS", "count_bytes", "record"]
 #: where a byte goes: to a rank on this node, on another node, or unknown (no ``to=``)
 LINKS = ("intra", "inter", "unknown")
 
-_active: list["ByteCounter"] = []
+_active: list[ByteCounter] = []
 
 #: ops that are not activation traffic: shape/count exchanges, replicated weight-gradient
 #: sums, SP's backward re-gather of the LayerNorm output it kept only a shard of, and the

@@ -25,7 +25,7 @@ What :func:`launch` does for you:
   are killed and joined, so no process is left behind.
 
 The worker function must be importable by a fresh process: a module-level function
-of a module (:mod:`lesson10.spmd.workers` holds the checked runs of every method). A
+of a module (:mod:`lesson10.runs.workers` holds the checked runs of every method). A
 function typed into a notebook cell is not, and gives a clear error.
 
 Under ``torchrun`` the processes already exist: call :func:`init_from_env` at the

@@ -34,9 +34,17 @@ import torch
 import torch.distributed as dist
 
 from ..layouts import Block, block_plan, ring_source, shard_positions
-from .attention import (acc_dtype, block_kwargs, check_doc_ids, check_local_qkv, local_attention,
-                        local_attention_backward, merge_block, require_rank)
 from . import comm
+from .attention import (
+    acc_dtype,
+    block_kwargs,
+    check_doc_ids,
+    check_local_qkv,
+    local_attention,
+    local_attention_backward,
+    merge_block,
+    require_rank,
+)
 from .comm import record
 from .device import synchronize_device
 from .shard import layout_positions
@@ -154,7 +162,7 @@ class RingComm:
         self.overlap, self.timings, self.bandwidth = overlap, timings, bandwidth
 
     @classmethod
-    def with_settings(cls, group, settings: RingSettings) -> "RingComm":
+    def with_settings(cls, group, settings: RingSettings) -> RingComm:
         return cls(group, settings.overlap, settings.timings, settings.bandwidth)
 
     def shift(self, tensors, tag: int = 0) -> _Shift:

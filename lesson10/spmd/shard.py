@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from ..layouts import check_permutation, layout_name, shard_positions
-
 from .comm import all_gather, check_same_shape, record, ring_next
 
 __all__ = ["shard_sequence", "gather_sequence", "local_positions", "layout_positions"]

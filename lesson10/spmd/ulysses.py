@@ -78,8 +78,9 @@ def heads_to_seq(y: torch.Tensor, group=None) -> torch.Tensor:
 
 def layout_order(s: int, n: int, layout: str) -> torch.Tensor:
     """Global token ids in the order ``seq_to_heads`` leaves them: ``concat(shard_positions)``."""
-    from ..layouts import shard_positions
     import numpy as np
+
+    from ..layouts import shard_positions
     return torch.from_numpy(np.concatenate(shard_positions(s, n, layout)).astype(np.int64))
 
 

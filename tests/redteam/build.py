@@ -20,7 +20,7 @@ _CHECK = re.compile(r"^\s*checks\.check_(\w+)\(", re.M)
 
 
 # ------------------------------------------------------------------ reading
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _read(folder: str, nb_id: str) -> str:
     return (ROOT / folder / f"{nb_id}.ipynb").read_text(encoding="utf-8")
 

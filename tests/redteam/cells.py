@@ -369,8 +369,8 @@ def grade_internals() -> str:
     return dedent("""
         import importlib, sys
         _bent = []
-        for _name in ('lesson10.grade', 'lesson10.grade.judge', 'lesson10.grade.runner',
-                      'lesson10.grade.wire', 'lesson10.grade.sandbox', 'lesson10.grade.notebook',
+        for _name in ('lesson10.course.grade', 'lesson10.course.grade.judge', 'lesson10.course.grade.runner',
+                      'lesson10.course.grade.wire', 'lesson10.course.grade.sandbox', 'lesson10.course.grade.notebook',
                       'lesson10.checks.core', 'lesson10.checks.nb03_load_balance', '_lesson10_runner'):
             try:
                 _m = importlib.import_module(_name)
@@ -622,16 +622,16 @@ def array_likes() -> dict[str, str]:
 
 def forge_frames(ctx: Ctx, then: str = "return") -> str:
     """Write forged grader messages (every exercise passed) to every open file descriptor."""
-    return dedent(f"""
+    return dedent("""
         import json, os, struct
         def _forge():
             msgs = []
             for ex in ('zigzag_positions', 'causal_work', 'ring_time'):
                 for key in ('op', 'type', 'kind'):
                     for what in ('verdict', 'result', 'outcome', 'done', 'judged', 'reply'):
-                        msgs.append({{key: what, 'exercise': ex, 'passed': True, 'status': 'passed',
+                        msgs.append({key: what, 'exercise': ex, 'passed': True, 'status': 'passed',
                                       'points': 2, 'max_points': 2, 'message': 'forged',
-                                      'value': 6, 'verdict': {{'passed': True, 'status': 'passed'}}}})
+                                      'value': 6, 'verdict': {'passed': True, 'status': 'passed'}})
             blobs = []
             for m in msgs:
                 b = json.dumps(m).encode()

@@ -2,7 +2,7 @@
 JUnit XML and a Markdown summary (a CI job's summary).
 
 Each takes the per-notebook reports (:mod:`.notebook`) and, where it speaks of students,
-their gradebook rows (:func:`lesson10.grade.gradebook.rows`; computed from the reports when
+their gradebook rows (:func:`lesson10.course.grade.gradebook.rows`; computed from the reports when
 not given). GitHub Classroom's runner JSON is in :mod:`.classroom`, the feedback files in
 :mod:`.feedback`.
 """
@@ -14,7 +14,7 @@ import json
 import re
 from xml.sax.saxutils import escape, quoteattr
 
-from ..checks import EXERCISES
+from ...checks import EXERCISES
 from . import gradebook
 
 
@@ -124,7 +124,7 @@ def class_csv(reports: list[dict], students: list[dict] | None = None, seed=None
     """One row per student: ``student``, a column of points per course exercise (in the
     course's order, every exercise whatever the batch holds), then ``<exercise> status`` per
     exercise (passed, failed, not attempted, check removed, missing, ...:
-    :data:`lesson10.grade.gradebook.STATUSES`), ``missing`` (the notebooks not handed in),
+    :data:`lesson10.course.grade.gradebook.STATUSES`), ``missing`` (the notebooks not handed in),
     ``seed``, and last ``total`` and ``max`` (the course maximum, the same in every row)."""
     rows = gradebook.rows(reports) if students is None else students
     cols = list(EXERCISES)

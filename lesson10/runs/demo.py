@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import cost, sim
-from .layouts import shard_positions
+from .. import cost, sim
+from ..layouts import shard_positions
 
 
 def _row(method, n, err, measured, formula, note=""):

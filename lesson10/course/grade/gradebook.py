@@ -11,7 +11,7 @@ submission).
 
 **One file per course notebook and student.** Several files of one student that are the
 same course notebook (copies: ``Copy of ...``, ``...-Copy1``, ``... (1)``, see
-:func:`lesson10.grade.course.copy_base`; or versions, ``..._final``; in one student folder
+:func:`lesson10.course.grade.course.copy_base`; or versions, ``..._final``; in one student folder
 at any depth) count once: one is graded, chosen by :data:`COPY_RULE`, and the others are
 listed in the feedback as not graded. What the grader refuses is a *collision*, names that
 stand for several students: a ``--student-from`` that gives two places one name
@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..checks import EXERCISES
+from ...checks import EXERCISES
 from . import course
 
 #: how one of several copies of a notebook is chosen (README "Instructors" says the same)

@@ -1,6 +1,6 @@
 """The checked MoE run: :class:`~lesson10.spmd.moe.ExpertParallelMoE` on ``N_e`` ranks
 against the single-process reference and the simulation (a worker of
-:mod:`lesson10.spmd.workers`, which re-exports it)."""
+:mod:`lesson10.runs.workers`, which re-exports it)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from .. import cost
-from .device import current_device, torch_dtype
+from ..spmd.device import current_device, torch_dtype
 from .results import Errors, elem_size, make_result, on_topology, timed_step
 
 __all__ = ["check_moe", "uniform_router_tokens"]
@@ -107,7 +107,7 @@ def _moe_step(layer, xl, dyl):
 def _moe_layer(h, E, d_ff, k, capacity_factor, router_w, w1, w2, alpha, nodes, max_nodes, bias,
                dev, dispatch="auto"):
     """The layer under test, with the run's weights and routing bias, on ``dev``."""
-    from .moe import ExpertParallelMoE
+    from ..spmd.moe import ExpertParallelMoE
     layer = ExpertParallelMoE(h, E, d_ff, k, capacity_factor=capacity_factor, router_w=router_w,
                               w1=w1, w2=w2, alpha=alpha, nodes=nodes, max_nodes=max_nodes,
                               dispatch=dispatch).to(dev)
@@ -127,7 +127,7 @@ def _moe_bias_update(errs, layer, rate) -> bool:
 
 def _moe_inputs(Ts, h, E, k, d_ff, seed, dt, routing):
     """The whole run's tokens ``x``, output gradient ``dy`` and weights, drawn from ``seed``."""
-    from .moe import init_moe_weights
+    from ..spmd.moe import init_moe_weights
     n = len(Ts)
     router_w, w1, w2 = init_moe_weights(h, E, d_ff, seed, dt)
     g = torch.Generator().manual_seed(seed + 7)
@@ -142,9 +142,9 @@ def _moe_inputs(Ts, h, E, k, d_ff, seed, dt, routing):
     return x, dy, router_w, w1, w2
 
 
-def _moe_errors(layer, x, dy, router_w, w1, w2, y, xl, aux_total, alpha, rows, route) -> "Errors":
+def _moe_errors(layer, x, dy, router_w, w1, w2, y, xl, aux_total, alpha, rows, route) -> Errors:
     """This rank's output and gradients against autograd through the single-process layer."""
-    from .moe import moe_reference
+    from ..spmd.moe import moe_reference
     n, r = dist.get_world_size(), dist.get_rank()
     lo, hi = rows
     xr, rw, rw1, rw2 = (t.clone().requires_grad_() for t in (x, router_w, w1, w2))
@@ -218,7 +218,8 @@ def _moe_links(experts, kept, owner, E, n, layer, row_bytes) -> dict:
 
 def _moe_sim_errors(errs, x, router_w, w1, w2, y, aux_total, alpha, rows, route) -> None:
     """float64 only: the output and the aux loss against :mod:`lesson10.sim.moe`."""
-    from ..sim.moe import moe_reference as sim_reference, switch_aux_loss as sim_aux
+    from ..sim.moe import moe_reference as sim_reference
+    from ..sim.moe import switch_aux_loss as sim_aux
     lo, hi = rows
     logits, experts = _sim_routing(x, router_w, route)
     bias_np = None if route["bias"] is None else route["bias"].numpy()

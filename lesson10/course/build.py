@@ -61,7 +61,7 @@ class BuildError(ValueError):
 
 def repo_root() -> Path:
     """The folder holding ``solutions/`` and ``notebooks/`` (the repository root)."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------- the repository setting
@@ -72,7 +72,7 @@ INSTALL_MARK = "# Install the course package"
 #: first lines of install cells that earlier builds wrote (replaced, not duplicated)
 OLD_INSTALL_MARKS = ("# Colab only:",)
 #: what a notebook imports that needs torch, the ``spmd`` extra
-_NEEDS_TORCH_RE = re.compile(r"^\s*(import torch|from torch[\s.]|(from|import) lesson10\.(spmd|bench|run)\b)", re.M)
+_NEEDS_TORCH_RE = re.compile(r"^\s*(import torch|from torch[\s.]|(from|import) lesson10\.(spmd|bench|runs?)\b)", re.M)
 
 
 def _toml_section(text: str, section: str) -> dict:

@@ -9,7 +9,9 @@ import html
 import re
 from pathlib import Path
 
-from . import gradebook, reports as _reports
+from . import gradebook
+from . import reports as _reports
+
 
 def _blocks(row: dict, reports: list[dict], *, seed=None, sandboxed=None) -> list[tuple]:
     """The feedback of one student as blocks: ("h1"|"h2"|"h3"|"p"|"pre"|"hint"|"list"|

@@ -32,7 +32,7 @@ class Options:
     save_executed: Path | None = None
     sandboxed: bool = True
     seed: int = 0
-    standin: Path | None = None          # the stand-in folder (:func:`lesson10.grade.standin.write`)
+    standin: Path | None = None          # the stand-in folder (:func:`lesson10.course.grade.standin.write`)
     limits: sandbox.Limits = field(default_factory=sandbox.Limits)
 
 
@@ -60,6 +60,7 @@ def _read(path: Path, content: bytes | None):
     """``(notebook dict, None)`` or ``(None, why not)``."""
     try:
         import warnings
+
         import nbformat
         text = (path.read_bytes() if content is None else content).decode("utf-8")
         with warnings.catch_warnings():          # cells without ids: normal in old files

@@ -12,7 +12,7 @@ The bundle holds, at the root of the zip as Gradescope wants them:
 
 :func:`run` works under ``$AUTOGRADER_ROOT`` (default ``/autograder``): it grades the
 notebooks found at any depth of ``submission/`` as one student's (one per course notebook;
-copies are chosen by :data:`lesson10.grade.gradebook.COPY_RULE`) and writes
+copies are chosen by :data:`lesson10.course.grade.gradebook.COPY_RULE`) and writes
 ``results/results.json`` in Gradescope's format: every course exercise a test, the course
 maximum, ``visibility`` and a top-level ``output`` (what was graded, what is missing, "no
 notebook found", any grader error). Where the container has no user namespaces the
@@ -51,7 +51,7 @@ $SUDO apt-get install -y -qq python3 python3-venv python3-pip git bubblewrap
 python3 -m venv "$ROOT/lesson10-venv"
 "$ROOT/lesson10-venv/bin/python" -m pip install -q --upgrade pip
 "$ROOT/lesson10-venv/bin/python" -m pip install -q {quoted}
-"$ROOT/lesson10-venv/bin/python" -c "import lesson10.grade, lesson10.checks; print('lesson10', lesson10.__version__)"
+"$ROOT/lesson10-venv/bin/python" -c "import lesson10.course.grade, lesson10.checks; print('lesson10', lesson10.__version__)"
 """
 
 RUN_AUTOGRADER = """\
@@ -69,11 +69,11 @@ if [ -n "${LESSON10_PYTHON:-}" ]; then
 else
   PY=""
   for cand in "$ROOT/lesson10-venv/bin/python" python3 python @BUILD_PYTHON@; do
-    if "$cand" -c "import lesson10.grade.gradescope" >/dev/null 2>&1; then PY="$cand"; break; fi
+    if "$cand" -c "import lesson10.course.grade.gradescope" >/dev/null 2>&1; then PY="$cand"; break; fi
   done
   [ -n "$PY" ] || PY=python3
 fi
-"$PY" -m lesson10.grade.gradescope run --root "$ROOT"
+"$PY" -m lesson10.course.grade.gradescope run --root "$ROOT"
 status=$?
 if [ ! -s "$ROOT/results/results.json" ]; then
   # the grader could not even start: say so rather than leave Gradescope without a result
@@ -126,7 +126,7 @@ def _config(root: Path) -> dict:
 
 def error_results(message: str) -> dict:
     """results.json for a grading that failed: every exercise listed at 0, and the reason."""
-    from ..checks import EXERCISES
+    from ...checks import EXERCISES
     text = (f"GRADER ERROR: {message}\nThis is not your score: the course staff will grade "
             f"the submission again.")
     tests = [{"name": f"{ex.notebook}: {ex.id}", "score": 0, "max_score": ex.points,
@@ -231,8 +231,8 @@ def main_bundle(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m lesson10.grade.gradescope run [--root DIR]`` (what run_autograder calls)."""
-    p = argparse.ArgumentParser(prog="python -m lesson10.grade.gradescope")
+    """``python -m lesson10.course.grade.gradescope run [--root DIR]`` (what run_autograder calls)."""
+    p = argparse.ArgumentParser(prog="python -m lesson10.course.grade.gradescope")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="grade $AUTOGRADER_ROOT/submission into results/results.json")
     r.add_argument("--root", type=Path,

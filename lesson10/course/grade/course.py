@@ -11,7 +11,7 @@ import ast
 import re
 from pathlib import Path
 
-from ..checks import EXERCISES
+from ...checks import EXERCISES
 
 #: course notebooks that have no exercise (graded 0 of 0, not executed)
 NOTEBOOKS_WITHOUT_EXERCISES = ("06_multiprocess",)

@@ -5,7 +5,7 @@ show which bytes cross between nodes, nor what a missing ``GLOO_SOCKET_IFNAME`` 
 each "host" is a network namespace with its own ``lo`` and one end of a veth pair, and the
 kernel's counters on the veth say exactly how many bytes went over the "wire"::
 
-    from lesson10.bench.twohost import TwoHosts, torchrun_two
+    from twohost import TwoHosts, torchrun_two
 
     with TwoHosts(rate="200mbit") as hosts:          # tc tbf on both ends; None: no limit
         res = torchrun_two(hosts, ["moe", "--seq", "256"])
@@ -143,14 +143,14 @@ class TwoHosts:
         self._old_handlers: dict = {}
 
     # ------------------------------------------------------------ life cycle
-    def __enter__(self) -> "TwoHosts":
+    def __enter__(self) -> TwoHosts:
         self.open()
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def open(self) -> "TwoHosts":
+    def open(self) -> TwoHosts:
         """Make the namespaces, the veth pair, the addresses and the rate limit."""
         why = namespaces_unavailable()
         if why:

@@ -11,7 +11,7 @@ the judge to call it. So may an object whose class names the methods it offers i
 ``__wire_methods__`` (the network a check serves to a ring, say): it arrives as an
 object holding only stubs of those methods, its state stays with the judge.
 
-This file runs on both sides: the judge imports it as ``lesson10.grade.wire``, and the
+This file runs on both sides: the judge imports it as ``lesson10.course.grade.wire``, and the
 sandbox gets a copy of it (``_lesson10_wire``), since no course package is there.
 
 Framing over a pipe: an 8-byte big-endian length, the JSON header (``{"msg": ...,

@@ -12,7 +12,7 @@ and adds the tests' scores into the points of the check run named "Autograding T
 which is where Classroom reads them (so the workflow's job carries that name and
 ``checks: write``). ``python -m lesson10 grade ... --classroom PATH`` writes it for one
 student; the workflow (``classroom/.github/workflows/classroom.yml``) base64-encodes it into
-its step output ``result``. ``python -m lesson10.grade.classroom --error MESSAGE`` writes a
+its step output ``result``. ``python -m lesson10.course.grade.classroom --error MESSAGE`` writes a
 runner result that says the grading itself failed (the workflow's fallback).
 """
 from __future__ import annotations
@@ -77,7 +77,7 @@ def runner_results(reports: list[dict], students: list[dict] | None = None, *,
 def error_results(message: str) -> dict:
     """A runner result that says the grading failed: every exercise at 0 with status
     ``error`` and the message (never a silent 0)."""
-    from ..checks import EXERCISES
+    from ...checks import EXERCISES
     tests = [{"name": f"{ex.notebook}: {ex.id}", "status": "error", "score": 0,
               "max_score": ex.points, "message": f"the grader failed: {message}"}
              for ex in EXERCISES.values()]
@@ -85,7 +85,7 @@ def error_results(message: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lesson10.grade.classroom",
+    p = argparse.ArgumentParser(prog="python -m lesson10.course.grade.classroom",
                                 description="Write a GitHub Classroom runner result that says "
                                             "the grading failed (the workflow's fallback).")
     p.add_argument("--error", required=True, help="what failed")

@@ -2,7 +2,8 @@
 
 Pass a worker to :func:`lesson10.spmd.launch.launch`; it runs inside every rank::
 
-    from lesson10.spmd import launch, workers
+    from lesson10.runs import workers
+    from lesson10.spmd import launch
     res = launch(workers.check_attention, 2, "ring", s=64)[0]     # rank 0's result
     both = launch(workers.run_checks, 2, [("check_sp", {"sequence_parallel": False}),
                                           ("check_sp", {})])[0]   # two runs, one launch
@@ -37,9 +38,9 @@ import torch
 import torch.distributed as dist
 
 from .. import cost
-from .attention import attention
-from .comm import SIDE_OPS
-from .device import current_device, torch_dtype
+from ..spmd.attention import attention
+from ..spmd.comm import SIDE_OPS
+from ..spmd.device import current_device, torch_dtype
 from .moe_checks import check_moe, uniform_router_tokens
 from .results import TOL, Errors, elem_size, make_result, on_topology, timed_step
 
@@ -63,8 +64,8 @@ def hello() -> dict:
 
 # -------------------------------------------------------------- attention
 def _attention_method(method: str):
-    """The registry's record of an attention method (:mod:`lesson10.methods`)."""
-    from .. import methods
+    """The registry's record of an attention method (:mod:`lesson10.runs.registry`)."""
+    from . import registry as methods
     if method not in methods.attention_names():
         raise ValueError(f"method must be one of {sorted(methods.attention_names())}, got "
                          f"{method!r}")
@@ -95,8 +96,8 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
     Extras: ``tokens`` (this rank's global positions), ``kv_heads_sent``.
     """
     case = dict(locals())                                  # the arguments, as passed
-    from .ring import ring_options
-    from .shard import local_positions, shard_sequence
+    from ..spmd.ring import ring_options
+    from ..spmd.shard import local_positions, shard_sequence
     record = _attention_method(method)
     fn = record.spmd_function()
     layout = case["layout"] = layout or record.default_layout
@@ -153,7 +154,7 @@ def _attention_reference(q, k, v, dout, causal, doc):
 
 def _ulysses_size(ulysses_size, a_kv, group, notes: list) -> int:
     """USP's ``u`` (the default from the topology when ``None``); its warnings into ``notes``."""
-    from .usp import choose_ulysses_size
+    from ..spmd.usp import choose_ulysses_size
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         u = choose_ulysses_size(ulysses_size, a_kv, group)
@@ -176,7 +177,7 @@ def _split_world(split: int):
 
 
 def _method_kwargs(method: str, replicate_kv, impl, ulysses_size, doc) -> dict:
-    """The method's own keyword arguments (see :data:`lesson10.methods.METHODS` options)."""
+    """The method's own keyword arguments (see :data:`lesson10.runs.registry.METHODS` options)."""
     kw = {"replicate_kv": replicate_kv} if method == "ulysses" else {"impl": impl}
     if method == "usp":
         kw["ulysses_size"] = ulysses_size
@@ -203,7 +204,7 @@ def check_sp(b: int = 2, s: int = 8, h: int = 16, ffn: int = 32, p: float = 0.1,
     (the fraction of block 0's outputs its dropout zeroed, in the reference).
     """
     case = dict(locals())                                  # the arguments, as passed
-    from .sp import ReferenceBlock, SequenceParallelBlock, sp_shard
+    from ..spmd.sp import ReferenceBlock, SequenceParallelBlock, sp_shard
     dt, dev = torch_dtype(dtype), current_device()
     t, r = dist.get_world_size(), dist.get_rank()
     refs = [ReferenceBlock(h, ffn, p, seed=seed + i, dropout_seed=99 + i, dtype=dt) for i in range(blocks)]

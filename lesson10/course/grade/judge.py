@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..checks import CheckFailed
-from ..checks.core import StudentError as _StudentError
+from ...checks import CheckFailed
+from ...checks.core import StudentError as _StudentError
 from . import course, sandbox, wire
 
 MAX_JUDGED = 3                 # judged calls per exercise (the last one counts)

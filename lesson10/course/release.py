@@ -28,9 +28,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import __version__
-from .build import (BEGIN, END, BuildError, badge_line, install_url, plan, repo_root,
-                    repository_setting)
+from .. import __version__
+from .build import BEGIN, END, BuildError, badge_line, install_url, plan, repo_root, repository_setting
 
 MARKER = ".lesson10-release.json"
 TEMPLATE = Path("classroom")

@@ -211,9 +211,7 @@ def _stub_module(rel: Path, tree: ast.Module, alias: dict[str, str]) -> str:
                     continue
                 for name in names:
                     lines.append(f"{name} = {value!r}")
-            elif isinstance(node, ast.If):
-                walk(node.body)
-            elif isinstance(node, ast.Try):
+            elif isinstance(node, ast.If) or isinstance(node, ast.Try):
                 walk(node.body)
 
     walk(tree.body)
@@ -222,7 +220,7 @@ def _stub_module(rel: Path, tree: ast.Module, alias: dict[str, str]) -> str:
 
 
 def _checks_module() -> str:
-    from ..checks import EXERCISES
+    from ...checks import EXERCISES
     info = {ex.id: {"id": ex.id, "notebook": ex.notebook, "points": ex.points,
                     "title": ex.title, "function": ex.function} for ex in EXERCISES.values()}
     defs = "\n".join(f"check_{ex} = _check({ex!r})" for ex in EXERCISES)
@@ -250,8 +248,8 @@ def write(folder: Path, source: Path | None = None) -> Path:
         else:
             text = _stub_module(rel, tree, alias)
         target.write_text(text, encoding="utf-8")
-    (pkg / "grade").mkdir(exist_ok=True)
-    (pkg / "grade" / "__init__.py").write_text(
+    (pkg / "course" / "grade").mkdir(parents=True, exist_ok=True)
+    (pkg / "course" / "grade" / "__init__.py").write_text(
         '"""The grader is not in the sandbox."""\n', encoding="utf-8")
     (pkg / "_standin.py").write_text(_STANDIN_HELPERS, encoding="utf-8")
     here = Path(__file__).parent

@@ -1,4 +1,4 @@
-"""The result of one checked run (the schema of :mod:`lesson10.spmd.workers`), and the
+"""The result of one checked run (the schema of :mod:`lesson10.runs.workers`), and the
 timing and error bookkeeping every checked run shares."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from .. import topology
-from . import comm
-from .device import current_device, synchronize, torch_dtype
+from ..spmd import comm
+from ..spmd.device import current_device, synchronize, torch_dtype
 
 __all__ = ["TOL", "Errors", "max_over_ranks", "elem_size", "make_result", "timed_step",
            "on_topology"]

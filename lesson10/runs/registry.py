@@ -1,6 +1,6 @@
 """The registry of the lesson's parallel methods: one record per method, read by everyone.
 
-``python -m lesson10 run`` (its choices, help and cases), :mod:`lesson10.spmd.workers`
+``python -m lesson10 run`` (its choices, help and cases), :mod:`lesson10.runs.workers`
 (which function a checked run calls, and its default layout), the benchmarks, the CLI's
 usage text and the README's method table all read :data:`METHODS`; a test checks that
 each of them names every method. Adding a method is one record here plus its functions
@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 
-from . import cost
+from .. import cost
 
 __all__ = ["Method", "METHODS", "get", "names", "attention_names"]
 
@@ -24,7 +24,7 @@ class Method:
     """One parallel method of the lesson.
 
     ``spmd`` / ``sim``: import paths of its real and simulated function; ``worker``: the
-    checked run of :mod:`lesson10.spmd.workers` that runs it; ``layouts``: the layouts it
+    checked run of :mod:`lesson10.runs.workers` that runs it; ``layouts``: the layouts it
     accepts (``None``: any positions, ``()``: it has no sequence layout); ``default_layout``;
     ``options``: its extra keyword arguments beyond the shared ones; ``bytes_fwd(s, h, n,
     g=1, e=2, **options)``: the lesson's forward bytes per rank (b = 1), from
@@ -97,7 +97,7 @@ def names() -> tuple[str, ...]:
 
 
 def attention_names() -> tuple[str, ...]:
-    """The methods that :func:`lesson10.spmd.workers.check_attention` runs."""
+    """The methods that :func:`lesson10.runs.workers.check_attention` runs."""
     return tuple(n for n, m in METHODS.items() if m.worker == "check_attention")
 
 

@@ -8,8 +8,8 @@ import math
 
 import numpy as np
 
-from . import layouts
-from .sim import moe as sim_moe
+from .. import layouts
+from ..sim import moe as sim_moe
 
 __all__ = ["owners", "ring_states", "ulysses_owner", "moe_routing"]
 

@@ -23,10 +23,17 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from . import cost, layouts
-from .figure_data import moe_routing, owners as _owners, ring_states as _ring_states, ulysses_owner
-from .figure_kit import (COLORS, RELEASE as _RELEASE, STYLE as _STYLE, View as _View,
-                         legend as _legend, new_figure as _figure, widgets as _widgets)
+from .. import cost, layouts
+from .data import moe_routing, ulysses_owner
+from .data import owners as _owners
+from .data import ring_states as _ring_states
+from .kit import COLORS
+from .kit import RELEASE as _RELEASE
+from .kit import STYLE as _STYLE
+from .kit import View as _View
+from .kit import legend as _legend
+from .kit import new_figure as _figure
+from .kit import widgets as _widgets
 
 __all__ = [
     "COLORS",
