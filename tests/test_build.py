@@ -399,7 +399,7 @@ def test_fallback_toml_parser_agrees_with_tomllib():
 def test_build_check_runs_with_the_standard_library_only():
     """`python lesson10/course/build.py --check` with no site-packages at all (-S -I): instructors and CI
     can check the notebooks with any python3, outside the venv."""
-    proc = subprocess.run([sys.executable, "-S", "-I", str(ROOT / "lesson10" / "build.py"), "--check"],
+    proc = subprocess.run([sys.executable, "-S", "-I", str(ROOT / "lesson10" / "course" / "build.py"), "--check"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "up to date" in proc.stdout

@@ -30,7 +30,7 @@ def test_the_release_has_what_students_need(released):
                           "notebooks", "pyproject.toml"])
     built = {p.name: t for p, t in plan(ROOT).items() if p.parent.name == "notebooks"}
     assert {p.name: p.read_text() for p in (released / "notebooks").glob("*.ipynb")} == built
-    assert (released / "lesson10" / "grade" / "judge.py").is_file()
+    assert (released / "lesson10" / "course" / "grade" / "judge.py").is_file()
     assert not list(released.rglob("__pycache__"))
     proc = subprocess.run([sys.executable, "-c", "import lesson10, lesson10.checks, lesson10.course.grade;"
                            "print(lesson10.__file__)"], cwd=released, capture_output=True, text=True)
