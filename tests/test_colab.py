@@ -191,7 +191,8 @@ class ColabLike:
         self.reset()
         before = _freeze(self.py)
         for name, version in _pins(python).items():
-            assert before[name].split("==")[-1].split("+")[0] == version, f"{before[name]}: {self.venv} is not Colab-like"
+            installed = before[name].split("==")[-1].split("+")[0]
+            assert installed == version, f"{before[name]}: {self.venv} is not Colab-like"
         self.before = before
         startup = home / "ipython" / "profile_default" / "startup"
         startup.mkdir(parents=True)
@@ -240,7 +241,7 @@ def colab_like(tmp_path_factory):
                            capture_output=True, text=True).stdout.strip()
     if dirty:
         warnings.warn(f"uncommitted changes in lesson10/ or pyproject.toml: the install cell installs "
-                      f"the last commit {head[:10]}, not the working tree")
+                      f"the last commit {head[:10]}, not the working tree", stacklevel=2)
     url = f"git+file://{ROOT}@{head}"
     made = {}
 
@@ -313,7 +314,8 @@ def test_install_cell_updates_an_older_release_and_then_does_nothing(colab_like,
     install = next(c for c in sol.cells if c.cell_type == "code")
     nb = nbformat.v4.new_notebook(metadata=sol.metadata)
     nb.cells = [nbformat.v4.new_code_cell("import lesson10\nassert lesson10.__version__ == '0.1.0'"), install,
-                nbformat.v4.new_code_cell("from lesson10 import layouts\nprint(layouts.ring_time(layouts.causal_work(4, 'zigzag')))")]
+                nbformat.v4.new_code_cell("from lesson10 import layouts\n"
+                                          "print(layouts.ring_time(layouts.causal_work(4, 'zigzag')))")]
     path = tmp_path / "nb" / "update.ipynb"
     path.parent.mkdir()
     nbformat.write(nb, path)

@@ -16,12 +16,12 @@ def test_every_method_matches_its_reference(rows):
     names = [r[0] for r in rows]
     for needle in ("SP", "ring zigzag", "ring contiguous", "ulysses", "MoE"):
         assert any(needle in n for n in names), needle
-    for method, n, err, *_ in rows:
+    for method, _n, err, *_ in rows:
         assert err < 1e-12, (method, err)
 
 
 def test_measured_bytes_equal_the_closed_forms(rows):
-    for method, n, err, measured, formula, note in rows:
+    for method, _n, _err, measured, formula, _note in rows:
         if method.startswith("MoE"):
             # random routing: the formula is the expectation; drops only lower it
             assert measured <= 1.3 * formula
