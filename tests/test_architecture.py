@@ -31,3 +31,56 @@ def test_the_map_catches_a_module_it_does_not_list(tmp_path):
     # the parser reads table rows only: a row removed is a module missing
     names = set(listed())
     assert "lesson10/spmd/ring.py" in names and len(names) >= 60
+
+
+# ---------------------------------------------------------------- the size rules of CONTRIBUTING
+import ast  # noqa: E402
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 60
+
+
+def _trees():
+    for path in sorted((ROOT / "lesson10").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        yield path.relative_to(ROOT).as_posix(), text, ast.parse(text)
+
+
+def long_functions(tree) -> list[tuple[str, int]]:
+    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def test_no_module_over_500_lines():
+    big = {rel: len(text.splitlines()) for rel, text, _ in _trees()
+           if len(text.splitlines()) > MAX_MODULE_LINES}
+    assert not big, f"split these modules (at most {MAX_MODULE_LINES} lines): {big}"
+
+
+def test_no_function_over_60_lines():
+    long = {rel: found for rel, _, tree in _trees() if (found := long_functions(tree))}
+    assert not long, f"split these functions (at most {MAX_FUNCTION_LINES} lines): {long}"
+
+
+def test_the_function_rule_sees_a_long_function():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(ast.parse(f"def f():\n{body}\n")) == [("f", MAX_FUNCTION_LINES + 1)]
+    assert long_functions(ast.parse("def g():\n    return 1\n")) == []
+
+
+def _imported(nodes) -> list[str]:
+    names = [a.name for n in nodes if isinstance(n, ast.Import) for a in n.names]
+    return names + [n.module or "" for n in nodes if isinstance(n, ast.ImportFrom)]
+
+
+def test_sim_and_the_shared_rules_never_import_torch():
+    """sim/: no torch anywhere; layouts, cost, topology: not at import time (topology reads
+    torch.distributed's world lazily, when a job is up)."""
+    for rel, _, tree in _trees():
+        if rel.startswith("lesson10/sim/"):
+            names = _imported(ast.walk(tree))
+        elif rel in ("lesson10/layouts.py", "lesson10/cost.py", "lesson10/topology.py"):
+            names = _imported(tree.body)
+        else:
+            continue
+        assert not [m for m in names if m.split(".")[0] == "torch" or "spmd" in m], rel
