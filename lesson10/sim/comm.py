@@ -276,19 +276,3 @@ def _numeric(x, where: str) -> np.ndarray:
         raise ValueError(f"{where} must be an array of real numbers, got {what}; pass a float "
                          f"NumPy array")
     return arr
-
-
-def check_group(group, n: int, where: str, needs: tuple = ()):
-    """``group`` or a new ``SimGroup(n)`` when it is None; a ValueError unless it is a
-    :class:`SimGroup` of ``n`` ranks, or another object that has the collectives named in
-    ``needs`` (a network that a check serves, say, which offers only those)."""
-    if group is None:
-        return SimGroup(n)
-    if not isinstance(group, SimGroup):
-        if needs and all(callable(getattr(group, name, None)) for name in needs):
-            return group
-        also = f" (or an object with {', '.join(needs)})" if needs else ""
-        raise ValueError(f"{where}: group must be a SimGroup{also}, or None; got {type(group).__name__}")
-    if group.n != n:
-        raise ValueError(f"{where}: {n} shards for a group of {group.n} ranks")
-    return group

@@ -36,9 +36,10 @@ from .. import cost
 from ..cost import expert_capacity  # the one exact formula; re-exported here
 from ..topology import check_nodes
 from .capacity import arrival_order, keep_within_capacity  # noqa: F401  (re-exported)
-from .comm import Stats, check_group, check_shards
+from .comm import Stats, check_shards
 from .nodes import node_bytes, node_limited_scores
 from .sampling import sample_topk
+from .validate import check_group
 
 _sample_topk = sample_topk        # its former name here
 

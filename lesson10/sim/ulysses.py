@@ -19,8 +19,8 @@ import numpy as np
 
 from .attention import attention as _attention
 from .attention import check_doc_ids
-from .comm import check_group, check_shards
-from .ring import check_qkv_shards
+from .comm import check_shards
+from .validate import check_group, check_qkv_shards
 
 __all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "kv_replication"]
 
