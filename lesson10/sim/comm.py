@@ -22,6 +22,7 @@ one sequence ``(s, ...)`` into the per-rank shards of a layout and put it back.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class Stats:
     its fields as a dict (the form of the spmd run reports, which cross processes)."""
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return asdict(cast(Any, self))       # every subclass is a dataclass
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class SimGroup:
             raise ValueError(f"e (bytes per element) must be a positive number, got {e!r}")
         self.n = int(n)
         self.e = e
-        self._parent = None                 # (parent group, parent ranks) for a subgroup
+        self._parent: tuple[SimGroup, list[int]] | None = None   # (parent group, its ranks)
         self.reset()
 
     def __repr__(self) -> str:

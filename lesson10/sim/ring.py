@@ -42,8 +42,8 @@ class RingStats(Stats):
     ring_time: int
     lse: list
     sources: np.ndarray
-    bytes_sent: np.ndarray
-    skipped: np.ndarray = None
+    bytes_sent: np.ndarray | None
+    skipped: np.ndarray | None = None
     n_skipped: int = 0
 
 
