@@ -13,7 +13,8 @@ import numpy as np
 from ..layouts import check_permutation, shard_positions
 from .comm import SimGroup, check_shards
 
-__all__ = ["check_group", "check_qkv_shards", "check_shards"]
+__all__ = ["check_group", "check_qkv_shards", "check_shards", "check_doc_ids",
+           "check_token_positions", "real_finite"]
 
 
 def check_group(group, n: int, where: str, needs: tuple = ()):
@@ -60,3 +61,46 @@ def check_qkv_shards(q_shards, k_shards, v_shards, positions, group, name, needs
     check_permutation(np.concatenate(positions), name)
     group = check_group(group, n, name, needs)
     return q, k, v, positions, group
+
+
+def check_token_positions(pos, length: int, name: str) -> np.ndarray:
+    """``pos`` as ``length`` integer global token ids (``None``: ``0..length-1``)."""
+    if pos is None:
+        return np.arange(length)
+    pos = np.asarray(pos)
+    if pos.shape != (length,):
+        raise ValueError(f"{name} must have one position per token, shape ({length},), got {pos.shape}")
+    if not np.issubdtype(pos.dtype, np.integer):
+        raise ValueError(f"{name} must hold integer token ids, got dtype {pos.dtype} "
+                         f"(use layouts.shard_positions)")
+    return pos
+
+
+def check_doc_ids(doc_ids, s=None, where: str = "doc_ids"):
+    """``doc_ids`` as an integer array of shape ``(s,)`` (one document id per global token
+    position; any length if ``s`` is None), or None. Any integer labels work; a packed batch
+    of documents of 3, 2 and 1 tokens is ``[0, 0, 0, 1, 1, 2]``."""
+    if doc_ids is None:
+        return None
+    ids = np.asarray(doc_ids)
+    if ids.ndim != 1 or (s is not None and ids.shape[0] != s):
+        want = f"the s = {s}" if s is not None else "every"
+        raise ValueError(f"{where}: doc_ids must give the document of {want} global token "
+                         f"position, a 1-D array of shape ({s if s is not None else 's'},), "
+                         f"got shape {ids.shape}")
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"{where}: doc_ids must be integer document ids (e.g. 0, 0, 0, 1, 1, 2), "
+                         f"got dtype {ids.dtype}")
+    return ids.astype(np.int64, copy=False)
+
+
+def real_finite(x, name: str) -> np.ndarray:
+    """``x`` as a float64 array; complex, non-numeric or non-finite values are a ValueError."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must hold real numbers, got dtype {arr.dtype}; pass a float array")
+    arr = arr.astype(float, copy=False)
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} contains NaN or inf; attention needs finite inputs (check the "
+                         f"step that produced them)")
+    return arr

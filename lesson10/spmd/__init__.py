@@ -35,11 +35,11 @@ __all__ = [
 ]
 
 from .allgather import allgather_attention  # noqa: E402
-from .attention import attention as reference_attention  # noqa: E402
 from .attention import local_attention, merge  # noqa: E402
 from .comm import ByteCounter, count_bytes  # noqa: E402
 from .launch import LaunchTimeout, RankError, init_from_env, is_torchrun, launch, shutdown  # noqa: E402
 from .moe import ExpertParallelMoE, moe_reference, route_topk, switch_aux_loss, update_expert_bias  # noqa: E402
+from .reference import attention as reference_attention  # noqa: E402
 from .ring import RingAttention, ring_attention, ring_options  # noqa: E402
 from .shard import gather_sequence, local_positions, shard_sequence  # noqa: E402
 from .sp import (  # noqa: E402

@@ -20,8 +20,8 @@ any layout is exact. A query that sees no key gets ``lse = -inf`` and ``out = 0`
   :func:`lesson10.layouts.block_plan` merged into one ``(out, lse)`` (the ring per round,
   all-gather and Ulysses once), and :class:`BlockAttention`, the same with autograd.
 
-The reference (:func:`attention`, :func:`visible`) and the checks (:mod:`.validate`) are
-imported here under their old names.
+The reference (:func:`attention`, :func:`visible`, from :mod:`.reference`) is importable
+from here too; the checks of the inputs are in :mod:`.validate`.
 """
 from __future__ import annotations
 
@@ -30,19 +30,10 @@ import math
 import torch
 
 from .reference import attention, visible
-from .validate import (
-    check_doc_ids,
-    check_float,
-    check_impl,
-    check_local_qkv,
-    check_positions,
-    check_qkv,
-    require_rank,
-)
+from .validate import check_float, check_impl, check_positions, check_qkv
 
-__all__ = ["attention", "merge", "local_attention", "local_attention_backward", "visible",
-           "check_doc_ids", "check_float", "check_local_qkv", "require_rank", "merge_block",
-           "block_kwargs", "acc_dtype", "attend_blocks", "attend_blocks_backward",
+__all__ = ["attention", "visible", "merge", "local_attention", "local_attention_backward",
+           "merge_block", "block_kwargs", "acc_dtype", "attend_blocks", "attend_blocks_backward",
            "BlockAttention"]
 
 
