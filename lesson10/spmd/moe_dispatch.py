@@ -171,10 +171,12 @@ class RelayPlan:
 @dataclass(frozen=True)
 class Relayed:
     """What a relay received in step 1: ``x1 (R1, h)`` the relayed token rows, and for each of
-    the ``m1`` copies they carry its row of ``x1``, its expert's rank and local expert
-    (:class:`Copies` with ``tok`` = that row, ``slot`` unused) and its gate ``(m1,)``."""
+    the ``m1`` copies they stand for (each ``(m1,)``) its ``row`` of ``x1``, its expert's group
+    rank ``dest`` and local expert ``expert_local``, and its ``gate``."""
     x1: torch.Tensor
-    copies: Copies
+    row: torch.Tensor
+    dest: torch.Tensor
+    expert_local: torch.Tensor
     gate: torch.Tensor
 
 
@@ -195,14 +197,14 @@ def to_relays(x, gates, rp: RelayPlan, group) -> Relayed:
     src_of = torch.repeat_interleave(torch.arange(len(rp.rows_from), device=dev),
                                      torch.tensor(rp.copies_from, device=dev))
     row1 = meta1[:, 0] + (torch.cumsum(rows_from, 0) - rows_from)[src_of]   # (m1,) row of x1
-    return Relayed(x1, Copies(row1, torch.zeros_like(row1), meta1[:, 1], meta1[:, 2]), gate1)
+    return Relayed(x1, row1, meta1[:, 1], meta1[:, 2], gate1)
 
 
 def fan_out(x, own: Copies, relayed: Relayed, plan: DispatchPlan, experts_fn):
     """Steps 2-3: the holder's copies (its own tokens on this node, the relayed ones) to the
     experts' ranks inside the node and their outputs back: ``(out_own, out_relayed)``."""
-    r = relayed.copies
-    rows = torch.cat([x[own.tok], relayed.x1[r.tok]])
+    r = relayed
+    rows = torch.cat([x[own.tok], r.x1[r.row]])
     out = flat_rows(rows, torch.cat([own.dest, r.dest]),
                     torch.cat([own.expert_local, r.expert_local]), plan, experts_fn)
     m_own = own.tok.shape[0]
@@ -212,7 +214,7 @@ def fan_out(x, own: Copies, relayed: Relayed, plan: DispatchPlan, experts_fn):
 def combine_on_relays(relayed: Relayed, out_relayed, rp: RelayPlan, group):
     """Step 4: each relay sums the gated outputs of its node per token row and sends one row
     back per (token, remote node): ``(U, h)`` in the order of ``rp.u_tok``."""
-    partial = _weighted_sum(relayed.x1, relayed.copies.tok, relayed.gate, out_relayed)
+    partial = _weighted_sum(relayed.x1, relayed.row, relayed.gate, out_relayed)
     return all_to_all(partial, rp.rows_to.tolist(), rp.rows_from, group)
 
 
