@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 from fractions import Fraction
+from typing import Any, cast
 
 __all__ = [
     "HARDWARE",
@@ -44,7 +45,7 @@ __all__ = [
 #: Hardware presets used in the lesson. GPUs carry ``flops`` (dense bf16 peak, FLOP/s)
 #: and ``memory`` (HBM bytes); links carry ``bandwidth`` (bytes/s per GPU, one direction).
 #: The H200 has the H100's compute and more (and faster) HBM.
-HARDWARE = {
+HARDWARE: dict[str, dict[str, Any]] = {
     "H100": {"kind": "gpu", "flops": 989e12, "memory": 80e9},
     "H200": {"kind": "gpu", "flops": 989e12, "memory": 141e9},
     "NVLink": {"kind": "link", "bandwidth": 450e9},
@@ -78,7 +79,7 @@ def _positive(name: str, value) -> float:
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     if value <= 0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
-    return value
+    return cast(float, value)
 
 
 def _count(name: str, value, minimum: int = 1) -> int:
@@ -159,7 +160,8 @@ def comm_bytes(method: str, s, h, n: int, g=1, e=2) -> float:
     if not isinstance(method, str) or method.lower() not in COMM_METHODS:
         raise ValueError(f"unknown method {method!r}; use one of {', '.join(map(repr, COMM_METHODS))}")
     method = method.lower()
-    s, h, g, e = _positive("s", s), _positive("h", h), _positive("g (GQA group size)", g), _positive("e (bytes per element)", e)
+    s, h = _positive("s", s), _positive("h", h)
+    g, e = _positive("g (GQA group size)", g), _positive("e (bytes per element)", e)
     n = _count("n (number of GPUs)", n)
     _divides(s, n, "n")
     if method == "sp":

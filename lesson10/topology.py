@@ -14,7 +14,8 @@ on every node) gives ``node_size``; ``LESSON10_NODE_SIZE`` or :func:`assume` pre
 one machine (tests, demos); without either, every rank is on one node.
 
 The rules here need no torch: USP's group shapes and head limit (:func:`check_ulysses_size`,
-:func:`usp_group_ranks`, :func:`check_heads`, :func:`default_ulysses_size`) and the
+:func:`usp_group_ranks`, :func:`check_heads`, :func:`default_ulysses_size`,
+:func:`usp_ulysses_size`, :func:`usp_ring_positions`) and the
 node-limited routing of DeepSeek-V3 (:func:`check_nodes`).
 """
 from __future__ import annotations
@@ -26,7 +27,8 @@ import os
 from dataclasses import dataclass
 
 __all__ = ["Topology", "current", "assume", "check_ulysses_size", "usp_group_ranks",
-           "check_heads", "default_ulysses_size", "ulysses_spans_nodes", "check_nodes"]
+           "check_heads", "default_ulysses_size", "usp_ulysses_size", "usp_ring_positions",
+           "ulysses_spans_nodes", "check_nodes"]
 
 
 def _int(name, val, lo=1) -> int:
@@ -160,6 +162,30 @@ def default_ulysses_size(ranks, a_kv: int, topo: Topology) -> int:
     ranks = list(ranks)
     per_node = len(ranks) // topo.nodes_of(ranks)
     return math.gcd(per_node, a_kv) if a_kv else per_node
+
+
+def usp_ulysses_size(ulysses_size, ranks, a_kv: int | None = None,
+                     topo: Topology | None = None) -> int:
+    """USP's ``u`` for the group of global ``ranks``: ``ulysses_size`` (checked: it divides the
+    group), or when it is ``None`` the default, :func:`default_ulysses_size` (``a_kv=None``: no
+    cut to the K/V heads) on ``topo`` (default :func:`current`). The one place both
+    implementations, the checked runs and the byte formulas take ``u`` from."""
+    ranks = list(ranks)
+    if ulysses_size is None:
+        topo = current(max(_world(), max(ranks, default=0) + 1)) if topo is None else topo
+        ulysses_size = default_ulysses_size(ranks, a_kv or 0, topo)
+    return check_ulysses_size(ulysses_size, len(ranks))
+
+
+def usp_ring_positions(positions, ulysses_size: int) -> list:
+    """The global tokens each ring index holds after USP's all-to-all: Ulysses group ``i``
+    (ranks ``i u .. i u + u - 1``) holds the tokens of its ranks, here sorted (the ring is
+    exact for any order; sorted, the contiguous and zig-zag layouts give the ring the
+    layout's own shards over ``r = n/u`` ranks). ``positions``: one sequence per rank."""
+    import numpy as np
+    u = check_ulysses_size(ulysses_size, len(positions))
+    return [np.sort(np.concatenate([np.asarray(p) for p in positions[i:i + u]]), kind="stable")
+            for i in range(0, len(positions), u)]
 
 
 def ulysses_spans_nodes(ranks, u: int, topo: Topology) -> list[list[int]]:

@@ -220,20 +220,25 @@ def clock_syncs() -> dict:
             "rounds": dist.get_world_size()}
 
 
-def unseen_layout(s: int = 24, seed: int = 5, causal: bool = True, docs=None) -> dict:
-    """The real ring and all-gather with a layout neither was written for: a random
-    permutation of the tokens (each rank's positions in no order), passed as ``layout=``
-    positions; and the striped layout by name. Largest error of each rank's output and
-    gradients against autograd through plain attention on the whole sequence."""
+def unseen_layout(s: int = 24, seed: int = 5, causal: bool = True, docs=None,
+                  node_size: int = 2) -> dict:
+    """Every attention method of the registry (:data:`lesson10.runs.registry.METHODS`) with
+    a layout none was written for: a random permutation of the tokens (each rank's positions
+    in no order), passed as ``layout=`` positions; and the striped layout by name. Largest
+    error of each rank's output and gradients against autograd through plain attention on
+    the whole sequence; USP takes its default ``ulysses_size`` (None) from the topology,
+    nodes of ``node_size``. Also ``shard_sequence`` / ``gather_sequence`` with the positions."""
     import numpy as np
 
-    from lesson10.spmd import allgather_attention, ring_attention
+    from lesson10 import topology
+    from lesson10.runs import registry
+    from lesson10.spmd import gather_sequence, shard_sequence
     from lesson10.spmd.attention import attention
 
     n, r = dist.get_world_size(), dist.get_rank()
     g = torch.Generator().manual_seed(seed)
-    q, dout = (torch.randn(1, s, 4, 8, generator=g, dtype=torch.float64) for _ in range(2))
-    k, v = (torch.randn(1, s, 2, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    q, dout = (torch.randn(1, s, 8, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(1, s, 4, 4, generator=g, dtype=torch.float64) for _ in range(2))
     doc = None if docs is None else torch.as_tensor(np.repeat(np.arange(len(docs)), docs))
     ref = [t.clone().requires_grad_() for t in (q, k, v)]
     o_ref, _ = attention(*ref, causal=causal, doc_ids=doc)
@@ -242,16 +247,22 @@ def unseen_layout(s: int = 24, seed: int = 5, causal: bool = True, docs=None) ->
     layouts = {"permutation": perm.reshape(n, -1)[r].tolist(),
                "striped": np.arange(r, s, n).tolist()}
     errors = {}
-    for lay_name, pos in layouts.items():
-        for method, fn in (("ring", ring_attention), ("allgather", allgather_attention)):
-            loc = [t[:, pos].clone().requires_grad_() for t in (q, k, v)]
+    with topology.assume(node_size):
+        for lay_name, pos in layouts.items():
             layout = torch.as_tensor(pos) if lay_name == "permutation" else lay_name
-            o = fn(*loc, causal=causal, layout=layout, doc_ids=doc)
-            o.backward(dout[:, pos])
-            errs = [float((o - o_ref[:, pos]).abs().max())]
-            errs += [float((t.grad - full.grad[:, pos]).abs().max()) for t, full in zip(loc, ref)]
-            errors[f"{method}/{lay_name}"] = max(errs)
-    return {"positions": layouts["permutation"], "errors": errors}
+            for method in registry.attention_names():
+                fn = registry.get(method).spmd_function()
+                loc = [t[:, pos].clone().requires_grad_() for t in (q, k, v)]
+                o = fn(*loc, causal=causal, layout=layout, group=None, doc_ids=doc)
+                o.backward(dout[:, pos])
+                errs = [float((o - o_ref[:, pos]).abs().max())]
+                errs += [float((t.grad - full.grad[:, pos]).abs().max()) for t, full in zip(loc, ref)]
+                errors[f"{method}/{lay_name}"] = max(errs)
+            mine = shard_sequence(q, layout)
+            errors[f"shard/{lay_name}"] = float((mine - q[:, pos]).abs().max())
+            errors[f"gather/{lay_name}"] = float((gather_sequence(mine, layout) - q).abs().max())
+    return {"positions": layouts["permutation"], "errors": errors,
+            "methods": list(registry.attention_names())}
 
 
 def bench_nodes(configs: list, reps: int = 1) -> list:

@@ -1,11 +1,17 @@
-"""Single-process tests of lesson10.spmd.attention: reference, merge, fast local kernel."""
+"""Tests of lesson10.spmd.attention: reference, merge, fast local kernel (one process), and the
+one signature of the family: every attention method of the registry, on real ranks, exact for
+a random permutation passed as ``layout=`` (the shared launch, ``RANK_JOBS``)."""
 import math
 
 import pytest
 import torch
 
+from lesson10.runs import registry
 from lesson10.spmd import attention as dattn
 from lesson10.spmd.attention import attention, local_attention, local_attention_backward, merge
+
+PERMUTED = [dict(causal=True), dict(causal=False), dict(causal=True, docs=[5, 11, 8])]
+RANK_JOBS = {"unseen_layout": lambda n: ("unseen_layout", PERMUTED)}
 
 
 def _naive(q, k, v, causal, q_pos=None, k_pos=None):
@@ -201,3 +207,36 @@ def test_dist_attention_rejects_bad_dtypes_and_args():
     o, l = dattn.attention(q, k, v)
     with pytest.raises(ValueError, match="transpose it"):
         dattn.merge(o, l.transpose(1, 2), o, l.transpose(1, 2))
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_every_attention_method_is_exact_for_a_random_permutation(rank_results, n):
+    """Each attention method of ``registry.METHODS`` (ring, ulysses, allgather, usp) with a
+    random permutation of the tokens as ``layout=`` positions, and the striped layout by name:
+    output and gradients match one process, causal or not, with a document mask too; and
+    ``shard_sequence`` / ``gather_sequence`` take the same positions."""
+    out = rank_results(n, "unseen_layout")
+    assert len(out) == n
+    held = sorted(p for rank_rows in out for p in rank_rows[0]["positions"])
+    assert held == list(range(24)) and out[0][0]["positions"] != sorted(out[0][0]["positions"])
+    methods = registry.attention_names()
+    assert {"ring", "ulysses", "allgather", "usp"} <= set(methods)
+    for rank_rows in out:
+        assert len(rank_rows) == len(PERMUTED)
+        for row in rank_rows:
+            assert row["methods"] == list(methods)
+            assert set(row["errors"]) == {f"{m}/{lay}" for m in (*methods, "shard", "gather")
+                                          for lay in ("permutation", "striped")}
+            assert max(row["errors"].values()) < 1e-9, row
+
+
+def test_every_attention_method_has_the_family_signature():
+    """``X_attention(q, k, v, causal=True, layout=..., group=None, *, doc_ids=None, ...)``."""
+    import inspect
+    for name in registry.attention_names():
+        params = inspect.signature(registry.get(name).spmd_function()).parameters
+        assert list(params)[:6] == ["q", "k", "v", "causal", "layout", "group"], name
+        assert params["causal"].default is True and params["group"].default is None, name
+        assert params["doc_ids"].kind is inspect.Parameter.KEYWORD_ONLY, name
+        assert params["doc_ids"].default is None, name
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in list(params.values())[6:]), name

@@ -106,7 +106,7 @@ def test_uniform_routing_bytes_and_aux_loss(run):
         assert res["fwd"] == res["fwd_by_op"]["all_to_all"] == want == res["formula_fwd"]
         assert res["bwd_by_op"]["all_to_all"] == want
         assert res["fwd"] == (res["remote_sent"] + res["remote_received"]) * res["row_bytes"]
-        assert res["aux_value"] == pytest.approx(0.5, abs=1e-12)    # = alpha for uniform routing         # = alpha for uniform routing
+        assert res["aux_value"] == pytest.approx(0.5, abs=1e-12)    # = alpha for uniform routing
 
 
 def test_bad_input_errors(run):

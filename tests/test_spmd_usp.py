@@ -1,6 +1,6 @@
 """USP (lesson10.spmd.usp: Ulysses inside groups of consecutive ranks, ring attention across
 them) on real torch.distributed (gloo, 2 and 4 ranks) against one process: every Ulysses
-size, document masks, GQA, one float32 case and sub-groups of a sub-group; bytes equal
+size, document masks, GQA, the striped layout, one float32 case and sub-groups of a sub-group; bytes equal
 ``cost.usp_bytes``, split into the all-to-alls and the ring; bad sizes say what to do.
 Each run is one ``check_attention`` of :mod:`lesson10.runs.workers` in the shared launch
 (``rank_results``); the cases mirror those of ``test_spmd_allgather.py``.
@@ -19,6 +19,8 @@ def _cases(n):
     cases = [dict(base, ulysses_size=u, layout=layout, causal=causal, a_kv=4, docs=docs)
              for layout in ("zigzag", "contiguous") for causal in (True, False)
              for u in sorted({1, 2, n}) for docs in (None, DOCS)]
+    cases += [dict(base, ulysses_size=2, layout="striped", causal=True, a_kv=4, docs=docs)
+              for docs in (None, DOCS)]            # any layout: the ring takes positions
     cases.append(dict(base, ulysses_size=2, layout="zigzag", causal=True, a_kv=2))
     cases.append(dict(base, ulysses_size=2, layout="zigzag", causal=True, a_kv=2, dtype="float32"))
     if n == 4:   # inside two independent groups of 2 ranks (group=): sub-groups of a sub-group
@@ -32,7 +34,7 @@ BAD_SIZES = {   # case -> the words its error must contain
     "Ulysses part beyond the K/V heads": (dict(BAD, a_kv=1, ulysses_size=2),
                                           ("ulysses_size = 2", "n_kv = 1", "ring")),
     "ulysses_size does not divide N": (dict(BAD, a_kv=4, ulysses_size=3), ("divides N",)),
-    "striped layout": (dict(BAD, a_kv=4, ulysses_size=2, layout="striped"), ("zigzag", "contiguous")),
+    "misspelled layout": (dict(BAD, a_kv=4, ulysses_size=2, layout="zigzog"), ("unknown layout",)),
 }
 
 RANK_JOBS = {"usp": lambda n: ("check_attention", _cases(n)),

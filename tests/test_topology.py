@@ -1,8 +1,9 @@
 """lesson10.topology: which ranks share a node (from torchrun's environment or assumed), and
 the USP / node-limit rules built on it; lesson10.cost.link_split."""
+import numpy as np
 import pytest
 
-from lesson10 import cost, topology
+from lesson10 import cost, layouts, topology
 from lesson10.topology import Topology
 
 
@@ -82,3 +83,29 @@ def test_link_split_ring_and_all_to_all():
         cost.link_split(1, "ring", 0, 6, 4)
     with pytest.raises(ValueError, match="pattern"):
         cost.link_split(1, "tree", 0, 4, 2)
+
+
+def test_usp_ulysses_size_is_the_one_default():
+    """``None`` takes the ranks per node (cut to a divisor of a_kv); a given size is checked."""
+    t = topology.Topology(8, 4)
+    assert topology.usp_ulysses_size(None, range(8), 8, t) == 4
+    assert topology.usp_ulysses_size(None, range(8), 2, t) == 2
+    assert topology.usp_ulysses_size(2, range(8), 8, t) == 2
+    with topology.assume(2):
+        assert topology.usp_ulysses_size(None, range(4)) == 2      # the byte formula's call
+    assert topology.usp_ulysses_size(None, range(4), None, topology.Topology(4, 4)) == 4
+    with pytest.raises(ValueError, match="divides N"):
+        topology.usp_ulysses_size(3, range(4), 4, t)
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous", "striped"])
+def test_usp_ring_positions(layout):
+    """The tokens of each Ulysses group, sorted: for zig-zag and contiguous the layout's own
+    shards over the ring; for any layout, all tokens once."""
+    pos = layouts.shard_positions(16, 4, layout)
+    ring = topology.usp_ring_positions(pos, 2)
+    assert len(ring) == 2 and sorted(np.concatenate(ring).tolist()) == list(range(16))
+    assert all(np.array_equal(r, np.sort(np.concatenate(pos[2 * i:2 * i + 2])))
+               for i, r in enumerate(ring))
+    if layout != "striped":
+        assert all(np.array_equal(a, b) for a, b in zip(ring, layouts.shard_positions(16, 2, layout)))

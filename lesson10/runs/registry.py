@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 
-from .. import cost
+from .. import cost, topology
 
 __all__ = ["Method", "METHODS", "get", "names", "attention_names"]
 
@@ -54,8 +54,9 @@ def _load(path: str):
     return getattr(importlib.import_module(module), attr)
 
 
-def _usp_bytes(s, h, n, g=1, e=2, ulysses_size=2):
-    return cost.usp_bytes(s, h, ulysses_size, n // ulysses_size, g=g, e=e)
+def _usp_bytes(s, h, n, g=1, e=2, ulysses_size=None):
+    u = topology.usp_ulysses_size(ulysses_size, range(n))     # None: topology's default
+    return cost.usp_bytes(s, h, u, n // u, g=g, e=e)
 
 
 def _moe_bytes(s, h, n, g=1, e=2, k=2):

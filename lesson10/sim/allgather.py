@@ -19,7 +19,7 @@ import numpy as np
 
 from .attention import attention, check_doc_ids, visible
 from .comm import Stats
-from .ring import check_qkv_shards
+from .validate import check_qkv_shards
 
 __all__ = ["allgather_attention", "AllGatherStats"]
 

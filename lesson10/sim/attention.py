@@ -18,50 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..layouts import visible  # noqa: F401  (the one visibility mask, re-exported)
+from .validate import check_doc_ids, check_token_positions, real_finite
 
 __all__ = ["attention", "merge", "visible", "check_doc_ids"]
-
-
-def _positions(pos, length: int, name: str) -> np.ndarray:
-    if pos is None:
-        return np.arange(length)
-    pos = np.asarray(pos)
-    if pos.shape != (length,):
-        raise ValueError(f"{name} must have one position per token, shape ({length},), got {pos.shape}")
-    if not np.issubdtype(pos.dtype, np.integer):
-        raise ValueError(f"{name} must hold integer token ids, got dtype {pos.dtype} "
-                         f"(use layouts.shard_positions)")
-    return pos
-
-
-def check_doc_ids(doc_ids, s=None, where: str = "doc_ids"):
-    """``doc_ids`` as an integer array of shape ``(s,)`` (one document id per global token
-    position; any length if ``s`` is None), or None. Any integer labels work; a packed batch
-    of documents of 3, 2 and 1 tokens is ``[0, 0, 0, 1, 1, 2]``."""
-    if doc_ids is None:
-        return None
-    ids = np.asarray(doc_ids)
-    if ids.ndim != 1 or (s is not None and ids.shape[0] != s):
-        want = f"the s = {s}" if s is not None else "every"
-        raise ValueError(f"{where}: doc_ids must give the document of {want} global token "
-                         f"position, a 1-D array of shape ({s if s is not None else 's'},), "
-                         f"got shape {ids.shape}")
-    if ids.size and not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"{where}: doc_ids must be integer document ids (e.g. 0, 0, 0, 1, 1, 2), "
-                         f"got dtype {ids.dtype}")
-    return ids.astype(np.int64, copy=False)
-
-
-def _real_finite(x, name: str) -> np.ndarray:
-    """``x`` as a float64 array; complex, non-numeric or non-finite values are a ValueError."""
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "biuf":
-        raise ValueError(f"{name} must hold real numbers, got dtype {arr.dtype}; pass a float array")
-    arr = arr.astype(float, copy=False)
-    if not np.isfinite(arr).all():
-        raise ValueError(f"{name} contains NaN or inf; attention needs finite inputs (check the "
-                         f"step that produced them)")
-    return arr
 
 
 def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, doc_ids=None):
@@ -74,7 +33,7 @@ def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, doc_ids=Non
     ``doc_ids`` (one integer per global position, see :func:`visible`) a query sees only keys
     of its own document.
     """
-    q, k, v = (_real_finite(t, nm) for t, nm in ((q, "q"), (k, "k"), (v, "v")))
+    q, k, v = (real_finite(t, nm) for t, nm in ((q, "q"), (k, "k"), (v, "v")))
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
         raise ValueError(f"q, k, v must be (tokens, heads, head_dim); got shapes {q.shape}, {k.shape}, {v.shape}")
     s_q, a, d = q.shape
@@ -90,7 +49,7 @@ def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, doc_ids=Non
                          f"K/V heads ({a_kv}) (GQA group size g = a / a_kv)")
     g = a // a_kv
     d_v = v.shape[2]
-    qp, kp = _positions(q_pos, s_q, "q_pos"), _positions(k_pos, s_k, "k_pos")
+    qp, kp = check_token_positions(q_pos, s_q, "q_pos"), check_token_positions(k_pos, s_k, "k_pos")
     if doc_ids is not None:
         doc_ids = check_doc_ids(doc_ids, where="attention")
 
@@ -127,7 +86,7 @@ def merge(o1, lse1, o2, lse2):
     ``lse = -inf`` (no key seen) is neutral, and two ``-inf`` give ``o = 0, lse = -inf``.
     Shapes: ``o (s, a, d)``, ``lse (s, a)``.
     """
-    o1, o2 = _real_finite(o1, "o1"), _real_finite(o2, "o2")
+    o1, o2 = real_finite(o1, "o1"), real_finite(o2, "o2")
     lse1, lse2 = np.asarray(lse1), np.asarray(lse2)
     if o1.shape != o2.shape or lse1.shape != lse2.shape or o1.ndim == 0 or o1.shape[:-1] != lse1.shape:
         raise ValueError(f"merge needs o (s, a, d) and lse (s, a) of the same shapes; got "

@@ -22,6 +22,7 @@ one sequence ``(s, ...)`` into the per-rank shards of a layout and put it back.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class Stats:
     its fields as a dict (the form of the spmd run reports, which cross processes)."""
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return asdict(cast(Any, self))       # every subclass is a dataclass
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class SimGroup:
             raise ValueError(f"e (bytes per element) must be a positive number, got {e!r}")
         self.n = int(n)
         self.e = e
-        self._parent = None                 # (parent group, parent ranks) for a subgroup
+        self._parent: tuple[SimGroup, list[int]] | None = None   # (parent group, its ranks)
         self.reset()
 
     def __repr__(self) -> str:
@@ -276,19 +277,3 @@ def _numeric(x, where: str) -> np.ndarray:
         raise ValueError(f"{where} must be an array of real numbers, got {what}; pass a float "
                          f"NumPy array")
     return arr
-
-
-def check_group(group, n: int, where: str, needs: tuple = ()):
-    """``group`` or a new ``SimGroup(n)`` when it is None; a ValueError unless it is a
-    :class:`SimGroup` of ``n`` ranks, or another object that has the collectives named in
-    ``needs`` (a network that a check serves, say, which offers only those)."""
-    if group is None:
-        return SimGroup(n)
-    if not isinstance(group, SimGroup):
-        if needs and all(callable(getattr(group, name, None)) for name in needs):
-            return group
-        also = f" (or an object with {', '.join(needs)})" if needs else ""
-        raise ValueError(f"{where}: group must be a SimGroup{also}, or None; got {type(group).__name__}")
-    if group.n != n:
-        raise ValueError(f"{where}: {n} shards for a group of {group.n} ranks")
-    return group

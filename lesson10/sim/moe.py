@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -36,9 +37,10 @@ from .. import cost
 from ..cost import expert_capacity  # the one exact formula; re-exported here
 from ..topology import check_nodes
 from .capacity import arrival_order, keep_within_capacity  # noqa: F401  (re-exported)
-from .comm import Stats, check_group, check_shards
+from .comm import Stats, check_shards
 from .nodes import node_bytes, node_limited_scores
 from .sampling import sample_topk
+from .validate import check_group
 
 _sample_topk = sample_topk        # its former name here
 
@@ -65,9 +67,9 @@ def _real(x, name: str, finite: bool = True) -> np.ndarray:
 
 
 def _check_k(k, E: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or int(k) < 1:
         raise ValueError(f"k (experts per token) must be an integer >= 1, got {k!r}")
-    if k > E:
+    if int(k) > E:
         raise ValueError(f"k = {k} experts per token is more than the E = {E} experts there are; "
                          f"use k <= E")
     return int(k)
@@ -218,7 +220,7 @@ def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=N
     keep = np.split(keep_within_capacity(np.concatenate([c for c, _ in routes]), E, capacity), n)
 
     # 2. dispatch: rank i sends x[t] for each kept copy (t, j) whose expert lives on rank d
-    idx = [[None] * n for _ in range(n)]             # idx[i][d] = (tokens, slots) of i -> d
+    idx: list[list[Any]] = [[None] * n for _ in range(n)]   # idx[i][d]: (tokens, slots) i -> d
     for i, (chosen, _) in enumerate(routes):
         dest = chosen // per_rank
         for d in range(n):
@@ -323,7 +325,8 @@ def _check_sim_args(T, E, k, Ne, h, skew, seed) -> int:
         raise ValueError(f"E = {E} experts do not split over Ne = {Ne} GPUs; use E a multiple of Ne")
     if T % Ne:
         raise ValueError(f"T = {T} tokens do not split over Ne = {Ne} GPUs; use T a multiple of Ne")
-    if isinstance(skew, bool) or not isinstance(skew, numbers.Real) or not np.isfinite(skew) or skew < 0:
+    if isinstance(skew, bool) or not isinstance(skew, numbers.Real) or not np.isfinite(float(skew)) \
+            or skew < 0:
         raise ValueError(f"skew must be a finite number >= 0, got {skew!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layouts import block_plan, check_permutation, plan_pairs, ring_source, shard_positions
+from ..layouts import block_plan, plan_pairs, ring_source
 from .attention import attention, check_doc_ids, merge
-from .comm import Stats, check_group, check_shards
+from .comm import Stats
+from .validate import check_qkv_shards
 
 __all__ = ["ring_attention", "RingStats"]
 
@@ -41,39 +42,9 @@ class RingStats(Stats):
     ring_time: int
     lse: list
     sources: np.ndarray
-    bytes_sent: np.ndarray
-    skipped: np.ndarray = None
+    bytes_sent: np.ndarray | None
+    skipped: np.ndarray | None = None
     n_skipped: int = 0
-
-
-def check_qkv_shards(q_shards, k_shards, v_shards, positions, group, name, needs=()):
-    """The per-rank inputs of every sim attention method, checked: ``(q, k, v, positions,
-    group)``, with ``positions`` a list of arrays (a layout name becomes
-    :func:`lesson10.layouts.shard_positions`). ``needs``: the collectives a group other than
-    a SimGroup must offer (see ``comm.check_group``)."""
-    q = check_shards(q_shards, f"{name}: q_shards")
-    n = len(q)
-    k = check_shards(k_shards, f"{name}: k_shards", n)
-    v = check_shards(v_shards, f"{name}: v_shards", n)
-    for what, x in (("q", q[0]), ("k", k[0]), ("v", v[0])):
-        if x.ndim != 3:
-            raise ValueError(f"{name}: each {what} shard must be (tokens, heads, head_dim), got {x.shape}")
-    c = q[0].shape[0]
-    if k[0].shape[0] != c or v[0].shape[:2] != k[0].shape[:2]:
-        raise ValueError(f"{name}: every rank needs Q, K and V for the same tokens; got "
-                         f"q {q[0].shape}, k {k[0].shape}, v {v[0].shape}")
-    if isinstance(positions, str):                  # a layout name
-        positions = shard_positions(n * c, n, positions)
-    if not isinstance(positions, (list, tuple)) or len(positions) != n:
-        raise ValueError(f"{name}: positions must be a list of {n} arrays of global token ids "
-                         "(layouts.shard_positions(s, n, layout)) or a layout name")
-    positions = [np.asarray(p) for p in positions]
-    for r, p in enumerate(positions):
-        if p.shape != (c,):
-            raise ValueError(f"{name}: rank {r} holds {c} tokens but positions[{r}] has shape {p.shape}")
-    check_permutation(np.concatenate(positions), name)
-    group = check_group(group, n, name, needs)
-    return q, k, v, positions, group
 
 
 def ring_attention(q_shards, k_shards, v_shards, positions, causal: bool = True, group=None,

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import check_group, check_shards
+from .comm import check_shards
+from .validate import check_group
 
 __all__ = ["tp_forward", "sp_forward"]
 

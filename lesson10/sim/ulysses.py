@@ -15,12 +15,14 @@ sent, so the bytes grow), or use ring attention.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .attention import attention as _attention
 from .attention import check_doc_ids
-from .comm import check_group, check_shards
-from .ring import check_qkv_shards
+from .comm import check_shards
+from .validate import check_group, check_qkv_shards
 
 __all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "kv_replication"]
 
@@ -113,7 +115,7 @@ def ulysses_attention(q_shards, k_shards, v_shards, positions, causal: bool = Tr
                 f"do not split over N_c = {n} ranks (the Ulysses degree is limited to N_c <= n_kv, "
                 f"with N_c dividing n_kv). Use ring attention for this degree (or Ulysses inside "
                 f"groups of <= {a_kv} ranks combined with ring attention across them: "
-                f"usp_attention(..., ulysses_size={max(u for u in range(1, a_kv + 1) if a_kv % u == 0 and n % u == 0)})), or pass "
+                f"usp_attention(..., ulysses_size={math.gcd(a_kv, n)})), or pass "
                 f"replicate_kv=True to copy K/V heads at a higher communication cost.")
         rep = kv_replication(a, a_kv, n)
         # copy head m to heads m*rep .. m*rep+rep-1; query head i still uses old head i // g

@@ -26,8 +26,9 @@ import numpy as np
 
 from ..topology import check_heads, usp_group_ranks
 from .attention import check_doc_ids
-from .ring import check_qkv_shards, ring_attention
+from .ring import ring_attention
 from .ulysses import heads_to_seq, seq_to_heads
+from .validate import check_qkv_shards
 
 __all__ = ["usp_attention", "usp_groups"]
 

@@ -22,27 +22,6 @@ except ModuleNotFoundError as _exc:
         raise
     raise ModuleNotFoundError(INSTALL_HINT, name="torch") from None
 
-from .allgather import allgather_attention
-from .attention import attention as reference_attention
-from .attention import local_attention, merge
-from .comm import ByteCounter, count_bytes
-from .launch import LaunchTimeout, RankError, init_from_env, is_torchrun, launch, shutdown
-from .moe import ExpertParallelMoE, moe_reference, route_topk, switch_aux_loss, update_expert_bias
-from .ring import RingAttention, ring_attention, ring_options
-from .shard import gather_sequence, local_positions, shard_sequence
-from .sp import (
-    ColumnParallelLinear,
-    ReferenceBlock,
-    RowParallelLinear,
-    SequenceParallelBlock,
-    copy_to_tp,
-    gather_from_sp,
-    reduce_from_tp,
-    reduce_scatter_to_sp,
-)
-from .ulysses import heads_to_seq, seq_to_heads, ulysses_attention
-from .usp import usp_attention
-
 __all__ = [
     "launch", "init_from_env", "is_torchrun", "shutdown", "RankError", "LaunchTimeout",
     "count_bytes", "ByteCounter",
@@ -54,3 +33,24 @@ __all__ = [
     "ColumnParallelLinear", "RowParallelLinear", "SequenceParallelBlock", "ReferenceBlock",
     "ExpertParallelMoE", "moe_reference", "route_topk", "switch_aux_loss", "update_expert_bias",
 ]
+
+from .allgather import allgather_attention  # noqa: E402
+from .attention import local_attention, merge  # noqa: E402
+from .comm import ByteCounter, count_bytes  # noqa: E402
+from .launch import LaunchTimeout, RankError, init_from_env, is_torchrun, launch, shutdown  # noqa: E402
+from .moe import ExpertParallelMoE, moe_reference, route_topk, switch_aux_loss, update_expert_bias  # noqa: E402
+from .reference import attention as reference_attention  # noqa: E402
+from .ring import RingAttention, ring_attention, ring_options  # noqa: E402
+from .shard import gather_sequence, local_positions, shard_sequence  # noqa: E402
+from .sp import (  # noqa: E402
+    ColumnParallelLinear,
+    ReferenceBlock,
+    RowParallelLinear,
+    SequenceParallelBlock,
+    copy_to_tp,
+    gather_from_sp,
+    reduce_from_tp,
+    reduce_scatter_to_sp,
+)
+from .ulysses import heads_to_seq, seq_to_heads, ulysses_attention  # noqa: E402
+from .usp import usp_attention  # noqa: E402

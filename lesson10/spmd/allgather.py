@@ -26,17 +26,9 @@ import torch
 
 from ..layouts import block_plan
 from . import comm
-from .attention import (
-    acc_dtype,
-    block_kwargs,
-    check_doc_ids,
-    check_local_qkv,
-    local_attention,
-    local_attention_backward,
-    merge_block,
-    require_rank,
-)
+from .attention import acc_dtype, attend_blocks, attend_blocks_backward, block_kwargs
 from .shard import layout_positions
+from .validate import check_doc_ids, check_local_qkv, require_rank
 
 __all__ = ["allgather_attention", "AllGatherAttention"]
 
@@ -53,14 +45,7 @@ class AllGatherAttention(torch.autograd.Function):
         doc_np = None if doc_ids is None else doc_ids.cpu().numpy()
         blocks = [(blk, block_kwargs(blk, q_pos, tokens, causal, doc_ids))
                   for blk in block_plan(q_pos.cpu().numpy(), tokens.cpu().numpy(), causal, doc_np)]
-        acc = acc_dtype(q.dtype)
-        out = torch.zeros(q.shape[:3] + (v.shape[3],), dtype=acc, device=q.device)
-        lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=acc,
-                         device=q.device)
-        for blk, kw in blocks:
-            o_b, l_b = local_attention(q[:, blk.q], k_nat[:, blk.k], v_nat[:, blk.k], scale=scale,
-                                       impl=impl, **kw)
-            merge_block(out, lse, blk.q, o_b, l_b)
+        out, lse = attend_blocks(q, k_nat, v_nat, blocks, scale, impl)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k_nat, v_nat, out, lse)
         ctx.cfg = (blocks, k_pos, group, scale, impl)
@@ -70,19 +55,9 @@ class AllGatherAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k_nat, v_nat, out, lse = ctx.saved_tensors
         blocks, k_pos, group, scale, impl = ctx.cfg
-        acc = acc_dtype(q.dtype)
-        dout = dout.contiguous()
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-        dk = torch.zeros(k_nat.shape, dtype=acc, device=q.device)
-        dv = torch.zeros(v_nat.shape, dtype=acc, device=q.device)
-        for blk, kw in blocks:
-            qs, ks = blk.q, blk.k
-            g_q, g_k, g_v = local_attention_backward(
-                dout[:, qs], q[:, qs], k_nat[:, ks], v_nat[:, ks], out[:, qs], lse[:, :, qs],
-                scale=scale, impl=impl, **kw)
-            dq[:, qs] += g_q
-            dk[:, ks] += g_k
-            dv[:, ks] += g_v
+        dq = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
+        dk, dv = attend_blocks_backward(dout.contiguous(), q, k_nat, v_nat, out, lse, blocks, dq,
+                                        scale, impl)
         # back to rank order (row j of the gather is token k_pos[j]), then each rank's rows
         dk = comm.reduce_scatter(dk[:, k_pos], dim=1, group=group)
         dv = comm.reduce_scatter(dv[:, k_pos], dim=1, group=group)
@@ -90,8 +65,8 @@ class AllGatherAttention(torch.autograd.Function):
                 None, None, None, None, None, None, None)
 
 
-def allgather_attention(q, k, v, causal: bool = True, layout: str = "zigzag", group=None,
-                        doc_ids=None, *, scale=None, impl: str = "auto"):
+def allgather_attention(q, k, v, causal: bool = True, layout="zigzag", group=None, *,
+                        doc_ids=None, scale=None, impl: str = "auto"):
     """Exact attention over the whole sequence from local shards, by an all-gather of K/V.
 
     ``q``: ``(b, c, a, d)``, ``k``/``v``: ``(b, c, a_kv, d)``, this rank's ``c = s/N_c``

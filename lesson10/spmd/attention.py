@@ -1,8 +1,9 @@
-"""Attention that also returns the logsumexp (lse), and the merge of two partial results.
+"""The local kernel of every real attention method: attention with the lse, and the merge.
 
 Shapes (the ``dist`` convention): ``q`` is ``(b, s_q, a, d)``, ``k`` and ``v`` are
 ``(b, s_k, a_kv, d)`` with ``a % a_kv == 0`` (GQA: ``g = a / a_kv`` query heads share
-one K/V head). Outputs: ``out`` ``(b, s_q, a, d)`` and ``lse`` ``(b, s_q, a)``:
+one K/V head). Outputs: ``out`` ``(b, s_q, a, d)`` and ``lse`` ``(b, a, s_q)`` (the kernels'
+layout):
 
     x_ij = q_i . k_j * scale,   lse_i = log sum_j exp(x_ij),   out_i = sum_j exp(x_ij - lse_i) v_j
 
@@ -11,14 +12,16 @@ over the keys ``j`` that query ``i`` may see. With ``causal=True`` query ``i`` s
 any layout is exact. A query that sees no key gets ``lse = -inf`` and ``out = 0``
 (never NaN): that is the neutral element of :func:`merge`.
 
-Three implementations:
+* :func:`local_attention` / :func:`local_attention_backward`: one block, no autograd; a
+  fused kernel that returns the lse (CPU: ``aten._scaled_dot_product_flash_attention_for_cpu``
+  and its backward; CUDA: the memory-efficient SDPA kernel), and the einsum path of
+  :func:`lesson10.spmd.reference.attention` for masks a kernel cannot express;
+* :func:`attend_blocks` / :func:`attend_blocks_backward`: the blocks of a
+  :func:`lesson10.layouts.block_plan` merged into one ``(out, lse)`` (the ring per round,
+  all-gather and Ulysses once), and :class:`BlockAttention`, the same with autograd.
 
-* :func:`attention` -- the plain einsum reference (autograd-friendly, any mask);
-* :func:`local_attention` / :func:`local_attention_backward` -- the fast path used by
-  ring attention: a fused kernel that returns the lse (CPU:
-  ``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward; CUDA: the
-  memory-efficient SDPA kernel), and an einsum fallback for masks a kernel cannot
-  express (positions that are not "key index <= query index").
+The reference (:func:`attention`, :func:`visible`, from :mod:`.reference`) is importable
+from here too; the checks of the inputs are in :mod:`.validate`.
 """
 from __future__ import annotations
 
@@ -26,204 +29,12 @@ import math
 
 import torch
 
-__all__ = ["attention", "merge", "local_attention", "local_attention_backward", "visible",
-           "check_doc_ids", "check_float", "check_local_qkv", "require_rank", "merge_block",
-           "block_kwargs", "acc_dtype"]
+from .reference import attention, visible
+from .validate import check_float, check_impl, check_positions, check_qkv
 
-
-# --------------------------------------------------------------------------- checks
-def check_float(**tensors):
-    """Every argument must be a floating-point tensor, all of one dtype (no silent casts)."""
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}; "
-                             f"convert it with torch.as_tensor(...)")
-        if not t.is_floating_point():
-            raise ValueError(f"{name} has dtype {t.dtype}; attention needs floating-point tensors "
-                             f"(float32, float64, bfloat16 or float16): cast with .float()")
-    dtypes = {name: t.dtype for name, t in tensors.items()}
-    if len(set(dtypes.values())) > 1:
-        raise ValueError(f"mixed dtypes {dtypes}; cast them all to one dtype first (e.g. .float())")
-
-
-def _check_qkv(q, k, v):
-    check_float(q=q, k=k, v=v)
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            f"q, k, v must be 4-D (b, s, a, d); got shapes {tuple(q.shape)}, {tuple(k.shape)}, "
-            f"{tuple(v.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise ValueError(
-            f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch (dim 0) and head "
-            "dim (dim 3)")
-    a, a_kv = q.shape[2], k.shape[2]
-    if a_kv == 0 or a % a_kv:
-        raise ValueError(
-            f"GQA needs the number of query heads ({a}) to be a multiple of the number of K/V "
-            f"heads ({a_kv})")
-    if q.shape[3] == 0:
-        raise ValueError("the head dim d (dim 3) is 0: attention needs d >= 1")
-    return a // a_kv
-
-
-def require_rank(where: str) -> None:
-    """RuntimeError unless a torch.distributed process group is running (``where``: the
-    function's name, for the message)."""
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(f"{where} runs inside a rank: use lesson10.spmd.launch or torchrun")
-
-
-def check_local_qkv(q, k, v, where: str) -> None:
-    """The local shards of a context-parallel method: floating point of one dtype, q
-    ``(b, c, a, d)`` and k, v ``(b, c, a_kv, d)`` of one shape, ``a`` a multiple of ``a_kv``
-    (GQA); a ValueError that says which rule broke otherwise."""
-    check_float(q=q, k=k, v=v)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{where}: {name} must be a local shard of shape (b, s/N_c, a, d), "
-                             f"got {tuple(t.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"{where}: k and v must have the same shape, got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}")
-    if q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"{where}: q {tuple(q.shape)} and k/v {tuple(k.shape)} must agree in "
-                         "batch, local sequence length and head dim (only the head count may "
-                         "differ: GQA)")
-    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
-        raise ValueError(f"{where}: the number of query heads ({q.shape[2]}) must be a multiple "
-                         f"of the number of K/V heads ({k.shape[2]}) (GQA)")
-
-
-def acc_dtype(dtype):
-    """The accumulation dtype of a blockwise method: float64 for float64, else float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def merge_block(out, lse, rows, o_b, l_b) -> None:
-    """Merge one block's ``(o_b, l_b)`` into the running ``out`` ``(b, s, a, d)`` and ``lse``
-    ``(b, a, s)`` (the kernels' layout) at the query ``rows`` (a slice), in place: the lse
-    formula of :func:`merge`, which wants ``(b, s, a)``, and the transposes around it."""
-    o_m, l_m = merge(out[:, rows], lse[:, :, rows].transpose(1, 2), o_b, l_b.transpose(1, 2))
-    out[:, rows] = o_m
-    lse[:, :, rows] = l_m.transpose(1, 2)
-
-
-def block_kwargs(block, q_pos, k_pos, causal: bool, doc_ids=None) -> dict:
-    """The mask arguments of :func:`local_attention` for one
-    :class:`lesson10.layouts.Block`: none, the kernel's causal mask, or the global
-    positions of its rows (``q_pos``, ``k_pos``: int64 tensors of the whole local blocks)."""
-    if block.mask == "none":
-        return {"causal": False}
-    if block.mask == "causal":
-        return {"causal": True}
-    return {"causal": causal, "q_pos": q_pos[block.q], "k_pos": k_pos[block.k], "doc_ids": doc_ids}
-
-
-_IMPLS = ("auto", "kernel", "einsum")
-
-
-def _check_impl(impl, q, k):
-    """Validate ``impl``; empty blocks always take the einsum path (the CPU kernel crashes
-    the process on a zero-length sequence)."""
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
-    if q.shape[1] == 0 or k.shape[1] == 0:
-        return "einsum"
-    return impl
-
-
-def visible(q_pos, k_pos, causal: bool = False, doc_ids=None, device=None):
-    """Boolean ``(s_q, s_k)`` mask, True where query ``i`` may see key ``j`` (``None`` = all):
-    ``k_pos[j] <= q_pos[i]`` when causal, and ``doc_ids[k_pos[j]] == doc_ids[q_pos[i]]`` with a
-    document mask (``doc_ids``: the document of every global position, length ``s``). The
-    torch form of :func:`lesson10.layouts.visible` (same arguments, same rule)."""
-    if not causal and doc_ids is None:
-        return None
-    q_pos = torch.as_tensor(q_pos, device=device)
-    k_pos = torch.as_tensor(k_pos, device=device)
-    mask = torch.ones(q_pos.shape[0], k_pos.shape[0], dtype=torch.bool, device=q_pos.device)
-    if causal:
-        mask &= k_pos[None, :] <= q_pos[:, None]
-    if doc_ids is not None:
-        doc = check_doc_ids(doc_ids, device=q_pos.device)
-        for name, pos in (("q_pos", q_pos), ("k_pos", k_pos)):
-            if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= doc.shape[0]):
-                raise ValueError(f"{name} holds token ids outside 0..{doc.shape[0] - 1}, the "
-                                 f"positions that doc_ids describes")
-        mask &= doc[k_pos][None, :] == doc[q_pos][:, None]
-    return mask
-
-
-def check_doc_ids(doc_ids, s=None, device=None, where: str = "doc_ids"):
-    """``doc_ids`` as an int64 tensor ``(s,)`` (any length if ``s`` is None), or None.
-
-    One integer document id per *global* token position, the same on every rank (a packed
-    sequence of documents of 3, 2 and 1 tokens is ``[0, 0, 0, 1, 1, 2]``)."""
-    if doc_ids is None:
-        return None
-    try:
-        doc = torch.as_tensor(doc_ids, device=device)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{where}: doc_ids must be integer document ids ({e})") from None
-    if doc.dim() != 1 or (s is not None and doc.shape[0] != s):
-        raise ValueError(f"{where}: doc_ids must give the document of every one of the "
-                         f"{'s' if s is None else f's = {s}'} global token positions, a 1-D "
-                         f"tensor; got shape {tuple(doc.shape)}")
-    if doc.is_floating_point() or doc.is_complex() or doc.dtype == torch.bool:
-        raise ValueError(f"{where}: doc_ids must be integer document ids (e.g. 0, 0, 0, 1, 1, 2), "
-                         f"got {doc.dtype}")
-    return doc.to(torch.int64)
-
-
-def _positions(q_pos, k_pos, s_q, s_k, device):
-    try:
-        q_pos = torch.arange(s_q, device=device) if q_pos is None else torch.as_tensor(q_pos, device=device)
-        k_pos = torch.arange(s_k, device=device) if k_pos is None else torch.as_tensor(k_pos, device=device)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"q_pos and k_pos must be integer token ids ({e})") from None
-    if q_pos.shape != (s_q,) or k_pos.shape != (s_k,):
-        raise ValueError(
-            f"q_pos must have {s_q} entries and k_pos {s_k} (one global position per token); got "
-            f"{tuple(q_pos.shape)} and {tuple(k_pos.shape)}")
-    if q_pos.is_floating_point() or q_pos.is_complex() or q_pos.dtype == torch.bool \
-            or k_pos.is_floating_point() or k_pos.is_complex() or k_pos.dtype == torch.bool:
-        raise ValueError(f"q_pos and k_pos must be integer token ids, got {q_pos.dtype} and "
-                         f"{k_pos.dtype} (use lesson10.layouts.shard_positions)")
-    return q_pos, k_pos
-
-
-# ----------------------------------------------------------------------- reference
-def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale=None, doc_ids=None):
-    """Reference attention with lse, written with einsum (differentiable by autograd).
-
-    Returns ``(out, lse)`` of shapes ``(b, s_q, a, d)`` and ``(b, s_q, a)``; masked-out
-    queries get ``out = 0`` and ``lse = -inf``. GQA: K/V heads are repeated ``g`` times.
-    ``doc_ids``: document mask (see :func:`visible`), indexed by the global positions.
-    """
-    g = _check_qkv(q, k, v)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if g > 1:
-        k = k.repeat_interleave(g, dim=2)
-        v = v.repeat_interleave(g, dim=2)
-    x = torch.einsum("bqad,bkad->baqk", q, k) * scale          # (b, a, s_q, s_k)
-    if causal or doc_ids is not None:
-        qp, kp = _positions(q_pos, k_pos, q.shape[1], k.shape[1], q.device)
-        mask = visible(qp, kp, causal, doc_ids=doc_ids)  # (s_q, s_k)
-        seen = mask.any(-1)[:, None]                           # query sees >= 1 key
-        # rows that see no key are computed on zeros and then dropped: no -inf - -inf,
-        # so neither the forward nor autograd's backward can produce a NaN
-        x = torch.where(seen, x.masked_fill(~mask, float("-inf")), torch.zeros_like(x))
-        lse = torch.logsumexp(x, dim=-1)                       # (b, a, s_q)
-        p = torch.exp(x - lse[..., None]) * mask
-        lse = torch.where(seen[:, 0], lse, torch.full_like(lse, float("-inf")))
-    else:
-        lse = torch.logsumexp(x, dim=-1)
-        p = torch.exp(x - lse[..., None])
-    out = torch.einsum("baqk,bkad->bqad", p, v)
-    return out, lse.transpose(1, 2)
+__all__ = ["attention", "visible", "merge", "local_attention", "local_attention_backward",
+           "merge_block", "block_kwargs", "acc_dtype", "attend_blocks", "attend_blocks_backward",
+           "BlockAttention"]
 
 
 def merge(o1, lse1, o2, lse2):
@@ -254,6 +65,31 @@ def merge(o1, lse1, o2, lse2):
     return o, lse
 
 
+def acc_dtype(dtype):
+    """The accumulation dtype of a blockwise method: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def merge_block(out, lse, rows, o_b, l_b) -> None:
+    """Merge one block's ``(o_b, l_b)`` into the running ``out`` ``(b, s, a, d)`` and ``lse``
+    ``(b, a, s)`` (the kernels' layout) at the query ``rows`` (a slice), in place: the lse
+    formula of :func:`merge`, which wants ``(b, s, a)``, and the transposes around it."""
+    o_m, l_m = merge(out[:, rows], lse[:, :, rows].transpose(1, 2), o_b, l_b.transpose(1, 2))
+    out[:, rows] = o_m
+    lse[:, :, rows] = l_m.transpose(1, 2)
+
+
+def block_kwargs(block, q_pos, k_pos, causal: bool, doc_ids=None) -> dict:
+    """The mask arguments of :func:`local_attention` for one
+    :class:`lesson10.layouts.Block`: none, the kernel's causal mask, or the global
+    positions of its rows (``q_pos``, ``k_pos``: int64 tensors of the whole local blocks)."""
+    if block.mask == "none":
+        return {"causal": False}
+    if block.mask == "causal":
+        return {"causal": True}
+    return {"causal": causal, "q_pos": q_pos[block.q], "k_pos": k_pos[block.k], "doc_ids": doc_ids}
+
+
 # ------------------------------------------------------------------- fast local path
 def _cpu_kernel_ok(q):
     return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64, torch.bfloat16)
@@ -270,30 +106,34 @@ def _cuda_kernel_ok(q):
         return False
     key = (q.device.index, q.dtype)
     if key not in _CUDA_VERIFIED:
-        _CUDA_VERIFIED[key] = False
         try:
-            g = torch.Generator(device=q.device).manual_seed(0)
-            t = [torch.randn(1, 40, 4, 16, device=q.device, generator=g, dtype=torch.float32)
-                 for _ in range(4)]
-            k2, v2 = t[1][:, :, :2], t[2][:, :, :2]
-            ok = True
-            for causal in (False, True):
-                low = [x.to(q.dtype) for x in (t[0], k2, v2, t[3])]
-                o_k, l_k = local_attention(*low[:3], causal=causal, impl="kernel")
-                o_e, l_e = local_attention(*(x.float() for x in low[:3]), causal=causal, impl="einsum")
-                g_k = local_attention_backward(low[3], *low[:3], o_k, l_k, causal=causal, impl="kernel")
-                g_e = local_attention_backward(low[3].float(), *(x.float() for x in low[:3]),
-                                               o_e, l_e, causal=causal, impl="einsum")
-                tol = 1e-3 if q.dtype == torch.float32 else 5e-2
-                pairs = [(o_k, o_e), (l_k, l_e), *zip(g_k, g_e)]
-                ok = ok and all(torch.allclose(a.float(), b.float(), atol=tol, rtol=tol) for a, b in pairs)
-            _CUDA_VERIFIED[key] = bool(ok)
+            _CUDA_VERIFIED[key] = all(_kernel_agrees(q.device, q.dtype, causal)
+                                      for causal in (False, True))
         except Exception:  # noqa: BLE001 - any failure means: use the einsum path
             _CUDA_VERIFIED[key] = False
         if not _CUDA_VERIFIED[key]:
             import warnings
-            warnings.warn(f"fused CUDA attention kernel not usable for {q.dtype}; using einsum")
+            warnings.warn(f"fused CUDA attention kernel not usable for {q.dtype}; using einsum",
+                          stacklevel=3)
     return _CUDA_VERIFIED[key]
+
+
+def _kernel_agrees(device, dtype, causal: bool) -> bool:
+    """The fused kernel's forward, lse and backward equal the einsum path's on a tiny GQA case."""
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 40, 4 if i in (0, 3) else 2, 16, device=device, generator=g)
+                     for i in range(4))
+    low = [x.to(dtype) for x in (q, k, v, dout)]
+    wide = [x.float() for x in low]
+    o_k, l_k = local_attention(low[0], low[1], low[2], causal=causal, impl="kernel")
+    o_e, l_e = local_attention(wide[0], wide[1], wide[2], causal=causal, impl="einsum")
+    g_k = local_attention_backward(low[3], low[0], low[1], low[2], o_k, l_k, causal=causal,
+                                   impl="kernel")
+    g_e = local_attention_backward(wide[3], wide[0], wide[1], wide[2], o_e, l_e, causal=causal,
+                                   impl="einsum")
+    tol = 1e-3 if dtype == torch.float32 else 5e-2
+    pairs = [(o_k, o_e), (l_k, l_e), *zip(g_k, g_e)]
+    return all(torch.allclose(a.float(), b.float(), atol=tol, rtol=tol) for a, b in pairs)
 
 
 def _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, device, doc_ids=None):
@@ -307,7 +147,7 @@ def _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, device, doc_ids=None):
         return None
     if q_pos is None and k_pos is None:
         return True
-    qp, kp = _positions(q_pos, k_pos, s_q, s_k, device)
+    qp, kp = check_positions(q_pos, k_pos, s_q, s_k, device)
     # positions strictly increasing and equal for q and k => masks coincide
     if torch.equal(qp, kp) and bool((qp[1:] > qp[:-1]).all()):
         return True
@@ -317,7 +157,7 @@ def _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, device, doc_ids=None):
 def _choose_impl(impl, kind, q, k) -> str:
     """``"kernel"`` or ``"einsum"``: ``auto`` takes the fused kernel when it can express the
     mask (``kind``) on this device and dtype."""
-    impl = _check_impl(impl, q, k)
+    impl = check_impl(impl, q, k)
     if impl == "auto":
         return "kernel" if kind is not None and (_cpu_kernel_ok(q) or _cuda_kernel_ok(q)) else "einsum"
     if impl == "kernel" and kind is None:
@@ -335,7 +175,7 @@ def local_attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, scale
     CPU kernel reads shared heads itself; on CUDA they are repeated here). ``doc_ids``: a
     document mask over the global positions (einsum path).
     """
-    g = _check_qkv(q, k, v)
+    g = check_qkv(q, k, v)
     s_q, s_k = q.shape[1], k.shape[1]
     kind = _kernel_mask_kind(causal, q_pos, k_pos, s_q, s_k, q.device, doc_ids)
     use = _choose_impl(impl, kind, q, k)
@@ -391,7 +231,7 @@ def local_attention_backward(dout, q, k, v, out, lse, causal: bool = False, q_po
     is how ring attention's backward works). ``lse``: ``(b, a, s_q)``. GQA: ``dk``,
     ``dv`` are summed over the ``g`` query heads that share a K/V head.
     """
-    g = _check_qkv(q, k, v)
+    g = check_qkv(q, k, v)
     for name, t in (("dout", dout), ("out", out)):
         check_float(**{name: t})
     s_q, s_k = q.shape[1], k.shape[1]
@@ -411,7 +251,7 @@ def local_attention_backward(dout, q, k, v, out, lse, causal: bool = False, q_po
         v = v.repeat_interleave(g, dim=2)
     x = torch.einsum("bqad,bkad->baqk", q, k) * scale_v
     if causal or doc_ids is not None:
-        qp, kp = _positions(q_pos, k_pos, s_q, s_k, q.device)
+        qp, kp = check_positions(q_pos, k_pos, s_q, s_k, q.device)
         x = x.masked_fill(~visible(qp, kp, causal, doc_ids=doc_ids), float("-inf"))
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)).to(x.dtype)
     p = torch.exp(x - lse_safe[..., None])                       # (b, a, s_q, s_k)
@@ -426,3 +266,66 @@ def local_attention_backward(dout, q, k, v, out, lse, causal: bool = False, q_po
         dk = dk.view(b, s_k, a // g, g, d).sum(3)
         dv = dv.view(b, s_k, a // g, g, d).sum(3)
     return dq, dk, dv
+
+
+# ------------------------------------------------------------- blocks of one plan
+def attend_blocks(q, k, v, blocks, scale=None, impl: str = "auto", out=None, lse=None):
+    """The blocks ``[(Block, kwargs), ...]`` (rows of ``q`` against rows of ``k``/``v``, the
+    kwargs of :func:`block_kwargs`) merged into ``(out, lse)``: ``(b, c, a, d)`` and
+    ``(b, a, c)`` in :func:`acc_dtype`. ``out``/``lse``: a running result to merge into (the
+    ring's earlier rounds), else queries no block covers keep ``(0, -inf)``."""
+    acc = acc_dtype(q.dtype)
+    for blk, kw in blocks:
+        o_b, l_b = local_attention(q[:, blk.q], k[:, blk.k], v[:, blk.k], scale=scale, impl=impl,
+                                   **kw)
+        if out is None and blk.q == slice(0, q.shape[1]):  # the first block covers every query
+            out, lse = o_b.to(acc), l_b.to(acc)
+            continue
+        if out is None or lse is None:
+            out = q.new_zeros(q.shape[:3] + (v.shape[3],), dtype=acc)
+            lse = q.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=acc)
+        merge_block(out, lse, blk.q, o_b, l_b)
+    if out is None or lse is None:                         # no block: nothing visible
+        out = q.new_zeros(q.shape[:3] + (v.shape[3],), dtype=acc)
+        lse = q.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=acc)
+    return out, lse
+
+
+def attend_blocks_backward(dout, q, k, v, out, lse, blocks, dq, scale=None, impl: str = "auto"):
+    """The gradients of :func:`attend_blocks` from the final ``(out, lse)`` of the queries:
+    adds each block's ``dQ`` to ``dq`` (in place) and returns ``(dk, dv)`` of these ``k``,
+    ``v`` rows in :func:`acc_dtype`."""
+    acc = acc_dtype(q.dtype)
+    dk = torch.zeros(k.shape, dtype=acc, device=q.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=q.device)
+    for blk, kw in blocks:
+        g_q, g_k, g_v = local_attention_backward(
+            dout[:, blk.q], q[:, blk.q], k[:, blk.k], v[:, blk.k], out[:, blk.q],
+            lse[:, :, blk.q], scale=scale, impl=impl, **kw)
+        dq[:, blk.q] += g_q
+        dk[:, blk.k] += g_k
+        dv[:, blk.k] += g_v
+    return dk, dv
+
+
+class BlockAttention(torch.autograd.Function):
+    """``out = BlockAttention.apply(q, k, v, blocks, scale, impl)``: :func:`attend_blocks`
+    with its backward :func:`attend_blocks_backward`; ``out`` in ``q``'s dtype (Ulysses' local
+    attention over all ``s`` tokens of its heads)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, blocks, scale, impl):
+        out, lse = attend_blocks(q, k, v, blocks, scale, impl)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.cfg = (blocks, scale, impl)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        blocks, scale, impl = ctx.cfg
+        dq = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
+        dk, dv = attend_blocks_backward(dout.contiguous(), q, k, v, out, lse, blocks, dq, scale,
+                                        impl)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -37,7 +38,7 @@ from .. import topology
 from ..cost import expert_capacity
 from ..topology import check_nodes
 from . import comm
-from .moe_dispatch import all_to_all, flat_exchange, two_level_exchange
+from .moe_dispatch import Copies, DispatchPlan, all_to_all, flat_exchange, two_level_exchange
 from .sp import copy_to_tp
 
 __all__ = ["ExpertParallelMoE", "all_to_all", "route_topk", "expert_capacity",
@@ -79,7 +80,7 @@ def route_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None, n
 
 
 def _check_k(k, E) -> None:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= E:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= int(k) <= E:
         raise ValueError(f"k = {k!r} must be an integer between 1 and the number of experts E = {E}")
 
 
@@ -195,6 +196,16 @@ class ExpertParallelMoE(nn.Module):
     its nodes evenly, in order) or ``"auto"`` (two-level when the group spans nodes).
     """
 
+    # the attributes, typed for mypy (nn.Module's __getattr__ would hide them)
+    bias: torch.Tensor                    # a buffer (register_buffer)
+    router_w: nn.Parameter
+    w1: nn.Parameter
+    w2: nn.Parameter
+    group: Any
+    capacity_factor: float | None
+    nodes: int | None
+    max_nodes: int | None
+
     def __init__(self, h: int, E: int, d_ff: int, k: int, capacity_factor=None, group=None,
                  router_w=None, w1=None, w2=None, seed: int = 0, dtype=torch.float32,
                  alpha: float = 1e-2, reduce_router_grad: bool = True, nodes=None,
@@ -209,6 +220,8 @@ class ExpertParallelMoE(nn.Module):
                              f"use E a multiple of N_e.")
         _check_k(k, E)
         expert_capacity(1, E, k, capacity_factor)          # validates capacity_factor
+        self.node_size: int
+        self.dispatch: str
         self.node_size, self.dispatch = _dispatch_levels(group, dispatch)
         if nodes is None and (n // self.node_size > 1 or max_nodes is not None) \
                 and E % (n // self.node_size) == 0:
@@ -236,12 +249,20 @@ class ExpertParallelMoE(nn.Module):
         self.w1 = nn.Parameter(w1.detach()[local].clone())     # (E/N_e, h, d_ff)
         self.w2 = nn.Parameter(w2.detach()[local].clone())     # (E/N_e, d_ff, h)
         self.register_buffer("bias", torch.zeros(E, dtype=rdtype, device=router_w.device))
-        self.h, self.E, self.d_ff, self.k = h, E, d_ff, k
-        self.capacity_factor, self.group, self.alpha = capacity_factor, group, alpha
-        self.reduce_router_grad = reduce_router_grad
-        self.nodes, self.max_nodes = nodes, max_nodes
-        self.aux_loss = self.counts = self.load = None
-        self.dropped = 0
+        self.h: int = h
+        self.E: int = E
+        self.d_ff: int = d_ff
+        self.k: int = k
+        self.capacity_factor = capacity_factor
+        self.group = group
+        self.alpha: float = alpha
+        self.reduce_router_grad: bool = reduce_router_grad
+        self.nodes = nodes
+        self.max_nodes = max_nodes
+        self.aux_loss: torch.Tensor | None = None
+        self.counts: torch.Tensor | None = None
+        self.load: torch.Tensor | None = None
+        self.dropped: int = 0
 
     def update_bias(self, rate: float) -> torch.Tensor:
         """DeepSeek-V3 step: lower the bias of overloaded experts, raise the others.
@@ -267,17 +288,10 @@ class ExpertParallelMoE(nn.Module):
         experts, gates = route_topk(logits, k, self.bias, self.nodes, self.max_nodes)
         # 2. count exchange and capacity: which copies go where
         send, all_counts, kept, N = self._dispatch_plan(experts)
-        tok, slot = send // k, send % k                          # (m,) kept copies
-        e = experts[tok, slot]
-        n, El = comm.group_size(self.group), self.E // comm.group_size(self.group)
+        plan = self._plan(experts, send, kept)
         # 3.-5. dispatch, experts, combine and weighted sum
-        if self.dispatch == "two_level":
-            y = two_level_exchange(x, gates, tok, slot, e // El, e % El, n, El, self.node_size,
-                                   self._local_experts, self.group)
-        else:
-            r = comm.group_rank(self.group)                      # counts known from step 2
-            y = flat_exchange(x, gates, tok, slot, e // El, e % El, n, El,
-                              self._local_experts, self.group, kept[:, r * El:(r + 1) * El])
+        exchange = two_level_exchange if self.dispatch == "two_level" else flat_exchange
+        y = exchange(x, gates, plan, self._local_experts)
         self._balance_stats(logits, all_counts, kept, N)
         return y.reshape(shape)
 
@@ -312,6 +326,17 @@ class ExpertParallelMoE(nn.Module):
         perm = torch.sort(flat, stable=True).indices             # grouped by expert, (t, j) order
         send = perm[keep[perm]]                                  # kept copies, grouped by expert
         return send, all_counts, kept, N
+
+    def _plan(self, experts, send, kept) -> DispatchPlan:
+        """The :class:`DispatchPlan` of the kept copies ``send`` (flat ``t k + j``); the flat
+        dispatch knows its receive counts from the count exchange (``kept``)."""
+        n, r = comm.group_size(self.group), comm.group_rank(self.group)
+        El = self.E // n
+        tok, slot = send // self.k, send % self.k                # (m,) kept copies
+        e = experts[tok, slot]
+        recv = None if self.dispatch == "two_level" else kept[:, r * El:(r + 1) * El]
+        return DispatchPlan(Copies(tok, slot, e // El, e % El), n, El, self.node_size,
+                            self.group, recv)
 
     def _local_experts(self, xr, recv_counts):
         """This rank's experts on the rows received, ``(source rank, expert)`` blocks; the

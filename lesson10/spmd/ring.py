@@ -33,24 +33,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..layouts import Block, block_plan, ring_source, shard_positions
+from ..layouts import block_plan, ring_source, shard_positions
 from . import comm
-from .attention import (
-    acc_dtype,
-    block_kwargs,
-    check_doc_ids,
-    check_local_qkv,
-    local_attention,
-    local_attention_backward,
-    merge_block,
-    require_rank,
-)
+from .attention import acc_dtype, attend_blocks, attend_blocks_backward, block_kwargs
 from .comm import record
 from .device import synchronize_device
 from .shard import layout_positions
+from .validate import check_doc_ids, check_local_qkv, require_rank
 
 __all__ = ["RingComm", "RingSettings", "ring_settings", "set_ring_settings", "ring_options",
-           "ring_attention", "RingAttention", "ring_blocks", "RingPlan"]
+           "ring_attention", "ring_over", "RingAttention", "ring_blocks", "RingPlan"]
 
 
 # ------------------------------------------------------------------ settings
@@ -217,66 +209,37 @@ def ring_blocks(layout: str, causal: bool, rank: int, src: int, c: int, n: int |
 @dataclass
 class RingPlan:
     """Everything one ring call needs besides the tensors, decided once at the API boundary
-    and shared by forward and backward: the group and mask, this rank's query positions,
-    per round the K/V positions and the :class:`lesson10.layouts.Block` s to compute, the
-    kernel choice and the :class:`RingSettings` of the call."""
+    and shared by forward and backward: the group, per round the
+    :class:`lesson10.layouts.Block` s to compute with their kernel arguments
+    (:func:`lesson10.spmd.attention.block_kwargs`), the kernel choice and the
+    :class:`RingSettings` of the call."""
     group: object
-    causal: bool
-    doc: object
-    q_pos: torch.Tensor
-    k_pos: list
-    blocks: list
-    scale: object
+    blocks: list                 # per round: [(Block, kwargs), ...]
+    scale: float | None
     impl: str
     settings: RingSettings
 
     @classmethod
-    def build(cls, positions, rank, causal, doc, device, group, scale, impl, settings):
+    def build(cls, positions, rank: int, causal: bool, doc, device, group, scale, impl,
+              settings: RingSettings) -> RingPlan:
+        """The plan of rank ``rank`` of the ring whose ranks hold the global tokens
+        ``positions`` (one array per ring rank); ``doc``: the checked ``doc_ids`` or None."""
         n = len(positions)
-        srcs = [ring_source(rank, step, n) for step in range(n)]
         doc_np = None if doc is None else doc.cpu().numpy()
-        blocks = [block_plan(positions[rank], positions[j], causal, doc_np) for j in srcs]
-        as_t = lambda p: torch.as_tensor(np.asarray(p), dtype=torch.long, device=device)  # noqa: E731
-        return cls(group, causal, doc, as_t(positions[rank]), [as_t(positions[j]) for j in srcs],
-                   blocks, scale, impl, settings)
 
-    def kwargs(self, step: int, blk: Block) -> dict:
-        return block_kwargs(blk, self.q_pos, self.k_pos[step], self.causal, self.doc)
+        def as_t(p):
+            return torch.as_tensor(np.asarray(p), dtype=torch.long, device=device)
+        q_pos = as_t(positions[rank])
+        blocks = []
+        for step in range(n):
+            src = ring_source(rank, step, n)
+            k_pos = as_t(positions[src])
+            blocks.append([(blk, block_kwargs(blk, q_pos, k_pos, causal, doc))
+                           for blk in block_plan(positions[rank], positions[src], causal, doc_np)])
+        return cls(group, blocks, scale, impl, settings)
 
 
 # ------------------------------------------------------------------- autograd
-def _forward_round(q, kv, plan: RingPlan, step: int, out, lse):
-    """Attend this rank's queries to the K/V block of round ``step``; merge into (out, lse)."""
-    for blk in plan.blocks[step]:
-        o_b, l_b = local_attention(q[:, blk.q], kv[0][:, blk.k], kv[1][:, blk.k],
-                                   scale=plan.scale, impl=plan.impl, **plan.kwargs(step, blk))
-        if out is None and blk.q == slice(0, q.shape[1]):  # the first block covers every query
-            out, lse = o_b.to(acc_dtype(q.dtype)), l_b.to(acc_dtype(q.dtype))
-            continue
-        if out is None:
-            out = q.new_zeros(q.shape[:3] + (kv[1].shape[3],), dtype=acc_dtype(q.dtype))
-            lse = q.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"),
-                             dtype=acc_dtype(q.dtype))
-        merge_block(out, lse, blk.q, o_b, l_b)
-    return out, lse
-
-
-def _backward_round(dout, q, kv, out, lse, plan: RingPlan, step: int, dq):
-    """This rank's share of the gradients of round ``step``: adds to ``dq``, returns the
-    dK/dV of the K/V block it holds."""
-    acc = acc_dtype(q.dtype)
-    dk_b = torch.zeros(kv[0].shape, dtype=acc, device=q.device)
-    dv_b = torch.zeros(kv[1].shape, dtype=acc, device=q.device)
-    for blk in plan.blocks[step]:
-        g_q, g_k, g_v = local_attention_backward(
-            dout[:, blk.q], q[:, blk.q], kv[0][:, blk.k], kv[1][:, blk.k], out[:, blk.q],
-            lse[:, :, blk.q], scale=plan.scale, impl=plan.impl, **plan.kwargs(step, blk))
-        dq[:, blk.q] += g_q
-        dk_b[:, blk.k] += g_k
-        dv_b[:, blk.k] += g_v
-    return dk_b, dv_b
-
-
 class RingAttention(torch.autograd.Function):
     """``out = ring_attention(q, k, v)`` with the ring backward (see the module doc)."""
 
@@ -284,17 +247,20 @@ class RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, plan: RingPlan):
         ring = RingComm.with_settings(plan.group, plan.settings)
         n = ring.size
-        out = lse = None
+        out: torch.Tensor | None = None
+        lse: torch.Tensor | None = None
         kv = [k, v]
         for step in range(n):
             t0 = ring.clock(q)
             pending = ring.shift(kv, tag=0) if step < n - 1 else None
             t1 = ring.clock(q)
-            out, lse = _forward_round(q, kv, plan, step, out, lse)
+            out, lse = attend_blocks(q, kv[0], kv[1], plan.blocks[step], plan.scale, plan.impl,
+                                     out, lse)
             t2 = ring.clock(q)
             if pending is not None:
                 kv = pending.wait()
             ring.log("forward", step, t2 - t1, (t1 - t0) + (ring.clock(q) - t2))
+        assert out is not None and lse is not None        # n >= 1 rounds, each returns both
         out_q = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out_q, lse)
         ctx.plan = plan
@@ -309,12 +275,13 @@ class RingAttention(torch.autograd.Function):
         dout = dout.contiguous()
         dq = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
         kv = [k, v]
-        travelling = None                              # the dK/dV accumulators on their way
+        travelling: _Shift | None = None               # the dK/dV accumulators on their way
         for step in range(n):
             t0 = ring.clock(q)
             pending = ring.shift(kv, tag=0) if step < n - 1 else None
             t1 = ring.clock(q)
-            dk_b, dv_b = _backward_round(dout, q, kv, out, lse, plan, step, dq)
+            dk_b, dv_b = attend_blocks_backward(dout, q, kv[0], kv[1], out, lse,
+                                                plan.blocks[step], dq, plan.scale, plan.impl)
             t2 = ring.clock(q)
             if travelling is not None:                 # add our share to the arriving sums
                 got_k, got_v = travelling.wait()
@@ -324,12 +291,13 @@ class RingAttention(torch.autograd.Function):
             if pending is not None:
                 kv = pending.wait()
             ring.log("backward", step, t2 - t1, (t1 - t0) + (ring.clock(q) - t2))
+        assert travelling is not None                  # n >= 1 rounds, each shifts them
         dk, dv = travelling.wait()                     # N_c hops: our own dK/dV, complete
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
 def ring_attention(q, k, v, causal: bool = True, layout="zigzag", group=None, *,
-                   scale=None, impl: str = "auto", doc_ids=None):
+                   doc_ids=None, scale=None, impl: str = "auto"):
     """Exact attention over the whole sequence from local shards, by a ring of K/V blocks.
 
     ``q``: ``(b, c, a, d)``, ``k``/``v``: ``(b, c, a_kv, d)``, this rank's ``c = s/N_c``
@@ -362,8 +330,14 @@ def ring_attention(q, k, v, causal: bool = True, layout="zigzag", group=None, *,
     comm.check_same_shape(q, group, "ring_attention: q")
     comm.check_same_shape(k, group, "ring_attention: k")
     positions = layout_positions(layout, q.shape[1], group, q.device)
-    n = len(positions)
-    doc = check_doc_ids(doc_ids, n * q.shape[1], q.device, "ring_attention")
-    plan = RingPlan.build(positions, comm.group_rank(group), bool(causal), doc, q.device, group,
+    doc = check_doc_ids(doc_ids, len(positions) * q.shape[1], q.device, "ring_attention")
+    return ring_over(q, k, v, positions, bool(causal), group, doc, scale, impl)
+
+
+def ring_over(q, k, v, positions, causal: bool, group, doc, scale=None, impl: str = "auto"):
+    """Ring attention of checked local shards (what :func:`ring_attention` runs after its
+    checks; USP calls it on its ring): ``positions``, the global tokens of every rank of
+    ``group`` (a list of arrays); ``doc``, checked ``doc_ids`` or None."""
+    plan = RingPlan.build(positions, comm.group_rank(group), causal, doc, q.device, group,
                           scale, impl, ring_settings())
     return RingAttention.apply(q, k, v, plan)

@@ -2,11 +2,14 @@
 
 Which global tokens rank ``r`` holds comes from :func:`lesson10.layouts.shard_positions`:
 ``"contiguous"`` (block ``r``), ``"zigzag"`` (chunks ``r`` and ``2n-1-r`` of ``2n``) or
-``"striped"`` (tokens ``r, r+n, r+2n, ...``). A shard keeps its tokens in increasing
-global order, which is what ring attention expects.
+``"striped"`` (tokens ``r, r+n, r+2n, ...``); a named layout's shard keeps its tokens in
+increasing global order. Or ``layout=`` is this rank's positions (any ``s/n`` global token
+ids, in the order the shard holds them; all ranks together hold ``0..s-1`` once), as in
+every attention method.
 
     x_local = shard_sequence(x, "zigzag")          # every rank passes the same full x
     x_full  = gather_sequence(x_local, "zigzag")   # every rank gets the full x back
+    x_local = shard_sequence(x, [5, 0, 3, 6])      # or this rank's positions
 """
 from __future__ import annotations
 
@@ -38,8 +41,32 @@ def _dim(x, dim: int, name: str) -> int:
     return dim % x.dim()
 
 
-def _positions(s: int, n: int, layout: str):
-    return shard_positions(s, n, layout)  # raises a clear ValueError for bad s / layout
+def _own_positions(layout, s: int, n: int, r: int) -> np.ndarray:
+    """This rank's global token ids for ``layout`` over ``s`` tokens: a layout name's shard
+    (a clear ValueError for a bad ``s`` or name), or the positions given, checked locally
+    (``s/n`` distinct integer ids in ``0..s-1``)."""
+    if isinstance(layout, str):
+        return shard_positions(s, n, layout)[r]
+    mine = _as_positions(layout).cpu().numpy()
+    if s % n or mine.size != s // n:
+        raise ValueError(f"positions: each of the {n} ranks holds s/n tokens of the s = {s}, but "
+                         f"this rank passed {mine.size} positions")
+    if mine.size and (mine.min() < 0 or mine.max() >= s or np.unique(mine).size != mine.size):
+        raise ValueError(f"positions must be distinct token ids in 0..{s - 1}, got "
+                         f"{mine.tolist()}")
+    return mine
+
+
+def _as_positions(layout) -> torch.Tensor:
+    """``layout`` (positions: a sequence or tensor of ints) as a 1-D int64 tensor."""
+    try:
+        mine = torch.as_tensor(layout).reshape(-1)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"layout must be a layout name or this rank's positions (a sequence of "
+                         f"ints), got {layout!r}") from None
+    if mine.dtype.is_floating_point or mine.dtype.is_complex or mine.dtype == torch.bool:
+        raise ValueError(f"positions must be integer token ids, got dtype {mine.dtype}")
+    return mine.to(torch.long)
 
 
 def layout_positions(layout, c: int, group=None, device=None) -> list[np.ndarray]:
@@ -56,14 +83,7 @@ def layout_positions(layout, c: int, group=None, device=None) -> list[np.ndarray
             layout_name(layout)
             return [np.zeros(0, dtype=np.int64) for _ in range(n)]
         return shard_positions(n * c, n, layout)
-    try:
-        mine = torch.as_tensor(layout).reshape(-1)
-    except (TypeError, ValueError, RuntimeError):
-        raise ValueError(f"layout must be a layout name or this rank's positions (a sequence of "
-                         f"ints), got {layout!r}") from None
-    if mine.dtype.is_floating_point or mine.dtype.is_complex or mine.dtype == torch.bool:
-        raise ValueError(f"positions must be integer token ids, got dtype {mine.dtype}")
-    mine = mine.to(torch.long)
+    mine = _as_positions(layout)
     if n > 1:
         dev = device if device is not None and dist.get_backend(group) == "nccl" else "cpu"
         mine = mine.to(dev)
@@ -77,31 +97,36 @@ def layout_positions(layout, c: int, group=None, device=None) -> list[np.ndarray
     return pos
 
 
-def local_positions(s: int, layout: str = "zigzag", group=None) -> torch.Tensor:
-    """Global positions (int64 tensor, increasing) of the ``s/n`` tokens this rank holds."""
+def local_positions(s: int, layout="zigzag", group=None) -> torch.Tensor:
+    """Global positions (int64 tensor) of the ``s/n`` tokens this rank holds: a layout name's
+    (increasing), or the positions given, checked as :func:`shard_sequence` checks them."""
     r, n = _group_info(group)
-    return torch.as_tensor(_positions(s, n, layout)[r], dtype=torch.long)
+    return torch.as_tensor(_own_positions(layout, s, n, r), dtype=torch.long)
 
 
-def shard_sequence(x: torch.Tensor, layout: str = "zigzag", group=None, dim: int = 1) -> torch.Tensor:
+def shard_sequence(x: torch.Tensor, layout="zigzag", group=None, dim: int = 1) -> torch.Tensor:
     """This rank's shard of the full tensor ``x`` along ``dim`` (no communication).
 
     ``x``: the whole sequence, identical on every rank, ``x.shape[dim] = s``; returns
-    the ``s/n`` tokens of :func:`local_positions`, in increasing order (a copy;
-    differentiable). ``s`` must be a multiple of ``n`` (``2n`` for zigzag).
+    the ``s/n`` tokens of :func:`local_positions`, in their order (a copy; differentiable).
+    ``layout``: a layout name (then ``s`` must be a multiple of ``n``, ``2n`` for zigzag) or
+    this rank's positions (checked here only locally; :func:`gather_sequence` checks that
+    all ranks together hold every token once).
     """
     r, n = _group_info(group)
     dim = _dim(x, dim, "x")
-    idx = torch.as_tensor(_positions(x.shape[dim], n, layout)[r], dtype=torch.long, device=x.device)
+    idx = torch.as_tensor(_own_positions(layout, x.shape[dim], n, r), dtype=torch.long,
+                          device=x.device)
     return x.index_select(dim, idx)
 
 
-def gather_sequence(x_local: torch.Tensor, layout: str = "zigzag", group=None, dim: int = 1) -> torch.Tensor:
+def gather_sequence(x_local: torch.Tensor, layout="zigzag", group=None, dim: int = 1) -> torch.Tensor:
     """The full sequence on every rank, from each rank's shard (one all-gather).
 
     Inverse of :func:`shard_sequence`: ``x_local.shape[dim] = s/n`` on every rank
-    (same shape everywhere); returns ``s`` tokens in global order. Bytes: the
-    all-gather sends ``(n-1)`` shards per rank.
+    (same shape everywhere); ``layout`` a layout name or this rank's positions (then their
+    all-gather first, ``"metadata"``, see :func:`layout_positions`); returns ``s`` tokens in
+    global order. Bytes: the all-gather sends ``(n-1)`` shards per rank.
     """
     r, n = _group_info(group)
     dim = _dim(x_local, dim, "x_local")
@@ -110,15 +135,14 @@ def gather_sequence(x_local: torch.Tensor, layout: str = "zigzag", group=None, d
     if n > 1:
         check_same_shape(x_local, group, "gather_sequence: x_local",
                          hint="every rank must pass its s/n tokens (use shard_sequence)")
-    _positions(x_local.shape[dim] * n, n, layout)     # bad layout / length: same error everywhere
+    c = x_local.shape[dim]
+    pos = layout_positions(layout, c, group, x_local.device)   # a bad layout: same error everywhere
     parts = [torch.empty_like(x_local) for _ in range(n)]
     xc = x_local.contiguous()
     record("all_gather", (n - 1) * xc.numel() * xc.element_size(), to=ring_next(group))
     dist.all_gather(parts, xc, group=group)
-    s = x_local.shape[dim] * n
-    pos = _positions(s, n, layout)
-    order = torch.as_tensor([int(p) for ps in pos for p in ps], dtype=torch.long, device=x_local.device)
+    order = torch.as_tensor(np.concatenate(pos), dtype=torch.long, device=x_local.device)
     stacked = torch.cat(parts, dim=dim)               # tokens in rank order
     inv = torch.empty_like(order)
-    inv[order] = torch.arange(s, device=x_local.device)
+    inv[order] = torch.arange(n * c, device=x_local.device)
     return stacked.index_select(dim, inv)

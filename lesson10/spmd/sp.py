@@ -17,8 +17,9 @@ Plain TP uses the first pair around a column-parallel then row-parallel matmul;
 TP + SP replaces it by the second pair, so the token-wise parts of the layer
 (LayerNorm, dropout, residual) hold only ``s/t`` tokens per rank. A ring
 all-reduce is a reduce-scatter plus an all-gather, so both modes send the same
-activation bytes (in the backward SP adds one re-gather, below). One more change: under SP each rank applies the LayerNorm (and the
-row-parallel bias) to its own tokens only, so their weight gradients are partial
+activation bytes (in the backward SP adds one re-gather, below). One more change: under SP
+each rank applies the LayerNorm (and the row-parallel bias) to its own tokens only, so
+their weight gradients are partial
 sums and must be all-reduced over the TP group; we do it by passing those
 weights through ``copy_to_tp`` (identity forward, all-reduce backward).
 

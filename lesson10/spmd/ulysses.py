@@ -2,15 +2,16 @@
 
 Each of the ``N_c`` ranks holds ``c = s/N_c`` tokens of Q, K, V: ``(b, c, a, d)``.
 One all-to-all per tensor turns it into *all* ``s`` tokens for ``a/N_c`` heads
-(``seq_to_heads``); attention then runs locally with any kernel, here PyTorch's
-SDPA; a last all-to-all brings the output back to token sharding
+(``seq_to_heads``); attention then runs locally with any kernel, here the ring's
+(:func:`head_attention`); a last all-to-all brings the output back to token sharding
 (``heads_to_seq``). An all-to-all is a block transpose of an ``N_c x N_c`` grid
 (token blocks x head groups), so the backward of one direction is the other.
 
-Layouts: after ``seq_to_heads`` the rank holds the token blocks of ranks
-``0..N_c-1`` one after the other, i.e. the global ids ``concat(shard_positions)``.
-For causal attention we permute them to natural order, run causal SDPA, and
-permute back; without a mask the order does not matter.
+Layouts (a name or any positions): after ``seq_to_heads`` the rank holds the token blocks
+of ranks ``0..N_c-1`` one after the other, i.e. the global ids ``concat(positions)``. With
+a causal or document mask we permute them to natural order, run the causal kernel (or
+the einsum path, for documents) and permute back; without a mask the order does not
+matter.
 
 GQA: K/V have ``n_kv`` heads, ``g = a / n_kv`` query heads share one. Rank ``r``
 gets query heads ``r a/N_c ..`` and they use exactly K/V heads ``r n_kv/N_c ..``,
@@ -22,13 +23,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
+from ..layouts import block_plan
 from . import comm
-from .attention import check_float
+from .attention import BlockAttention, block_kwargs
+from .shard import layout_positions
+from .validate import check_doc_ids, check_local_qkv, require_rank
 
-__all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "layout_order"]
+__all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "layout_order", "head_attention"]
 
 
 #: the two directions of the Ulysses all-to-all: (dim split over the ranks, dim gathered)
@@ -76,27 +80,17 @@ def heads_to_seq(y: torch.Tensor, group=None) -> torch.Tensor:
     return _UlyssesAllToAll.apply(y, group, _TO_SEQ)
 
 
-def layout_order(s: int, n: int, layout: str) -> torch.Tensor:
-    """Global token ids in the order ``seq_to_heads`` leaves them: ``concat(shard_positions)``."""
-    import numpy as np
-
+def layout_order(s: int, n: int, layout) -> torch.Tensor:
+    """Global token ids in the order ``seq_to_heads`` leaves them: ``concat(shard_positions)``
+    (``layout``: a layout name, or the positions of every rank, one sequence each)."""
     from ..layouts import shard_positions
-    return torch.from_numpy(np.concatenate(shard_positions(s, n, layout)).astype(np.int64))
+    pos = shard_positions(s, n, layout) if isinstance(layout, str) else layout
+    return torch.from_numpy(np.concatenate(pos).astype(np.int64))
 
 
 def _check(q, k, v, n, replicate_kv):
-    check_float(q=q, k=k, v=v)
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError("ulysses_attention expects q, k, v of shape (b, s/N_c, heads, d); got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if (q.shape[0], q.shape[1], q.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]):
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, local "
-                         "tokens and head dim (only the head count may differ: GQA)")
+    check_local_qkv(q, k, v, "ulysses_attention")
     a, n_kv = q.shape[2], k.shape[2]
-    if n_kv == 0 or a % n_kv:
-        raise ValueError(f"{a} query heads are not a multiple of {n_kv} K/V heads (GQA needs it)")
     if a % n:
         raise ValueError(f"Ulysses splits heads over N_c = {n} ranks: {a} query heads are not a "
                          f"multiple of {n}. Use N_c dividing {a}, or ring attention.")
@@ -112,43 +106,53 @@ def _check(q, k, v, n, replicate_kv):
     return math.lcm(n_kv, n) // n_kv
 
 
+def head_attention(qh, kh, vh, order, causal: bool, doc, scale=None, impl: str = "auto"):
+    """The local attention of Ulysses: ``qh (b, s, a', d)``, ``kh``/``vh`` ``(b, s, a_kv', d)``
+    all ``s`` tokens for this rank's heads, row ``i`` holding global token ``order[i]``.
+    With a mask the rows go to token order first (one causal block: the fused kernel) and
+    back after; :class:`lesson10.spmd.attention.BlockAttention` with the blocks of
+    :func:`lesson10.layouts.block_plan`. Differentiable."""
+    s = qh.shape[1]
+    masked = causal or doc is not None
+    tokens = torch.arange(s, device=qh.device)
+    if masked:
+        inv = torch.argsort(order).to(qh.device)      # token t sits at row inv[t]
+        qh, kh, vh = qh[:, inv], kh[:, inv], vh[:, inv]
+    doc_np = None if doc is None else doc.cpu().numpy()
+    blocks = [(blk, block_kwargs(blk, tokens, tokens, causal, doc))
+              for blk in block_plan(tokens.cpu().numpy(), tokens.cpu().numpy(), causal, doc_np)]
+    o = BlockAttention.apply(qh, kh, vh, blocks, scale, impl)   # (b, s, a', d)
+    return o[:, order.to(qh.device)] if masked else o             # back to the rows' order
+
+
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                      layout: str = "contiguous", group=None, replicate_kv: bool = False,
-                      scale: float | None = None) -> torch.Tensor:
+                      layout="contiguous", group=None, *, doc_ids=None,
+                      replicate_kv: bool = False, scale: float | None = None,
+                      impl: str = "auto") -> torch.Tensor:
     """Attention of local shards ``q`` ``(b, c, a, d)``, ``k``/``v`` ``(b, c, n_kv, d)``.
 
-    ``c = s/N_c`` tokens per rank, held as ``layout`` says (``contiguous``,
-    ``zigzag``, ``striped``). Returns this rank's output shard ``(b, c, a, d)``, equal
-    to full attention over the ``s`` tokens restricted to this rank's tokens.
-    Differentiable. Forward bytes: four all-to-alls, ``(N_c-1)/N_c`` of the local
-    Q, K, V and output (K, V at ``n_kv`` heads). It first compares the shard shapes of all
-    ranks (a tiny all-gather, ``"metadata"`` bytes), so mismatched shards give a
-    ValueError on every rank instead of a hang.
+    ``c = s/N_c`` tokens per rank, held as ``layout`` says: a layout name (``contiguous``,
+    ``zigzag``, ``striped``) or this rank's positions (the global token ids of its local
+    tokens, in order; all ranks together hold ``0..s-1`` once). ``doc_ids``: the document
+    of every global position (length ``s``), a document mask. Returns this rank's output
+    shard ``(b, c, a, d)``, equal to full attention over the ``s`` tokens restricted to this
+    rank's tokens. Differentiable. The local attention is the ring's kernel
+    (:func:`head_attention`; ``impl`` as in :func:`lesson10.spmd.attention.local_attention`).
+    Forward bytes: four all-to-alls, ``(N_c-1)/N_c`` of the local Q, K, V and output (K, V at
+    ``n_kv`` heads). It first compares the shard shapes of all ranks (a tiny all-gather,
+    ``"metadata"`` bytes), so mismatched shards give a ValueError on every rank instead of a
+    hang.
     """
+    require_rank("ulysses_attention")
     n = comm.group_size(group)
     m = _check(q, k, v, n, replicate_kv)
     comm.check_same_shape(q, group, "q")
     comm.check_same_shape(k, group, "k")
-    b, c, a, d = q.shape
-    s = n * c
-    order = layout_order(s, n, layout)               # validates s and the layout name
-    order = order if causal else None
+    order = layout_order(n * q.shape[1], n, layout_positions(layout, q.shape[1], group, q.device))
+    doc = check_doc_ids(doc_ids, order.numel(), q.device, "ulysses_attention")
     if m > 1:
         k = k.repeat_interleave(m, dim=2)            # (b, c, n_kv m, d): copies of each K/V head
         v = v.repeat_interleave(m, dim=2)
-    qh = seq_to_heads(q, group)                      # (b, s, a/N, d)
-    kh = seq_to_heads(k, group)                      # (b, s, n_kv'/N, d)
-    vh = seq_to_heads(v, group)                      # (b, s, n_kv'/N, d)
-    g = qh.shape[2] // kh.shape[2]                   # query heads per K/V head
-    if causal:
-        inv = torch.argsort(order).to(q.device)      # natural position t sits at row inv[t]
-        qh, kh, vh = qh[:, inv], kh[:, inv], vh[:, inv]   # (b, s, ., d) in natural order
-    # SDPA wants (b, heads, s, d); repeat K/V heads only here, inside the local attention
-    qt = qh.transpose(1, 2)                          # (b, a/N, s, d)
-    kt = kh.transpose(1, 2).repeat_interleave(g, dim=1)   # (b, a/N, s, d)
-    vt = vh.transpose(1, 2).repeat_interleave(g, dim=1)   # (b, a/N, s, d)
-    o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
-    o = o.transpose(1, 2)                            # (b, s, a/N, d)
-    if causal:
-        o = o[:, order.to(q.device)]                 # back to layout order (b, s, a/N, d)
+    qh, kh, vh = (seq_to_heads(t, group) for t in (q, k, v))   # (b, s, ./N, d)
+    o = head_attention(qh, kh, vh, order, bool(causal), doc, scale, impl)
     return heads_to_seq(o, group)                    # (b, c, a, d)

@@ -2,15 +2,17 @@
 
 ``N = u * r`` ranks (``u = ulysses_size``): rank ``i`` of ``group`` is Ulysses index
 ``i % u`` in Ulysses group ``i // u`` (``u`` consecutive ranks, as inside a node) and
-ring index ``i // u`` in the ring of the ``r`` ranks with the same Ulysses index. The
+ring index ``i // u`` in the ring of the ``r`` ranks with the same Ulysses index
+(:func:`lesson10.topology.usp_group_ranks`, the rule the simulation uses too). The
 sub-groups come from ``torch.distributed.new_group`` and are made once per
 ``(group, u)``.
 
 1. :func:`~lesson10.spmd.seq_to_heads` inside the Ulysses group: a rank holds the
-   ``u c`` tokens of its group for ``a/u`` query heads and ``a_kv/u`` K/V heads. For the
-   ``zigzag`` and ``contiguous`` layouts these tokens, sorted, are exactly the shard of the
-   same layout over ``r`` ranks, so
-2. :func:`~lesson10.spmd.ring_attention` runs on the ring group in that layout;
+   ``u c`` tokens of its group for ``a/u`` query heads and ``a_kv/u`` K/V heads, sorted
+   (:func:`lesson10.topology.usp_ring_positions`; for the ``zigzag`` and ``contiguous``
+   layouts exactly the shard of the same layout over ``r`` ranks, for any other layout or
+   positions some other set of tokens), so
+2. the ring attention runs on the ring group at those positions (exact for any);
 3. :func:`~lesson10.spmd.heads_to_seq` goes back. Autograd flows through all three.
 
 Bytes per rank (forward): ``(u-1)/u (2 + 2/g) c h e + (r-1) 2 (s/r) h e / (g u)``
@@ -32,12 +34,12 @@ import torch
 import torch.distributed as dist
 
 from .. import topology
-from ..layouts import layout_name, shard_positions
-from ..topology import check_heads, check_ulysses_size
+from ..topology import check_heads, check_ulysses_size, usp_group_ranks, usp_ring_positions
 from . import comm
-from .attention import check_local_qkv, require_rank
-from .ring import ring_attention
+from .ring import ring_over
+from .shard import layout_positions
 from .ulysses import heads_to_seq, seq_to_heads
+from .validate import check_doc_ids, check_local_qkv, require_rank
 
 __all__ = ["usp_attention", "usp_groups", "choose_ulysses_size"]
 
@@ -55,15 +57,13 @@ def usp_groups(ulysses_size: int, group=None):
     the ranks a group leaves out, or such a call can wait forever)."""
     n = comm.group_size(group)
     u = check_ulysses_size(ulysses_size, n)
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
+    ranks = _group_ranks(group)
     world = dist.distributed_c10d._get_default_group()    # a new world: new sub-groups
     key = (id(world), tuple(ranks), u)
     if key not in _GROUPS:
-        uly = [ranks[i * u:(i + 1) * u] for i in range(n // u)]    # u consecutive ranks each
-        rings = [ranks[j::u] for j in range(u)]                    # one rank of each of those
         mine = {}
-        for kind, blocks in (("ulysses", uly), ("ring", rings)):
-            for members in blocks:                                 # all in the same order
+        for kind, blocks in zip(("ulysses", "ring"), usp_group_ranks(n, u)):
+            for members in ([ranks[i] for i in b] for b in blocks):   # all in the same order
                 pg = _sub_group(members, local=group is not None)
                 if dist.get_rank() in members:
                     mine[kind] = pg
@@ -74,12 +74,9 @@ def usp_groups(ulysses_size: int, group=None):
 def choose_ulysses_size(ulysses_size, a_kv: int, group=None) -> int:
     """``u`` for this group: ``ulysses_size``, or the group's ranks per node when it is
     ``None`` (see the module docstring); warns when a Ulysses group would span nodes."""
-    n = comm.group_size(group)
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
+    ranks = _group_ranks(group)
     topo = topology.current()
-    if ulysses_size is None:
-        ulysses_size = topology.default_ulysses_size(ranks, a_kv, topo)
-    u = check_ulysses_size(ulysses_size, n)
+    u = topology.usp_ulysses_size(ulysses_size, ranks, a_kv, topo)
     spans = topology.ulysses_spans_nodes(ranks, u, topo)
     if spans:
         warnings.warn(f"usp_attention: ulysses_size = {u} puts the ranks {spans[0]} in one Ulysses "
@@ -90,6 +87,13 @@ def choose_ulysses_size(ulysses_size, a_kv: int, group=None) -> int:
     return u
 
 
+def _group_ranks(group) -> list[int]:
+    """The global ranks of ``group`` (None: the world), in group order."""
+    if group is None:
+        return list(range(comm.group_size(group)))
+    return list(dist.get_process_group_ranks(group))
+
+
 def _sub_group(members, local: bool):
     """``new_group(members)``: by every rank (``local=False``) or only by the members."""
     if not local:
@@ -98,41 +102,33 @@ def _sub_group(members, local: bool):
         if dist.get_rank() in members else None
 
 
-def usp_attention(q, k, v, causal: bool = True, layout: str = "zigzag", ulysses_size: int = None,
-                  group=None, *, doc_ids=None, scale=None, impl: str = "auto"):
+def usp_attention(q, k, v, causal: bool = True, layout="zigzag", group=None, *,
+                  doc_ids=None, ulysses_size: int | None = None, scale=None, impl: str = "auto"):
     """USP attention of local shards ``q`` ``(b, c, a, d)``, ``k``/``v`` ``(b, c, a_kv, d)``.
 
-    ``c = s/N`` tokens per rank in ``layout`` order (``"zigzag"`` or ``"contiguous"``, as
-    :func:`shard_sequence` gives them). ``ulysses_size`` must divide ``N`` and ``a_kv``;
-    ``None``: the ranks per node (:func:`choose_ulysses_size`).
-    Returns this rank's output ``(b, c, a, d)``, differentiable; ``doc_ids``: a document
-    mask over the ``s`` global positions.
+    ``c = s/N`` tokens per rank in ``layout`` order: a layout name (as :func:`shard_sequence`
+    gives them) or this rank's positions (the global token ids of its local tokens, in
+    order). ``ulysses_size`` must divide ``N`` and ``a_kv``; ``None``: the ranks per node
+    (:func:`lesson10.topology.usp_ulysses_size`, see :func:`choose_ulysses_size`). After the
+    all-to-all the ring runs on the tokens of each Ulysses group
+    (:func:`lesson10.topology.usp_ring_positions`). Returns this rank's output
+    ``(b, c, a, d)``, differentiable; ``doc_ids``: a document mask over the ``s`` global
+    positions.
     """
     require_rank("usp_attention")
-    try:
-        layout = layout_name(layout)
-    except ValueError:
-        pass                                 # named below with the layouts USP supports
-    if layout not in ("zigzag", "contiguous"):
-        raise ValueError(f"usp_attention supports layout 'zigzag' or 'contiguous' (those of the "
-                         f"ring), got {layout!r}")
     n, rank = comm.group_size(group), comm.group_rank(group)
     check_local_qkv(q, k, v, "usp_attention")
     u = choose_ulysses_size(ulysses_size, k.shape[2], group)
-    a, a_kv = q.shape[2], k.shape[2]
-    check_heads(a, a_kv, u, n)
+    check_heads(q.shape[2], k.shape[2], u, n)
     comm.check_same_shape(q, group, "usp_attention: q")
     comm.check_same_shape(k, group, "usp_attention: k")
-    c = q.shape[1]
-    s, ring_size, ring_index = n * c, n // u, rank // u
-    pos = shard_positions(s, n, layout)                     # validates s for the layout
-    held = np.concatenate(pos[ring_index * u:(ring_index + 1) * u])   # after seq_to_heads
-    order = np.argsort(held, kind="stable")
-    assert np.array_equal(held[order], shard_positions(s, ring_size, layout)[ring_index])
-    fwd = torch.as_tensor(order, dtype=torch.long, device=q.device)
+    pos = layout_positions(layout, q.shape[1], group, q.device)      # validates s for a name
+    doc = check_doc_ids(doc_ids, n * q.shape[1], q.device, "usp_attention")
+    ring_pos = usp_ring_positions(pos, u)                   # the ring's ranks' tokens, sorted
+    held = torch.as_tensor(np.concatenate(pos[rank - rank % u:rank - rank % u + u]))
+    fwd = torch.argsort(held, stable=True).to(q.device)    # rows after seq_to_heads -> sorted
     back = torch.argsort(fwd)
     uly_pg, ring_pg = usp_groups(u, group)
     qh, kh, vh = (seq_to_heads(t, uly_pg)[:, fwd] for t in (q, k, v))   # (b, u c, ., d), sorted
-    o = ring_attention(qh, kh, vh, causal=causal, layout=layout, group=ring_pg, scale=scale,
-                       impl=impl, doc_ids=doc_ids)
+    o = ring_over(qh, kh, vh, ring_pos, bool(causal), ring_pg, doc, scale, impl)
     return heads_to_seq(o[:, back], uly_pg)
