@@ -47,10 +47,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import feedback
+from .diagnosis import Cases, Diagnosis, parts
 from .feedback import CheckFailed, fallback
+from .precision import (
+    HALF_HINT,
+    fmt,
+    fmt_pair,
+    half_message,
+    plural,
+    precision_of,
+    relative_error,
+    tolerance,
+    wrapped_count,
+)
 
 __all__ = [
+    "Cases",
     "CheckFailed",
+    "Diagnosis",
     "OUTCOMES",
     "EXERCISES",
     "summary",
@@ -223,32 +237,36 @@ def register_exercise(exercise: str, notebook: str, points: int, title: str, fun
 def failure_message(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
              show: bool = True) -> str:
     """The text of a failure: ``check_X failed: where: what``, then yours / target (when
-    ``show``) and the hint. ``hint`` may be a function that returns it: called only when
-    the check fails, it can look at the answer to name the mistake it looks like."""
+    ``show``, with the digits that tell them apart and their relative error) and the hint.
+    ``hint`` may be a function that returns it: called only when the check fails, it can
+    look at the answer to name the mistake it looks like (a :class:`Diagnosis`)."""
+    return _failure(exercise, where, what, yours, target, hint, show)[0]
+
+
+def _failure(exercise, where, what, yours, target, hint, show):
+    """(text, head, mistakes, general) of a failure."""
     if callable(hint):
         hint = hint() or ""
     lines = [f"check_{exercise} failed: {where + ': ' if where else ''}{what}"]
     if show:
-        lines.append(f"  yours : {_fmt(yours)}")
-        lines.append(f"  target: {_fmt(target)}")
-    if hint:
-        lines.append(f"hint: {hint}")
-    return "\n".join(lines)
+        a, b = fmt_pair(yours, target)
+        err = relative_error(yours, target)
+        lines.append(f"  yours : {a}" + (f"   ({err})" if err else ""))
+        lines.append(f"  target: {b}")
+    head = "\n".join(lines)
+    mistakes, general = parts(hint)
+    return (head + (f"\nhint: {hint}" if hint else "")), head, mistakes, general
 
 
 def fail_check(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
           show: bool = True):
-    raise CheckFailed(failure_message(exercise, where, what, yours, target, hint, show))
+    text, head, mistakes, general = _failure(exercise, where, what, yours, target, hint, show)
+    exc = CheckFailed(text)
+    exc.head, exc.mistakes, exc.general = head, mistakes, general
+    raise exc
 
 
-def _fmt(x) -> str:
-    if isinstance(x, np.ndarray):
-        if x.size > 16:
-            return np.array2string(x.ravel()[:16], precision=4) + f" ... (shape {x.shape})"
-        return np.array2string(x, precision=4)
-    if isinstance(x, (float, np.floating)):
-        return f"{float(x):.6g}"
-    return repr(x)
+_fmt = fmt                      # its former name
 
 
 def _as_array(exercise, x, where, what) -> np.ndarray:
@@ -258,6 +276,8 @@ def _as_array(exercise, x, where, what) -> np.ndarray:
     except (TypeError, ValueError) as exc:
         fail_check(exercise, where, f"{what} is not an array of real numbers ({type(x).__name__}: {exc})",
               show=False, hint="return NumPy arrays of real numbers")
+    if precision_of(x) == "half":
+        fail_check(exercise, where, half_message(what), show=False, hint=HALF_HINT)
     return arr
 
 
@@ -271,7 +291,11 @@ def _locate(index, axes) -> str:
 
 def compare_arrays(exercise, yours, target, *, where: str, what: str, axes=(), tol=1e-9,
              hint: str = "", exact: bool = False) -> float:
-    """Compare arrays: shape, then non-finite values, then values. Returns the max error."""
+    """Compare arrays: shape, then non-finite values, then values. Returns the max error.
+    ``tol`` is relative (to 1 + |target|); a float32 answer gets the float32 tolerance
+    (:mod:`.precision`). A count that wrapped around in a small integer type is named."""
+    raw = yours
+    tol = tolerance(raw, tol)
     target = np.asarray(target, dtype=float)
     yours = _as_array(exercise, yours, where, what)
     if yours.shape != target.shape:
@@ -292,10 +316,24 @@ def compare_arrays(exercise, yours, target, *, where: str, what: str, axes=(), t
         idx = tuple(int(i) for i in np.argwhere(wrong)[0])
         n_wrong = int(wrong.sum())
         fail_check(exercise, where,
-              f"{what} differs at {_locate(idx, axes) or idx} ({n_wrong} of {wrong.size} entries wrong)",
-              yours[idx] if yours.ndim else yours, target[idx] if target.ndim else target, hint)
+              f"{what} differs at {_locate(idx, axes) or idx} ({n_wrong} of "
+              f"{plural(wrong.size, 'entry', 'entries')} wrong)",
+              yours[idx] if yours.ndim else yours, target[idx] if target.ndim else target,
+              _with_wrap(raw, target, hint))
     finite = diff[np.isfinite(diff)]
     return float(finite.max()) if finite.size else 0.0
+
+
+def _with_wrap(raw, target, hint):
+    """The hint, with a count that wrapped around (uint8, ...) as the first mistake."""
+    def diagnose():
+        given = hint() if callable(hint) else hint
+        wrap = wrapped_count(raw, target)
+        if not wrap:
+            return given
+        mistakes, general = parts(given)
+        return Diagnosis((wrap,) + tuple(m for m in mistakes if m != general), general)
+    return diagnose
 
 
 def as_shard_list(exercise, out, n, where, what) -> list:
@@ -306,7 +344,7 @@ def as_shard_list(exercise, out, n, where, what) -> list:
               f"{type(out).__name__}", show=False,
               hint="return a Python list: entry r is what rank r holds")
     if len(out) != n:
-        fail_check(exercise, where, f"{what} should hold {n} arrays (one per rank), got {len(out)}",
+        fail_check(exercise, where, f"{what} should hold {plural(n, 'array')} (one per rank), got {len(out)}",
               show=False, hint="return a Python list with one entry per rank: entry r is what "
                                "rank r holds")
     return list(out)
@@ -344,6 +382,11 @@ def _number(exercise, x, where, what) -> float:
 
 
 def close_number(exercise, yours, target, *, where, what, rel=1e-9, hint=""):
+    """One number, to a relative error ``rel`` (the float32 one for a float32 answer);
+    float16 is refused."""
+    rel = tolerance(yours, rel)
+    if precision_of(yours) == "half":
+        fail_check(exercise, where, half_message(what), show=False, hint=HALF_HINT)
     yours = _number(exercise, yours, where, what)
     if not (math.isfinite(yours) and abs(yours - target) <= rel * max(1.0, abs(target))):
         fail_check(exercise, where, f"{what} differs", yours, float(target), hint)
@@ -370,7 +413,8 @@ def _changed(before, after, name: str):
     if isinstance(before, (list, tuple)):
         if not isinstance(after, (list, tuple)) or len(after) != len(before):
             n = len(after) if hasattr(after, "__len__") else "?"
-            return f"{name} (it now holds {n} entries, not {len(before)})"
+            held = plural(n, "entry", "entries") if isinstance(n, int) else f"{n} entries"
+            return f"{name} (it now holds {held}, not {len(before)})"
         for i, (b, a) in enumerate(zip(before, after)):
             where = _changed(b, a, f"{name}[{i}]")
             if where:

@@ -2,14 +2,19 @@
 
 Each ``*_mistake`` function gets the inputs of the case that failed and the student's
 answer, computes what each known mistake would have returned on those inputs, and returns
-the text for the first one the answer equals (or None: the check then gives its general
-hint). The texts say what went wrong and what the lesson's rule is, never the code of the
-solution. The checks call them only when a case has failed (as a hint function), so a
-right answer pays nothing for them.
+a :class:`~.diagnosis.Diagnosis`: the texts of every one the answer equals, best first
+(or None: the check then gives its general hint). A check that runs its cases through
+:class:`~.diagnosis.Cases` names the mistake that explains all of its failing cases. The
+texts say what went wrong and what the lesson's rule is, never the code of the solution.
+The checks call them only when a case has failed (as a hint function), so a right answer
+pays nothing for them.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from .diagnosis import Diagnosis
+from .precision import tolerance
 
 
 def same(yours, candidate) -> bool:
@@ -20,24 +25,39 @@ def same(yours, candidate) -> bool:
             if not isinstance(yours, (list, tuple, np.ndarray)) or len(yours) != len(candidate):
                 return False
             return all(same(y, c) for y, c in zip(yours, candidate))
+        tol = tolerance(yours)
         y, c = np.asarray(yours, dtype=float), np.asarray(candidate, dtype=float)
     except (TypeError, ValueError):
         return False
-    return y.shape == c.shape and bool(np.allclose(y, c, rtol=1e-9, atol=1e-9, equal_nan=True))
+    return y.shape == c.shape and bool(np.allclose(y, c, rtol=tol, atol=tol, equal_nan=True))
 
 
-def first(yours, mistakes) -> str | None:
-    """The text of the first ``(text, make)`` whose ``make()`` the answer equals; a
-    ``make`` that fails (it does not apply to this case) is skipped."""
+def first(yours, mistakes) -> Diagnosis | None:
+    """Every ``(text, make)`` whose ``make()`` the answer equals, in order (a Diagnosis
+    that reads as the first text), or None; a ``make`` that fails (it does not apply to
+    this case) is skipped."""
+    found = []
     for text, make in mistakes:
         try:
             with np.errstate(all="ignore"):
                 candidate = make()
         except Exception:  # noqa: BLE001 - this mistake does not apply here
             continue
-        if same(yours, candidate):
-            return text
-    return None
+        if candidate is not None and same(yours, candidate) and text not in found:
+            found.append(text)
+    return Diagnosis(found) if found else None
+
+
+def explain(found, general: str) -> Diagnosis:
+    """The hint of a failed case: the mistakes ``found`` (a Diagnosis or None) and the
+    general hint of the check."""
+    return Diagnosis(getattr(found, "mistakes", ()), general)
+
+
+def unless_right(pairs, right):
+    """``(text, make)`` pairs whose value is not the right answer itself (a mistake that
+    changes nothing on this case explains nothing)."""
+    return [(text, (lambda v=value: None if same(v, right) else v)) for text, value in pairs]
 
 
 def shape_of(x):
@@ -314,25 +334,28 @@ def causal_work_mistake(positions, out) -> str | None:
     ])
 
 
-def ring_time_mistake(work, yours) -> str | None:
+def ring_time_mistake(work, yours) -> Diagnosis | None:
     w = np.asarray(work, dtype=float)
+    right = w.max(axis=1).sum()
+    idle = ("your number is waiting time (how long ranks sit idle), not the time the ring "
+            "takes: a rank that waits is still part of the ring's time")
     cands = [
         ("your time is the busiest rank's total work: the ranks wait for each other in every "
-         "round, so each round lasts as long as that round's busiest rank", w.sum(axis=0).max()),
-        ("you took the max over rounds, then summed over ranks: axis 0 is the rounds, axis 1 the "
-         "ranks", w.max(axis=0).sum()),
+         "round, so a round is not over before its slowest rank is", w.sum(axis=0).max()),
+        ("your time has the rounds and the ranks the other way round: work[k, r] is round k, "
+         "rank r, and the ranks of one round wait for each other", w.max(axis=0).sum()),
         ("your time is that of the average rank (total work / ranks, the ideal): a round lasts "
          "as long as its slowest rank", w.mean(axis=1).sum()),
+        (idle, right - w.sum(axis=0).min()),            # the least busy rank's waiting
+        (idle, len(w[0]) * right - w.sum()),            # every rank's waiting, added up
+        (idle, right - w.sum() / max(1, len(w[0]))),    # the average rank's waiting
+        (idle, (w.max(axis=1, keepdims=True) - w).sum()),
         ("your time is rounded down to an integer: work may come in halves of a block",
-         float(int(w.max(axis=1).sum()))),
+         float(int(right))),
         ("your time is the busiest cell times the number of rounds: each round has its own "
          "busiest rank", w.max() * len(w)),
     ]
-    right = w.max(axis=1).sum()
-    for text, value in cands:
-        if same(yours, value) and not same(value, right):
-            return text
-    return None
+    return first(yours, unless_right(cands, right))
 
 
 # --------------------------------------------------------------------------- 04
@@ -461,7 +484,7 @@ def moe_stats_mistake(key, yours, experts, keep, Ne, E, h, e, e_passed) -> str |
     return first(yours, cands)
 
 
-def aux_loss_mistake(probs, experts, alpha, yours, alpha_passed) -> str | None:
+def aux_loss_mistake(probs, experts, alpha, yours, alpha_passed) -> Diagnosis | None:
     probs, experts = np.asarray(probs, dtype=float), np.asarray(experts)
     N, E = probs.shape
     k = experts.shape[1]
@@ -485,7 +508,4 @@ def aux_loss_mistake(probs, experts, alpha, yours, alpha_passed) -> str | None:
         ("your P_i sum the probabilities over the tokens: P_i is their mean",
          alpha * E * float(f @ probs.sum(axis=0))),
     ]
-    for text, value in cands:
-        if same(yours, value) and not same(value, right):
-            return text
-    return None
+    return first(yours, unless_right(cands, right))

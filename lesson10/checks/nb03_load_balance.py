@@ -5,6 +5,7 @@ import numpy as np
 
 from . import mistakes
 from .core import (
+    Cases,
     as_shard_list,
     close_number,
     compare_arrays,
@@ -23,27 +24,34 @@ def check_zigzag_positions(zigzag_positions, rng):
     """``zigzag_positions(s, n) -> list`` of ``n`` integer arrays: rank r holds chunk r and
     chunk 2n-1-r of the 2n chunks of s/(2n) tokens, in increasing order."""
     from ..layouts import shard_positions
-    cases = [(2, 1), (4, 1), (8, 4), (24, 3), (16, 2), (12, 6)]       # n = 1, m = 1, m > 1
+    cases = [(2, 1), (4, 1), (8, 4), (24, 3), (16, 2), (12, 6),       # n = 1, m = 1, m > 1
+             (640, 2), (131072, 4)]                   # ids above 255 and above 65535
     for i in range(6):       # N_c up to 64, chunks up to 2048 tokens: no table covers them
         big = i % 2 == 1
         n = log_int(rng, 2, 64, big)
         cases.append((2 * n * log_int(rng, 1, 2048, big), n))
+    run = Cases("zigzag_positions")
     for s, n in cases:
-        target = shard_positions(s, n, "zigzag")
-        out = run_student("zigzag_positions", zigzag_positions, (), s, n)
-        where = f"s={s}, N_c={n}"
-        hint = (lambda: mistakes.zigzag_mistake(s, n, out) or
-                f"cut the sequence into 2N_c = {2 * n} chunks of s/(2N_c) = {s // (2 * n)} tokens; "
-                f"each rank holds one early and one late chunk, paired so that every rank's two "
-                f"chunks together carry the same causal work")
-        for r, ids in enumerate(as_shard_list("zigzag_positions", out, n, where, "your list")):
-            int_array("zigzag_positions", ids, f"{where}, rank {r}", "the token ids",
-                       hint="token ids are integers (they index arrays): np.arange gives integers, "
-                            "np.linspace and / give floats")
-        compare_shards("zigzag_positions", out, target, where=where, what="token id",
-                        axes=("slot",), exact=True, hint=hint)
+        with run.case():
+            _zigzag_case(zigzag_positions, s, n, shard_positions(s, n, "zigzag"))
+    run.verdict()
     return (f"{len(cases)} cases (N_c in 1..64, chunks of 1..2048 tokens): every rank holds chunks r "
             f"and 2N_c-1-r")
+
+
+def _zigzag_case(zigzag_positions, s, n, target):
+    out = run_student("zigzag_positions", zigzag_positions, (), s, n)
+    where = f"s={s}, N_c={n}"
+    hint = (lambda: mistakes.explain(mistakes.zigzag_mistake(s, n, out),
+                f"cut the sequence into 2N_c = {2 * n} chunks of s/(2N_c) = {s // (2 * n)} tokens; "
+                f"each rank holds one early and one late chunk, paired so that every rank's two "
+                f"chunks together carry the same causal work"))
+    for r, ids in enumerate(as_shard_list("zigzag_positions", out, n, where, "your list")):
+        int_array("zigzag_positions", ids, f"{where}, rank {r}", "the token ids",
+                   hint="token ids are integers (they index arrays): np.arange gives integers, "
+                        "np.linspace and / give floats")
+    compare_shards("zigzag_positions", out, target, where=where, what="token id",
+                    axes=("slot",), exact=True, hint=hint)
 
 
 def _pair_counts(positions) -> np.ndarray:
@@ -58,7 +66,8 @@ def _work_cases(rng, n_random=6):
     from ..layouts import shard_positions
     cases = [(f"{lay} layout, s={s}, N_c={n}", shard_positions(s, n, lay))
              for lay, s, n in (("contiguous", 8, 4), ("zigzag", 12, 3), ("striped", 12, 4),
-                               ("contiguous", 6, 2), ("contiguous", 4, 1))]
+                               ("contiguous", 6, 2), ("contiguous", 4, 1),
+                               ("contiguous", 48, 2), ("contiguous", 600, 2))]   # counts > 255, > 65535
     ids = rng.permutation(9)
     cases.append(("shuffled token ids (3 per rank, in no particular order), N_c=3",
                   np.split(ids, 3)))
@@ -80,22 +89,31 @@ def check_causal_work(causal_work, rng):
     """``causal_work(positions) -> array (rounds, ranks)``: ``work[k, r]`` counts the pairs
     (query in ``positions[r]``, key in ``positions[(r-k) % n]``) with key <= query."""
     cases = _work_cases(rng)
+    run = Cases("causal_work")
     for where, positions in cases:
-        out = run_student("causal_work", causal_work, ("positions",), [np.array(p) for p in positions])
-        compare_arrays("causal_work", out, _pair_counts(positions), where=where,
-                 what="work", axes=("round", "rank"), exact=True,
-                 hint=lambda: mistakes.causal_work_mistake(positions, out) or (
-                     "rows are rounds, columns are ranks; in round k rank r holds the K/V block "
-                     "that started on rank (r - k) mod N_c; count the visible (query, key) pairs "
-                     "by their token ids"))
-    return f"{len(cases)} cases (every layout, shuffled ids, uneven sizes, N_c in 1..12) match pair counts"
+        with run.case():
+            out = run_student("causal_work", causal_work, ("positions",),
+                              [np.array(p) for p in positions])
+            compare_arrays("causal_work", out, _pair_counts(positions), where=where,
+                           what="work", axes=("round", "rank"), exact=True,
+                           hint=_work_hint(positions, out))
+    run.verdict()
+    return (f"{len(cases)} cases (every layout, shuffled ids, uneven sizes, counts above 65535, "
+            f"N_c in 1..12) match pair counts")
+
+
+def _work_hint(positions, out):
+    return lambda: mistakes.explain(mistakes.causal_work_mistake(positions, out), (
+        "rows are rounds, columns are ranks; in round k rank r holds the K/V block that started "
+        "on rank (r - k) mod N_c; count the visible (query, key) pairs by their token ids"))
 
 
 @register_exercise("ring_time", NB03, 1, "ring time")
 def check_ring_time(ring_time, rng):
-    """``ring_time(work) -> number``: every round lasts as long as its busiest rank, so the
-    ring takes ``sum over rounds of max over ranks``. ``work`` may be fractional (block
-    units, as ``layouts.causal_work(n, layout)`` returns them)."""
+    """``ring_time(work) -> number``: the time the whole ring takes, in the units of
+    ``work`` (``work[k, r]``: round k, rank r; the ranks of a round wait for each other).
+    ``work`` may be fractional (block units, as ``layouts.causal_work(n, layout)`` returns
+    them) and large (pair counts above 65504, which float16 cannot hold)."""
     from ..layouts import causal_work as ref_work
     from ..layouts import ring_time as ref_time
     cases = [("block units, contiguous, N_c=4", ref_work(4, "contiguous")),
@@ -103,17 +121,26 @@ def check_ring_time(ring_time, rng):
              ("block units, striped, N_c=3", ref_work(3, "striped")),
              ("pair counts, contiguous, s=8, N_c=4", ref_work(4, "contiguous", s=8)),
              ("one rank", np.array([[3.5]])),
+             ("large pair counts, contiguous, s=600, N_c=2", ref_work(2, "contiguous", s=600)),
+             ("large fractional work", np.arange(16).reshape(4, 4)[::-1] * 1000.5),
              ("integer work", rng.integers(0, 20, size=(4, 4))),
              ("fractional work", rng.integers(0, 9, size=(5, 5)) / 2)]
     for i in range(8):
         n = int(rng.integers(2, 7))
         work = rng.integers(0, 30, size=(n, n))
         cases.append((f"random work {i}", work / 4 if rng.random() < 0.5 else work))
+    run = Cases("ring_time")
     for label, work in cases:
-        out = run_student("ring_time", ring_time, ("work",), work)
-        close_number("ring_time", out, ref_time(work), where=f"{label} (work of shape {work.shape})",
-                      what="ring time",
-                      hint=lambda: mistakes.ring_time_mistake(work, out) or (
-                          "work[k, r] is round k, rank r; in every round all ranks wait for the "
-                          "slowest one; work may be fractional"))
+        with run.case():
+            out = run_student("ring_time", ring_time, ("work",), work)
+            close_number("ring_time", out, ref_time(work),
+                         where=f"{label} (work of shape {work.shape})", what="ring time",
+                         hint=_time_hint(work, out))
+    run.verdict()
     return f"{len(cases)} cases (block units with halves, pair counts, random work matrices)"
+
+
+def _time_hint(work, out):
+    return lambda: mistakes.explain(mistakes.ring_time_mistake(work, out), (
+        "work[k, r] is round k, rank r; no rank starts a round before every rank has finished "
+        "the one before; work may be fractional"))
