@@ -285,7 +285,7 @@ HINTS = {
     ('moe_stats', 2): 'your bytes count the dispatch only',
     ('moe_stats', 3): 'your load counts the dropped copies too',
     ('moe_stats', 4): 'the traceback shows the line of your code that r',
-    ('moe_stats', 5): 'your load puts expert i on GPU i mod Ne',
+    ('moe_stats', 5): 'you put expert i on GPU i mod Ne',
     ('moe_stats', 6): 'your bytes put token t on GPU t mod Ne',
     ('moe_stats', 7): 'your drop rate divides by the N tokens',
     ('moe_stats', 8): 'e was not passed here',

@@ -11,6 +11,7 @@ that fits one case by chance is not named).
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator, Sequence
 
 from .feedback import CheckFailed
@@ -53,13 +54,20 @@ def split(exc: CheckFailed) -> tuple[str, tuple[str, ...], str]:
     return "\n".join(lines[:at]), ((hint,) if hint else ()), hint
 
 
+def _key(text: str) -> str:
+    """A mistake's identity: its text without the numbers of the case ("your experts keep
+    22 copies" and "... keep 9 copies" are one mistake)."""
+    return re.sub(r"\d+(\.\d+)?(e-?\d+)?", "#", text)
+
+
 def choose(failures: Sequence[CheckFailed]) -> str:
     """The hint of a set of failures: the first mistake (in the first failure's order) that
     explains all of them, else the first failure's general hint."""
     split_ = [split(f) for f in failures]
     first_mistakes = split_[0][1]
+    keys = [{_key(m) for m in mistakes} for _, mistakes, _ in split_[1:]]
     for text in first_mistakes:
-        if all(text in mistakes for _, mistakes, _ in split_[1:]):
+        if all(_key(text) in k for k in keys):
             return text
     return split_[0][2] or (first_mistakes[0] if first_mistakes else "")
 

@@ -51,6 +51,8 @@ def first(yours, mistakes) -> Diagnosis | None:
 def explain(found, general: str) -> Diagnosis:
     """The hint of a failed case: the mistakes ``found`` (a Diagnosis or None) and the
     general hint of the check."""
+    if found and not isinstance(found, Diagnosis):
+        return Diagnosis((str(found),), general)     # a mistake function's single text
     return Diagnosis(getattr(found, "mistakes", ()), general)
 
 
@@ -280,84 +282,6 @@ def merge_mistake(o1, l1, o2, l2, out) -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------- 03
-def zigzag_mistake(s, n, out) -> str | None:
-    m = s // (2 * n)
-
-    def chunks(pairs):
-        return [np.concatenate([np.arange(a * m, (a + 1) * m), np.arange(b * m, (b + 1) * m)])
-                for a, b in pairs]
-    return first(out, [
-        ("rank r holds chunks r and N_c + r: the late chunk must mirror the early one, so that the "
-         "first rank gets the last chunk", lambda: chunks([(r, n + r) for r in range(n)])),
-        ("your late chunk is one chunk off (2N_c - r instead of 2N_c - 1 - r): rank 0's late "
-         "chunk is the very last one",
-         lambda: chunks([(r, (2 * n - r) % (2 * n)) for r in range(n)])),
-        ("rank r holds chunks N_c-1-r and N_c+r: the middle pairs, not the ends; rank 0 takes the "
-         "first and the last chunk", lambda: chunks([(n - 1 - r, n + r) for r in range(n)])),
-        ("the right tokens, but the late chunk comes first: keep each rank's ids in increasing "
-         "order", lambda: chunks([(2 * n - 1 - r, r) for r in range(n)])),
-        ("your chunks have s/N_c tokens: the sequence is cut into 2N_c chunks of s/(2N_c)",
-         lambda: [np.concatenate([np.arange(r * 2 * m, (r + 1) * 2 * m),
-                                  np.arange((2 * n - 1 - r) * 2 * m, (2 * n - r) * 2 * m)])
-                  for r in range(n)]),
-    ])
-
-
-def causal_work_mistake(positions, out) -> str | None:
-    n = len(positions)
-    pos = [np.asarray(p) for p in positions]
-
-    def count(rule, kv=lambda r, k: (r - k) % n):
-        return np.array([[int(rule(pos[kv(r, k)][None, :], pos[r][:, None]).sum())
-                          for r in range(n)] for k in range(n)])
-    right = count(lambda key, q: key <= q)
-    return first(out, [
-        ("your counts leave out the diagonal: a key at the query's own position is visible "
-         "(key <= query)", lambda: count(lambda key, q: key < q)),
-        ("rows and columns are swapped: rows are rounds, columns are ranks",
-         lambda: right.T if n > 1 else None),
-        ("in round k your rank r holds the block of rank r + k: the blocks travel to r + 1, so "
-         "rank r holds that of rank r - k", lambda: count(lambda key, q: key <= q, lambda r, k: (r + k) % n)),
-        ("your counts compare row numbers within each block (in this layout that is the same as "
-         "counting every rank against its own block in every round): compare the token ids of "
-         "the visiting block",
-         lambda: np.array([[int((np.arange(len(pos[(r - k) % n]))[None, :]
-                                 <= np.arange(len(pos[r]))[:, None]).sum())
-                            for r in range(n)] for k in range(n)])),
-        ("every round counts the rank against its own block: in round k the visiting block is "
-         "another rank's", lambda: count(lambda key, q: key <= q, lambda r, k: r)),
-        ("your counts assume sorted ids (np.searchsorted needs a sorted array): the ids of a "
-         "rank may come in any order",
-         lambda: np.array([[int(np.searchsorted(pos[(r - k) % n], pos[r], side="right").sum())
-                            for r in range(n)] for k in range(n)])),
-    ])
-
-
-def ring_time_mistake(work, yours) -> Diagnosis | None:
-    w = np.asarray(work, dtype=float)
-    right = w.max(axis=1).sum()
-    idle = ("your number is waiting time (how long ranks sit idle), not the time the ring "
-            "takes: a rank that waits is still part of the ring's time")
-    cands = [
-        ("your time is the busiest rank's total work: the ranks wait for each other in every "
-         "round, so a round is not over before its slowest rank is", w.sum(axis=0).max()),
-        ("your time has the rounds and the ranks the other way round: work[k, r] is round k, "
-         "rank r, and the ranks of one round wait for each other", w.max(axis=0).sum()),
-        ("your time is that of the average rank (total work / ranks, the ideal): a round lasts "
-         "as long as its slowest rank", w.mean(axis=1).sum()),
-        (idle, right - w.sum(axis=0).min()),            # the least busy rank's waiting
-        (idle, len(w[0]) * right - w.sum()),            # every rank's waiting, added up
-        (idle, right - w.sum() / max(1, len(w[0]))),    # the average rank's waiting
-        (idle, (w.max(axis=1, keepdims=True) - w).sum()),
-        ("your time is rounded down to an integer: work may come in halves of a block",
-         float(int(right))),
-        ("your time is the busiest cell times the number of rounds: each round has its own "
-         "busiest rank", w.max() * len(w)),
-    ]
-    return first(yours, unless_right(cands, right))
-
-
 # --------------------------------------------------------------------------- 04
 def all_to_all_mistake(delivered, out, axis: int) -> str | None:
     """``delivered[i][j]``: what rank j received from rank i; the right answer of rank j
@@ -442,6 +366,10 @@ def _moe_variant(experts, keep, Ne, E, h, e, *, dropped_sent=False, local_sent=F
     return out, load
 
 
+_MODULO = ("you put expert i on GPU i mod Ne: the experts of a GPU are consecutive, E/Ne per "
+           "GPU")
+
+
 def moe_stats_mistake(key, yours, experts, keep, Ne, E, h, e, e_passed) -> str | None:
     v = lambda **kw: _moe_variant(experts, keep, Ne, E, h, e, **kw)  # noqa: E731
     if key == "drop_rate":
@@ -457,8 +385,7 @@ def moe_stats_mistake(key, yours, experts, keep, Ne, E, h, e, e_passed) -> str |
         return first(yours, [
             ("your load counts the dropped copies too: a dropped copy is never computed",
              lambda: v(load_all=True)[1]),
-            ("your load puts expert i on GPU i mod Ne: the experts of a GPU are consecutive, "
-             "E/Ne per GPU", lambda: v(expert_gpu="modulo")[1] if Ne < E else None),
+            (_MODULO, lambda: v(expert_gpu="modulo")[1] if Ne < E else None),
         ]) or (f"your load has {shape_of(yours)[0]} entries: one per GPU, with 0 for a GPU whose "
                f"experts got no copy" if shape_of(yours) not in (None, (Ne,)) and
                len(shape_of(yours)) == 1 else None)
@@ -476,8 +403,7 @@ def moe_stats_mistake(key, yours, experts, keep, Ne, E, h, e, e_passed) -> str |
          lambda: v(local_sent=True)[0]),
         ("your bytes count the dispatch only: the outputs travel back in the combine, h e bytes "
          "per copy, sent by the expert's GPU", lambda: v(combine=False)[0]),
-        ("your bytes put expert i on GPU i mod Ne: the experts of a GPU are consecutive, E/Ne per "
-         "GPU", lambda: v(expert_gpu="modulo")[0] if Ne < E else None),
+        (_MODULO, lambda: v(expert_gpu="modulo")[0] if Ne < E else None),
         ("your bytes put token t on GPU t mod Ne: GPU g holds the T consecutive tokens "
          "g T .. (g+1) T - 1", lambda: v(token_gpu="modulo")[0] if Ne > 1 else None),
     ]
@@ -491,11 +417,7 @@ def aux_loss_mistake(probs, experts, alpha, yours, alpha_passed) -> Diagnosis | 
     counts = np.bincount(experts.ravel(), minlength=E)
     f, P = counts / (N * k), probs.mean(axis=0)
     right = alpha * E * float(f @ P)
-    cands = []
-    if not alpha_passed:
-        cands += [("alpha was not passed here: its default is 1e-2", alpha_ * E * float(f @ P))
-                  for alpha_ in (1e-3, 0.1, 1.0)]
-    cands += [
+    cands = [
         ("your f_i counts copies per token (divided by N): f_i is a fraction of the N k copies, "
          "so the f_i add up to 1", alpha * E * float(counts / N @ P)),
         ("your loss has no factor E (or it averages f_i P_i over the experts instead of summing "
@@ -508,4 +430,7 @@ def aux_loss_mistake(probs, experts, alpha, yours, alpha_passed) -> Diagnosis | 
         ("your P_i sum the probabilities over the tokens: P_i is their mean",
          alpha * E * float(f @ probs.sum(axis=0))),
     ]
+    if not alpha_passed:
+        cands += [("alpha was not passed here: its default is 1e-2", alpha_ * E * float(f @ P))
+                  for alpha_ in (1e-3, 0.1, 1.0)]
     return first(yours, unless_right(cands, right))

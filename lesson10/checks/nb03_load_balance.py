@@ -15,8 +15,87 @@ from .core import (
     register_exercise,
     run_student,
 )
+from .diagnosis import Diagnosis
 
 NB03 = "03_load_balance"
+
+
+# --------------------------------------------------------------------------- the mistakes
+def zigzag_mistake(s, n, out) -> Diagnosis | None:
+    m = s // (2 * n)
+
+    def chunks(pairs):
+        return [np.concatenate([np.arange(a * m, (a + 1) * m), np.arange(b * m, (b + 1) * m)])
+                for a, b in pairs]
+    return mistakes.first(out, [
+        ("rank r holds chunks r and N_c + r: the late chunk must mirror the early one, so that the "
+         "first rank gets the last chunk", lambda: chunks([(r, n + r) for r in range(n)])),
+        ("your late chunk is one chunk off (2N_c - r instead of 2N_c - 1 - r): rank 0's late "
+         "chunk is the very last one",
+         lambda: chunks([(r, (2 * n - r) % (2 * n)) for r in range(n)])),
+        ("rank r holds chunks N_c-1-r and N_c+r: the middle pairs, not the ends; rank 0 takes the "
+         "first and the last chunk", lambda: chunks([(n - 1 - r, n + r) for r in range(n)])),
+        ("the right tokens, but the late chunk comes first: keep each rank's ids in increasing "
+         "order", lambda: chunks([(2 * n - 1 - r, r) for r in range(n)])),
+        ("your chunks have s/N_c tokens: the sequence is cut into 2N_c chunks of s/(2N_c)",
+         lambda: [np.concatenate([np.arange(r * 2 * m, (r + 1) * 2 * m),
+                                  np.arange((2 * n - 1 - r) * 2 * m, (2 * n - r) * 2 * m)])
+                  for r in range(n)]),
+    ])
+
+
+def causal_work_mistake(positions, out) -> Diagnosis | None:
+    n = len(positions)
+    pos = [np.asarray(p) for p in positions]
+
+    def count(rule, kv=lambda r, k: (r - k) % n):
+        return np.array([[int(rule(pos[kv(r, k)][None, :], pos[r][:, None]).sum())
+                          for r in range(n)] for k in range(n)])
+    right = count(lambda key, q: key <= q)
+    return mistakes.first(out, [
+        ("your counts leave out the diagonal: a key at the query's own position is visible "
+         "(key <= query)", lambda: count(lambda key, q: key < q)),
+        ("rows and columns are swapped: rows are rounds, columns are ranks",
+         lambda: right.T if n > 1 else None),
+        ("in round k your rank r holds the block of rank r + k: the blocks travel to r + 1, so "
+         "rank r holds that of rank r - k", lambda: count(lambda key, q: key <= q, lambda r, k: (r + k) % n)),
+        ("your counts compare row numbers within each block (in this layout that is the same as "
+         "counting every rank against its own block in every round): compare the token ids of "
+         "the visiting block",
+         lambda: np.array([[int((np.arange(len(pos[(r - k) % n]))[None, :]
+                                 <= np.arange(len(pos[r]))[:, None]).sum())
+                            for r in range(n)] for k in range(n)])),
+        ("every round counts the rank against its own block: in round k the visiting block is "
+         "another rank's", lambda: count(lambda key, q: key <= q, lambda r, k: r)),
+        ("your counts assume sorted ids (np.searchsorted needs a sorted array): the ids of a "
+         "rank may come in any order",
+         lambda: np.array([[int(np.searchsorted(pos[(r - k) % n], pos[r], side="right").sum())
+                            for r in range(n)] for k in range(n)])),
+    ])
+
+
+def ring_time_mistake(work, yours) -> Diagnosis | None:
+    w = np.asarray(work, dtype=float)
+    right = w.max(axis=1).sum()
+    idle = ("your number is waiting time (how long ranks sit idle), not the time the ring "
+            "takes: a rank that waits is still part of the ring's time")
+    cands = [
+        ("your time is the busiest rank's total work: the ranks wait for each other in every "
+         "round, so a round is not over before its slowest rank is", w.sum(axis=0).max()),
+        ("your time has the rounds and the ranks the other way round: work[k, r] is round k, "
+         "rank r, and the ranks of one round wait for each other", w.max(axis=0).sum()),
+        ("your time is that of the average rank (total work / ranks, the ideal): a round lasts "
+         "as long as its slowest rank", w.mean(axis=1).sum()),
+        (idle, right - w.sum(axis=0).min()),            # the least busy rank's waiting
+        (idle, len(w[0]) * right - w.sum()),            # every rank's waiting, added up
+        (idle, right - w.sum() / max(1, len(w[0]))),    # the average rank's waiting
+        (idle, (w.max(axis=1, keepdims=True) - w).sum()),
+        ("your time is rounded down to an integer: work may come in halves of a block",
+         float(int(right))),
+        ("your time is the busiest cell times the number of rounds: each round has its own "
+         "busiest rank", w.max() * len(w)),
+    ]
+    return mistakes.first(yours, mistakes.unless_right(cands, right))
 
 
 @register_exercise("zigzag_positions", NB03, 1, "the zig-zag layout")
@@ -42,7 +121,7 @@ def check_zigzag_positions(zigzag_positions, rng):
 def _zigzag_case(zigzag_positions, s, n, target):
     out = run_student("zigzag_positions", zigzag_positions, (), s, n)
     where = f"s={s}, N_c={n}"
-    hint = (lambda: mistakes.explain(mistakes.zigzag_mistake(s, n, out),
+    hint = (lambda: mistakes.explain(zigzag_mistake(s, n, out),
                 f"cut the sequence into 2N_c = {2 * n} chunks of s/(2N_c) = {s // (2 * n)} tokens; "
                 f"each rank holds one early and one late chunk, paired so that every rank's two "
                 f"chunks together carry the same causal work"))
@@ -103,7 +182,7 @@ def check_causal_work(causal_work, rng):
 
 
 def _work_hint(positions, out):
-    return lambda: mistakes.explain(mistakes.causal_work_mistake(positions, out), (
+    return lambda: mistakes.explain(causal_work_mistake(positions, out), (
         "rows are rounds, columns are ranks; in round k rank r holds the K/V block that started "
         "on rank (r - k) mod N_c; count the visible (query, key) pairs by their token ids"))
 
@@ -141,6 +220,6 @@ def check_ring_time(ring_time, rng):
 
 
 def _time_hint(work, out):
-    return lambda: mistakes.explain(mistakes.ring_time_mistake(work, out), (
+    return lambda: mistakes.explain(ring_time_mistake(work, out), (
         "work[k, r] is round k, rank r; no rank starts a round before every rank has finished "
         "the one before; work may be fractional"))
