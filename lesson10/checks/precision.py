@@ -98,8 +98,8 @@ def relative_error(yours, target) -> str:
         y, t = float(yours), float(target)
     except (TypeError, ValueError):
         return ""
-    if not (np.isfinite(y) and np.isfinite(t)) or y == t:
-        return ""
+    if not (np.isfinite(y) and np.isfinite(t)) or y == t or (y.is_integer() and t.is_integer()):
+        return ""                      # counts: yours and the target say it all
     if t == 0:
         return f"absolute error {abs(y):.2g}"
     return f"relative error {abs(y - t) / abs(t):.2g}"
@@ -128,9 +128,9 @@ def wrapped_count(yours, target) -> str | None:
             continue                                   # every count fits: no wrap to see
         if np.array_equal(yf, big.astype(dtype).astype(float)):
             idx = tuple(int(i) for i in np.argwhere(yf != t)[0])
-            held = f"your counts are {name}" if y.dtype == dtype else \
-                f"your counts look like they went through {name}"
-            return (f"{held}, which holds only {info.min}..{info.max}: the count "
-                    f"{int(big[idx])} wrapped around to {int(yf[idx])}; keep counts in NumPy's "
-                    f"default integer type (int64)")
+            held = f"your array is {name}" if y.dtype == dtype else \
+                f"your numbers look like they went through {name}"
+            return (f"{held}, which holds only {info.min}..{info.max}: {int(big[idx])} wrapped "
+                    f"around to {int(yf[idx])}; keep counts and ids in NumPy's default integer "
+                    f"type (int64)")
     return None
