@@ -41,7 +41,7 @@ import functools
 import math
 import numbers
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -224,7 +224,7 @@ def register_exercise(exercise: str, notebook: str, points: int, title: str, fun
             return None
 
         del check.__wrapped__                  # help() shows check(student_fn, *, seed=None)
-        check.exercise = exercise
+        check.exercise = exercise             # type: ignore[attr-defined]
         check.__doc__ = (body.__doc__ or "") + (
             "\n\n    ``seed=None`` uses a seed fixed for this check (same verdict every run); "
             "pass an integer to draw another random batch.")
@@ -234,7 +234,11 @@ def register_exercise(exercise: str, notebook: str, points: int, title: str, fun
 
 
 # --------------------------------------------------------------------------- comparing
-def failure_message(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
+#: a hint: its text, or a function called only when the check fails that returns it
+Hint = str | Callable[[], str | None]
+
+
+def failure_message(exercise: str, where: str, what: str, yours=None, target=None, hint: Hint = "",
              show: bool = True) -> str:
     """The text of a failure: ``check_X failed: where: what``, then yours / target (when
     ``show``, with the digits that tell them apart and their relative error) and the hint.
@@ -258,7 +262,7 @@ def _failure(exercise, where, what, yours, target, hint, show):
     return (head + (f"\nhint: {hint}" if hint else "")), head, mistakes, general
 
 
-def fail_check(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
+def fail_check(exercise: str, where: str, what: str, yours=None, target=None, hint: Hint = "",
           show: bool = True):
     text, head, mistakes, general = _failure(exercise, where, what, yours, target, hint, show)
     exc = CheckFailed(text)
@@ -290,7 +294,7 @@ def _locate(index, axes) -> str:
 
 
 def compare_arrays(exercise, yours, target, *, where: str, what: str, axes=(), tol=1e-9,
-             hint: str = "", exact: bool = False) -> float:
+             hint: Hint = "", exact: bool = False) -> float:
     """Compare arrays: shape, then non-finite values, then values. Returns the max error.
     ``tol`` is relative (to 1 + |target|); a float32 answer gets the float32 tolerance
     (:mod:`.precision`). A count that wrapped around in a small integer type is named."""

@@ -45,9 +45,8 @@ def split(exc: CheckFailed) -> tuple[str, tuple[str, ...], str]:
     """``(head, mistakes, general)`` of a failure: from its attributes when
     :func:`lesson10.checks.core.fail_check` raised it, else from its text (the lines
     before ``hint:`` are the head)."""
-    head = getattr(exc, "head", None)
-    if head is not None:
-        return head, getattr(exc, "mistakes", ()), getattr(exc, "general", "")
+    if exc.head is not None:
+        return exc.head, exc.mistakes, exc.general
     lines = str(exc).splitlines()
     at = next((i for i, line in enumerate(lines) if line.startswith("hint: ")), len(lines))
     hint = "\n".join(lines[at:])[len("hint: "):]

@@ -3,6 +3,7 @@ number of tokens routed together (all GPUs, or one batch), as in the notebook.""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -182,7 +183,7 @@ def check_route_topk(route_topk, rng):
 def _capacity_cases(rng, n_random=6):
     """(label, N, E, k, capacity_factor, experts)."""
     cases = []
-    fixed = [  # capacity factors where a float product lands just above an integer: both
+    fixed: list[tuple[Any, ...]] = [  # capacity factors where a float product lands just above an integer: both
         # ceilings pass there; and exact products (1.5, 1.25, 1.0) where only C itself passes
         ("CF 1.1 * 360 / 6 = 66 exactly", 360, 6, 1, 1.1, dict(hot=80)),
         ("CF 1.1 * 50 / 5 = 11 exactly", 50, 5, 1, 1.1, dict(hot=20)),
@@ -351,7 +352,7 @@ def check_moe_stats(moe_stats, rng):
     experts compute). GPU ``g`` holds tokens ``g T .. (g+1) T - 1``; expert ``i`` is
     on GPU ``i // (E/Ne)``. Checked against the byte ledger of ``lesson10.sim.moe_layer``."""
     # (label, Ne, E, k, T, h, cf, e, logits kw); h None: the crafted logits are the tokens (h = E)
-    fixed = [("the last GPU's experts get no copy", 4, 8, 2, 6, None, None, 2, dict(cold=2)),
+    fixed: list[tuple[Any, ...]] = [("the last GPU's experts get no copy", 4, 8, 2, 6, None, None, 2, dict(cold=2)),
              ("E/Ne = 2, every token wants expert 0", 2, 4, 1, 5, None, 1.0, 1, dict(hot=10)),
              ("one GPU: nothing travels", 1, 4, 2, 6, None, 1.0, 2, dict(skew=1.0)),
              ("heavy drops, k = 3", 2, 6, 3, 4, None, 0.5, 4, dict(skew=2.0)),
@@ -411,7 +412,7 @@ def check_aux_loss(switch_aux_loss, rng):
     from ..sim.moe import route_topk, router_probs
     from ..sim.moe import switch_aux_loss as ref
     # (label, N, E, k, alpha, logits kw); alpha None: not passed (the default 1e-2)
-    spec = [("uniform router, k = 1", 16, 4, 1, 1e-2, dict()),
+    spec: list[tuple[Any, ...]] = [("uniform router, k = 1", 16, 4, 1, 1e-2, dict()),
             ("skewed, k = 2", 20, 6, 2, 0.1, dict(skew=2.0)),
             ("the last two experts are never chosen", 12, 6, 2, 1e-2, dict(cold=2)),
             ("alpha not passed (default 1e-2)", 10, 5, 2, None, dict(skew=1.0)),

@@ -68,10 +68,10 @@ HALF_HINT = ("compute in float64, NumPy's default (float32 is accepted too, to a
 # --------------------------------------------------------------------------- showing numbers
 def _one(x, digits: int) -> str:
     if isinstance(x, np.ndarray):
-        opts = dict(precision=digits, floatmode="maxprec")
         if x.size > 16:
-            return np.array2string(x.ravel()[:16], **opts) + f" ... (shape {x.shape})"
-        return np.array2string(x, **opts)
+            return np.array2string(x.ravel()[:16], precision=digits, floatmode="maxprec") + \
+                f" ... (shape {x.shape})"
+        return np.array2string(x, precision=digits, floatmode="maxprec")
     if isinstance(x, (float, np.floating)):
         return f"{float(x):.{digits}g}"
     return repr(x)
@@ -106,7 +106,7 @@ def relative_error(yours, target) -> str:
 
 
 # --------------------------------------------------------------------------- counts that wrapped
-_SMALL = [(np.uint8, "uint8"), (np.int8, "int8"), (np.uint16, "uint16"), (np.int16, "int16"),
+_SMALL: list[tuple[type[np.integer], str]] = [(np.uint8, "uint8"), (np.int8, "int8"), (np.uint16, "uint16"), (np.int16, "int16"),
           (np.uint32, "uint32"), (np.int32, "int32")]
 
 
