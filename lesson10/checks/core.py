@@ -158,7 +158,7 @@ def describe_value(x) -> str:
         return f"array{x.shape}"
     if isinstance(x, (list, tuple)) and x and all(isinstance(y, np.ndarray) for y in x):
         shapes = sorted({y.shape for y in x})
-        return f"list of {len(x)} arrays of shape {shapes[0] if len(shapes) == 1 else shapes}"
+        return f"list of {plural(len(x), 'array')} of shape {shapes[0] if len(shapes) == 1 else shapes}"
     if callable(x):
         return getattr(x, "__name__", "a function")
     text = repr(x)

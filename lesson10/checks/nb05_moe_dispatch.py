@@ -113,17 +113,17 @@ def _wrong_experts(z, k, t, yours_z, want_z):
         return (f"token {t}: the right experts, but not best first (their logits in your order: "
                 f"{np.round(yours_z[t], 4).tolist()})", "order the k experts from the largest logit down")
     if np.array_equal(np.sort(yours_z[t]), np.sort(z[t])[:k]):
-        return (f"token {t}: these are the experts with the {k} smallest logits",
+        return (f"token {t}: these are the experts with the {plural(k, 'smallest logit')}",
                 "your sort is ascending: the router keeps the largest logits")
     p = _softmax_rows(z[t:t + 1])[0]
     with np.errstate(all="ignore"):
         py, pw = np.exp(yours_z[t] - z[t].max()) / np.exp(z[t] - z[t].max()).sum(), \
             np.exp(want_z[t] - z[t].max()) / np.exp(z[t] - z[t].max()).sum()
     if (p == 0).any() and np.array_equal(np.sort(py), np.sort(pw)):
-        return (f"token {t}: these are not the {k} experts with the largest logits, best first",
+        return (f"token {t}: these are not the {plural(k, 'expert')} with the largest logits, best first",
                 "your experts tie where their softmax probabilities underflow to 0 (logits "
                 "hundreds below the row's best): rank the experts by what stays distinct")
-    return (f"token {t}: these are not the {k} experts with the largest logits, best first",
+    return (f"token {t}: these are not the {plural(k, 'expert')} with the largest logits, best first",
             "the router keeps, for every token, the k experts whose logits are the largest")
 
 
