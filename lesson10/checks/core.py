@@ -12,7 +12,8 @@ student's function on two sets of cases and compares the results with the refere
   generator to :attr:`Exercise.body` instead.
 
 Besides the values it checks the types the exercise asks for (integer ids, boolean masks)
-and that the function left its inputs unchanged.
+and that the function left its inputs unchanged. Numbers follow one precision rule
+(:mod:`.precision`): float64 to 1e-9, float32 to 2e-4, float16 refused, counts exact.
 
 Where an exercise uses something of the course (the ``op`` of SP, the ring's
 ``ring_shift``, the all-to-all, the attention kernel of Ulysses), the check passes it in as
@@ -24,7 +25,8 @@ outcome:
 
 * right: prints one line saying what was verified (for example the max error);
 * wrong: says what differs and where (rank, round, query, head, expert), yours vs. the
-  target, and a hint that names the mistake the answer looks like. In a notebook it shows
+  target, and a hint that names the mistake the answer looks like (a check that runs its
+  cases through :class:`~.diagnosis.Cases` names the one that explains every failing case). In a notebook it shows
   this text and returns, so Run All goes on; elsewhere (a script, pytest) it raises
   :class:`CheckFailed` (an ``AssertionError``) with the same text (:mod:`.feedback`);
 * still a stub (it raises ``NotImplementedError``): prints "not attempted" and
