@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import feedback
-from .diagnosis import Cases, Diagnosis, parts
+from .diagnosis import Cases, Diagnosis, parts, with_wrapped_count
 from .feedback import CheckFailed, fallback
 from .precision import (
     HALF_HINT,
@@ -60,7 +60,6 @@ from .precision import (
     precision_of,
     relative_error,
     tolerance,
-    wrapped_count,
 )
 
 __all__ = [
@@ -327,21 +326,9 @@ def compare_arrays(exercise, yours, target, *, where: str, what: str, axes=(), t
               f"{what} differs at {_locate(idx, axes) or idx} ({n_wrong} of "
               f"{plural(wrong.size, 'entry', 'entries')} wrong)",
               yours[idx] if yours.ndim else yours, target[idx] if target.ndim else target,
-              _with_wrap(raw, target, hint))
+              with_wrapped_count(raw, target, hint))
     finite = diff[np.isfinite(diff)]
     return float(finite.max()) if finite.size else 0.0
-
-
-def _with_wrap(raw, target, hint):
-    """The hint, with a count that wrapped around (uint8, ...) as the first mistake."""
-    def diagnose():
-        given = hint() if callable(hint) else hint
-        wrap = wrapped_count(raw, target)
-        if not wrap:
-            return given
-        mistakes, general = parts(given)
-        return Diagnosis((wrap,) + tuple(m for m in mistakes if m != general), general)
-    return diagnose
 
 
 def as_shard_list(exercise, out, n, where, what) -> list:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 from .feedback import CheckFailed
-from .precision import plural
+from .precision import plural, wrapped_count
 
 
 class Diagnosis(str):
@@ -39,6 +39,19 @@ def parts(hint) -> tuple[tuple[str, ...], str]:
         return hint.mistakes, hint.general or (str(hint) if not hint.mistakes else "")
     text = str(hint or "")
     return ((text,) if text else ()), text
+
+
+def with_wrapped_count(raw, target, hint):
+    """``hint`` (a text or a function), with a count of ``raw`` that wrapped around in a
+    small integer type (uint8, ...) as the first mistake."""
+    def diagnose():
+        given = hint() if callable(hint) else hint
+        wrap = wrapped_count(raw, target)
+        if not wrap:
+            return given
+        mistakes, general = parts(given)
+        return Diagnosis((wrap,) + tuple(m for m in mistakes if m != general), general)
+    return diagnose
 
 
 def split(exc: CheckFailed) -> tuple[str, tuple[str, ...], str]:
