@@ -461,7 +461,7 @@ def test_every_random_batch_substitutes_and_the_fixed_cases_never_do():
             flags = [case[flag] for case in cases]
             assert not any(flags[:fixed])
             assert 2 <= sum(flags[fixed:]) < len(flags) - fixed
-    for layout, causal, n, s, swap in _ring_cases(np.random.default_rng(3)):
+    for _layout, _causal, n, _s, swap in _ring_cases(np.random.default_rng(3)):
         assert n >= 3 or not swap                     # a substituted block is passed on
 
 
@@ -473,7 +473,7 @@ def test_served_networks_offer_only_their_wire_methods():
     assert network.RingNetwork.__wire_methods__ == ("ring_shift",)
     assert network.AllToAllNetwork.__wire_methods__ == ("all_to_all",)
     with pytest.raises(AttributeError, match="offers only ring_shift"):
-        net.bytes_sent
+        _ = net.bytes_sent
     assert [m for m in dir(net) if not m.startswith("_")] == ["ring_shift"]
     assert "network" in repr(net)
 

@@ -106,8 +106,9 @@ def relative_error(yours, target) -> str:
 
 
 # --------------------------------------------------------------------------- counts that wrapped
-_SMALL: list[tuple[type[np.integer], str]] = [(np.uint8, "uint8"), (np.int8, "int8"), (np.uint16, "uint16"), (np.int16, "int16"),
-          (np.uint32, "uint32"), (np.int32, "int32")]
+_SMALL: list[tuple[type[np.integer], str]] = [
+    (np.uint8, "uint8"), (np.int8, "int8"), (np.uint16, "uint16"), (np.int16, "int16"),
+    (np.uint32, "uint32"), (np.int32, "int32")]
 
 
 def wrapped_count(yours, target) -> str | None:
