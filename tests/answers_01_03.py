@@ -739,3 +739,33 @@ def time_sorts_input(work):              # sorts the caller's array in place
 
 def time_max_times_rounds(work):         # the busiest cell in every round
     return np.max(work) * len(work)
+
+
+def time_float32(work):                  # right: float32 keeps these sums exactly
+    return np.asarray(work, dtype=np.float32).max(axis=1).sum()
+
+
+def time_float16(work):                  # float16: 3 digits, nothing above 65504
+    return np.asarray(work, dtype=np.float16).max(axis=1).sum()
+
+
+def time_idle(work):                     # the least busy rank's waiting time, not the ring's time
+    W = np.asarray(work)
+    return W.max(axis=1).sum() - W.sum(axis=0).min()
+
+
+def work_uint8(positions):               # counts stored in uint8 wrap above 255
+    n = len(positions)
+    W = np.zeros((n, n), dtype=np.uint8)
+    for k in range(n):
+        for r in range(n):
+            W[k, r] = (positions[(r - k) % n][None, :] <= positions[r][:, None]).sum()
+    return W
+
+
+def work_uint16(positions):              # counts stored in uint16 wrap above 65535
+    return work_loops(positions).astype(np.uint16)
+
+
+def zz_uint16(s, n):                     # token ids in uint16 wrap above 65535
+    return [p.astype(np.uint16) for p in zz_concat(s, n)]

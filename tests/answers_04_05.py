@@ -703,3 +703,51 @@ def aux_sum_probs(probs, experts, alpha=1e-2):     # P_i summed over tokens, not
     N, E = probs.shape
     f = np.bincount(experts.ravel(), minlength=E) / experts.size
     return alpha * E * float(f @ probs.sum(axis=0))
+
+
+# --------------------------------------------------------------------------- 05 precision and counts
+def route_float32(logits, k):            # right: the gates computed in float32
+    z = np.asarray(logits, dtype=np.float32)
+    experts = np.argsort(-z, axis=1, kind="stable")[:, :k]
+    chosen = np.take_along_axis(z, experts, axis=1)
+    g = np.exp(chosen - chosen.max(axis=1, keepdims=True))
+    return experts, g / g.sum(axis=1, keepdims=True)
+
+
+def route_by_probs(logits, k):           # ranks by softmax probabilities: far logits tie at 0
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p = p / p.sum(axis=1, keepdims=True)
+    experts = np.argsort(-p, axis=1, kind="stable")[:, :k]
+    chosen = np.take_along_axis(logits, experts, axis=1)
+    g = np.exp(chosen - chosen.max(axis=1, keepdims=True))
+    return experts, g / g.sum(axis=1, keepdims=True)
+
+
+def moe_float32(experts, keep, Ne, E, h, e=2):   # right: the drop rate in float32
+    out = make_moe_stats()(experts, keep, Ne, E, h, e)
+    out["drop_rate"] = np.float32(1) - keep.mean(dtype=np.float32)
+    return out
+
+
+def moe_float32_item(experts, keep, Ne, E, h, e=2):   # right: float32, then a Python float
+    out = make_moe_stats()(experts, keep, Ne, E, h, e)
+    out["drop_rate"] = (np.float32((~keep).sum()) / np.float32(keep.size)).item()
+    return out
+
+
+def moe_load_uint16(experts, keep, Ne, E, h, e=2):    # loads stored in uint16 wrap above 65535
+    out = make_moe_stats()(experts, keep, Ne, E, h, e)
+    out["load_per_gpu"] = np.asarray(out["load_per_gpu"]).astype(np.uint16)
+    return out
+
+
+def moe_bytes_uint8(experts, keep, Ne, E, h, e=2):    # bytes stored in uint8 wrap above 255
+    out = make_moe_stats()(experts, keep, Ne, E, h, e)
+    out["bytes_per_gpu"] = np.asarray(out["bytes_per_gpu"]).astype(np.uint8)
+    return out
+
+
+def aux_float32(probs, experts, alpha=1e-2):           # right: in float32
+    N, E = probs.shape
+    f = np.bincount(experts.ravel(), minlength=E).astype(np.float32) / np.float32(experts.size)
+    return np.float32(alpha) * np.float32(E) * (f @ probs.astype(np.float32).mean(axis=0))

@@ -12,7 +12,8 @@ student's function on two sets of cases and compares the results with the refere
   generator to :attr:`Exercise.body` instead.
 
 Besides the values it checks the types the exercise asks for (integer ids, boolean masks)
-and that the function left its inputs unchanged.
+and that the function left its inputs unchanged. Numbers follow one precision rule
+(:mod:`.precision`): float64 to 1e-9, float32 to 2e-4, float16 refused, counts exact.
 
 Where an exercise uses something of the course (the ``op`` of SP, the ring's
 ``ring_shift``, the all-to-all, the attention kernel of Ulysses), the check passes it in as
@@ -24,7 +25,8 @@ outcome:
 
 * right: prints one line saying what was verified (for example the max error);
 * wrong: says what differs and where (rank, round, query, head, expert), yours vs. the
-  target, and a hint that names the mistake the answer looks like. In a notebook it shows
+  target, and a hint that names the mistake the answer looks like (a check that runs its
+  cases through :class:`~.diagnosis.Cases` names the one that explains every failing case). In a notebook it shows
   this text and returns, so Run All goes on; elsewhere (a script, pytest) it raises
   :class:`CheckFailed` (an ``AssertionError``) with the same text (:mod:`.feedback`);
 * still a stub (it raises ``NotImplementedError``): prints "not attempted" and
@@ -41,16 +43,29 @@ import functools
 import math
 import numbers
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import feedback
+from .diagnosis import Cases, Diagnosis, parts, with_wrapped_count
 from .feedback import CheckFailed, fallback
+from .precision import (
+    HALF_HINT,
+    fmt,
+    fmt_pair,
+    half_message,
+    plural,
+    precision_of,
+    relative_error,
+    tolerance,
+)
 
 __all__ = [
+    "Cases",
     "CheckFailed",
+    "Diagnosis",
     "OUTCOMES",
     "EXERCISES",
     "summary",
@@ -144,7 +159,7 @@ def describe_value(x) -> str:
         return f"array{x.shape}"
     if isinstance(x, (list, tuple)) and x and all(isinstance(y, np.ndarray) for y in x):
         shapes = sorted({y.shape for y in x})
-        return f"list of {len(x)} arrays of shape {shapes[0] if len(shapes) == 1 else shapes}"
+        return f"list of {plural(len(x), 'array')} of shape {shapes[0] if len(shapes) == 1 else shapes}"
     if callable(x):
         return getattr(x, "__name__", "a function")
     text = repr(x)
@@ -210,7 +225,7 @@ def register_exercise(exercise: str, notebook: str, points: int, title: str, fun
             return None
 
         del check.__wrapped__                  # help() shows check(student_fn, *, seed=None)
-        check.exercise = exercise
+        check.exercise = exercise             # type: ignore[attr-defined]
         check.__doc__ = (body.__doc__ or "") + (
             "\n\n    ``seed=None`` uses a seed fixed for this check (same verdict every run); "
             "pass an integer to draw another random batch.")
@@ -220,35 +235,43 @@ def register_exercise(exercise: str, notebook: str, points: int, title: str, fun
 
 
 # --------------------------------------------------------------------------- comparing
-def failure_message(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
+#: a hint: its text, or a function called only when the check fails that returns it
+Hint = str | Callable[[], str | None]
+
+
+def failure_message(exercise: str, where: str, what: str, yours=None, target=None, hint: Hint = "",
              show: bool = True) -> str:
     """The text of a failure: ``check_X failed: where: what``, then yours / target (when
-    ``show``) and the hint. ``hint`` may be a function that returns it: called only when
-    the check fails, it can look at the answer to name the mistake it looks like."""
+    ``show``, with the digits that tell them apart and their relative error) and the hint.
+    ``hint`` may be a function that returns it: called only when the check fails, it can
+    look at the answer to name the mistake it looks like (a :class:`Diagnosis`)."""
+    return _failure(exercise, where, what, yours, target, hint, show)[0]
+
+
+def _failure(exercise, where, what, yours, target, hint, show):
+    """(text, head, mistakes, general) of a failure."""
     if callable(hint):
         hint = hint() or ""
     lines = [f"check_{exercise} failed: {where + ': ' if where else ''}{what}"]
     if show:
-        lines.append(f"  yours : {_fmt(yours)}")
-        lines.append(f"  target: {_fmt(target)}")
-    if hint:
-        lines.append(f"hint: {hint}")
-    return "\n".join(lines)
+        a, b = fmt_pair(yours, target)
+        err = relative_error(yours, target)
+        lines.append(f"  yours : {a}" + (f"   ({err})" if err else ""))
+        lines.append(f"  target: {b}")
+    head = "\n".join(lines)
+    mistakes, general = parts(hint)
+    return (head + (f"\nhint: {hint}" if hint else "")), head, mistakes, general
 
 
-def fail_check(exercise: str, where: str, what: str, yours=None, target=None, hint: str = "",
+def fail_check(exercise: str, where: str, what: str, yours=None, target=None, hint: Hint = "",
           show: bool = True):
-    raise CheckFailed(failure_message(exercise, where, what, yours, target, hint, show))
+    text, head, mistakes, general = _failure(exercise, where, what, yours, target, hint, show)
+    exc = CheckFailed(text)
+    exc.head, exc.mistakes, exc.general = head, mistakes, general
+    raise exc
 
 
-def _fmt(x) -> str:
-    if isinstance(x, np.ndarray):
-        if x.size > 16:
-            return np.array2string(x.ravel()[:16], precision=4) + f" ... (shape {x.shape})"
-        return np.array2string(x, precision=4)
-    if isinstance(x, (float, np.floating)):
-        return f"{float(x):.6g}"
-    return repr(x)
+_fmt = fmt                      # its former name
 
 
 def _as_array(exercise, x, where, what) -> np.ndarray:
@@ -258,6 +281,8 @@ def _as_array(exercise, x, where, what) -> np.ndarray:
     except (TypeError, ValueError) as exc:
         fail_check(exercise, where, f"{what} is not an array of real numbers ({type(x).__name__}: {exc})",
               show=False, hint="return NumPy arrays of real numbers")
+    if precision_of(x) == "half":
+        fail_check(exercise, where, half_message(what), show=False, hint=HALF_HINT)
     return arr
 
 
@@ -270,8 +295,12 @@ def _locate(index, axes) -> str:
 
 
 def compare_arrays(exercise, yours, target, *, where: str, what: str, axes=(), tol=1e-9,
-             hint: str = "", exact: bool = False) -> float:
-    """Compare arrays: shape, then non-finite values, then values. Returns the max error."""
+             hint: Hint = "", exact: bool = False) -> float:
+    """Compare arrays: shape, then non-finite values, then values. Returns the max error.
+    ``tol`` is relative (to 1 + |target|); a float32 answer gets the float32 tolerance
+    (:mod:`.precision`). A count that wrapped around in a small integer type is named."""
+    raw, single = yours, precision_of(yours) == "single"
+    tol = tolerance(raw, tol)
     target = np.asarray(target, dtype=float)
     yours = _as_array(exercise, yours, where, what)
     if yours.shape != target.shape:
@@ -286,14 +315,18 @@ def compare_arrays(exercise, yours, target, *, where: str, what: str, axes=(), t
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.where(same_inf, 0.0, np.abs(yours - target))
     diff = np.where(np.isnan(diff), np.inf, diff)
+    if exact and single and not np.array_equal(target, np.round(target)):
+        exact = False          # moved data rounded to float32: the float32 rule (:mod:`.precision`)
     limit = 0.0 if exact else tol * (1.0 + np.where(np.isfinite(target), np.abs(target), 0.0))
     wrong = diff > limit
     if wrong.any():
         idx = tuple(int(i) for i in np.argwhere(wrong)[0])
         n_wrong = int(wrong.sum())
         fail_check(exercise, where,
-              f"{what} differs at {_locate(idx, axes) or idx} ({n_wrong} of {wrong.size} entries wrong)",
-              yours[idx] if yours.ndim else yours, target[idx] if target.ndim else target, hint)
+              f"{what} differs at {_locate(idx, axes) or idx} ({n_wrong} of "
+              f"{plural(wrong.size, 'entry', 'entries')} wrong)",
+              yours[idx] if yours.ndim else yours, target[idx] if target.ndim else target,
+              with_wrapped_count(raw, target, hint))
     finite = diff[np.isfinite(diff)]
     return float(finite.max()) if finite.size else 0.0
 
@@ -306,7 +339,7 @@ def as_shard_list(exercise, out, n, where, what) -> list:
               f"{type(out).__name__}", show=False,
               hint="return a Python list: entry r is what rank r holds")
     if len(out) != n:
-        fail_check(exercise, where, f"{what} should hold {n} arrays (one per rank), got {len(out)}",
+        fail_check(exercise, where, f"{what} should hold {plural(n, 'array')} (one per rank), got {len(out)}",
               show=False, hint="return a Python list with one entry per rank: entry r is what "
                                "rank r holds")
     return list(out)
@@ -344,6 +377,11 @@ def _number(exercise, x, where, what) -> float:
 
 
 def close_number(exercise, yours, target, *, where, what, rel=1e-9, hint=""):
+    """One number, to a relative error ``rel`` (the float32 one for a float32 answer);
+    float16 is refused."""
+    rel = tolerance(yours, rel)
+    if precision_of(yours) == "half":
+        fail_check(exercise, where, half_message(what), show=False, hint=HALF_HINT)
     yours = _number(exercise, yours, where, what)
     if not (math.isfinite(yours) and abs(yours - target) <= rel * max(1.0, abs(target))):
         fail_check(exercise, where, f"{what} differs", yours, float(target), hint)
@@ -370,7 +408,8 @@ def _changed(before, after, name: str):
     if isinstance(before, (list, tuple)):
         if not isinstance(after, (list, tuple)) or len(after) != len(before):
             n = len(after) if hasattr(after, "__len__") else "?"
-            return f"{name} (it now holds {n} entries, not {len(before)})"
+            held = plural(n, "entry", "entries") if isinstance(n, int) else f"{n} entries"
+            return f"{name} (it now holds {held}, not {len(before)})"
         for i, (b, a) in enumerate(zip(before, after)):
             where = _changed(b, a, f"{name}[{i}]")
             if where:

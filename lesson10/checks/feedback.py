@@ -29,7 +29,13 @@ _COURSE = str(Path(__file__).resolve().parent.parent)     # the lesson10 package
 
 
 class CheckFailed(AssertionError):
-    """A check found a wrong answer; the message says what, where and why."""
+    """A check found a wrong answer; the message says what, where and why. Raised by
+    ``fail_check`` it also carries its parts: the lines before the hint (``head``), the
+    mistakes that explain the case and the check's general hint (:mod:`.diagnosis`)."""
+
+    head: str | None = None
+    mistakes: tuple[str, ...] = ()
+    general: str = ""
 
     def _render_traceback_(self):
         # IPython shows these lines instead of a traceback through the checks' code
@@ -77,7 +83,7 @@ def _label(filename: str) -> str:
     if shell is not None:
         compiler = getattr(shell, "compile", None)
         try:
-            named = compiler.format_code_name(filename)
+            named = compiler.format_code_name(filename)  # type: ignore[union-attr]
             if named:
                 return " ".join(named)
         except Exception:  # noqa: BLE001 - older IPython: no format_code_name

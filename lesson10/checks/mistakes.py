@@ -2,14 +2,19 @@
 
 Each ``*_mistake`` function gets the inputs of the case that failed and the student's
 answer, computes what each known mistake would have returned on those inputs, and returns
-the text for the first one the answer equals (or None: the check then gives its general
-hint). The texts say what went wrong and what the lesson's rule is, never the code of the
-solution. The checks call them only when a case has failed (as a hint function), so a
-right answer pays nothing for them.
+a :class:`~.diagnosis.Diagnosis`: the texts of every one the answer equals, best first
+(or None: the check then gives its general hint). A check that runs its cases through
+:class:`~.diagnosis.Cases` names the mistake that explains all of its failing cases. The
+texts say what went wrong and what the lesson's rule is, never the code of the solution.
+The checks call them only when a case has failed (as a hint function), so a right answer
+pays nothing for them.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from .diagnosis import Diagnosis
+from .precision import tolerance
 
 
 def same(yours, candidate) -> bool:
@@ -20,24 +25,41 @@ def same(yours, candidate) -> bool:
             if not isinstance(yours, (list, tuple, np.ndarray)) or len(yours) != len(candidate):
                 return False
             return all(same(y, c) for y, c in zip(yours, candidate))
+        tol = tolerance(yours)
         y, c = np.asarray(yours, dtype=float), np.asarray(candidate, dtype=float)
     except (TypeError, ValueError):
         return False
-    return y.shape == c.shape and bool(np.allclose(y, c, rtol=1e-9, atol=1e-9, equal_nan=True))
+    return y.shape == c.shape and bool(np.allclose(y, c, rtol=tol, atol=tol, equal_nan=True))
 
 
-def first(yours, mistakes) -> str | None:
-    """The text of the first ``(text, make)`` whose ``make()`` the answer equals; a
-    ``make`` that fails (it does not apply to this case) is skipped."""
+def first(yours, mistakes) -> Diagnosis | None:
+    """Every ``(text, make)`` whose ``make()`` the answer equals, in order (a Diagnosis
+    that reads as the first text), or None; a ``make`` that fails (it does not apply to
+    this case) is skipped."""
+    found = []
     for text, make in mistakes:
         try:
             with np.errstate(all="ignore"):
                 candidate = make()
         except Exception:  # noqa: BLE001 - this mistake does not apply here
             continue
-        if same(yours, candidate):
-            return text
-    return None
+        if candidate is not None and same(yours, candidate) and text not in found:
+            found.append(text)
+    return Diagnosis(found) if found else None
+
+
+def explain(found, general: str) -> Diagnosis:
+    """The hint of a failed case: the mistakes ``found`` (a Diagnosis or None) and the
+    general hint of the check."""
+    if found and not isinstance(found, Diagnosis):
+        return Diagnosis((str(found),), general)     # a mistake function's single text
+    return Diagnosis(getattr(found, "mistakes", ()), general)
+
+
+def unless_right(pairs, right):
+    """``(text, make)`` pairs whose value is not the right answer itself (a mistake that
+    changes nothing on this case explains nothing)."""
+    return [(text, (lambda v=value: None if same(v, right) else v)) for text, value in pairs]
 
 
 def shape_of(x):
@@ -260,81 +282,6 @@ def merge_mistake(o1, l1, o2, l2, out) -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------- 03
-def zigzag_mistake(s, n, out) -> str | None:
-    m = s // (2 * n)
-
-    def chunks(pairs):
-        return [np.concatenate([np.arange(a * m, (a + 1) * m), np.arange(b * m, (b + 1) * m)])
-                for a, b in pairs]
-    return first(out, [
-        ("rank r holds chunks r and N_c + r: the late chunk must mirror the early one, so that the "
-         "first rank gets the last chunk", lambda: chunks([(r, n + r) for r in range(n)])),
-        ("your late chunk is one chunk off (2N_c - r instead of 2N_c - 1 - r): rank 0's late "
-         "chunk is the very last one",
-         lambda: chunks([(r, (2 * n - r) % (2 * n)) for r in range(n)])),
-        ("rank r holds chunks N_c-1-r and N_c+r: the middle pairs, not the ends; rank 0 takes the "
-         "first and the last chunk", lambda: chunks([(n - 1 - r, n + r) for r in range(n)])),
-        ("the right tokens, but the late chunk comes first: keep each rank's ids in increasing "
-         "order", lambda: chunks([(2 * n - 1 - r, r) for r in range(n)])),
-        ("your chunks have s/N_c tokens: the sequence is cut into 2N_c chunks of s/(2N_c)",
-         lambda: [np.concatenate([np.arange(r * 2 * m, (r + 1) * 2 * m),
-                                  np.arange((2 * n - 1 - r) * 2 * m, (2 * n - r) * 2 * m)])
-                  for r in range(n)]),
-    ])
-
-
-def causal_work_mistake(positions, out) -> str | None:
-    n = len(positions)
-    pos = [np.asarray(p) for p in positions]
-
-    def count(rule, kv=lambda r, k: (r - k) % n):
-        return np.array([[int(rule(pos[kv(r, k)][None, :], pos[r][:, None]).sum())
-                          for r in range(n)] for k in range(n)])
-    right = count(lambda key, q: key <= q)
-    return first(out, [
-        ("your counts leave out the diagonal: a key at the query's own position is visible "
-         "(key <= query)", lambda: count(lambda key, q: key < q)),
-        ("rows and columns are swapped: rows are rounds, columns are ranks",
-         lambda: right.T if n > 1 else None),
-        ("in round k your rank r holds the block of rank r + k: the blocks travel to r + 1, so "
-         "rank r holds that of rank r - k", lambda: count(lambda key, q: key <= q, lambda r, k: (r + k) % n)),
-        ("your counts compare row numbers within each block (in this layout that is the same as "
-         "counting every rank against its own block in every round): compare the token ids of "
-         "the visiting block",
-         lambda: np.array([[int((np.arange(len(pos[(r - k) % n]))[None, :]
-                                 <= np.arange(len(pos[r]))[:, None]).sum())
-                            for r in range(n)] for k in range(n)])),
-        ("every round counts the rank against its own block: in round k the visiting block is "
-         "another rank's", lambda: count(lambda key, q: key <= q, lambda r, k: r)),
-        ("your counts assume sorted ids (np.searchsorted needs a sorted array): the ids of a "
-         "rank may come in any order",
-         lambda: np.array([[int(np.searchsorted(pos[(r - k) % n], pos[r], side="right").sum())
-                            for r in range(n)] for k in range(n)])),
-    ])
-
-
-def ring_time_mistake(work, yours) -> str | None:
-    w = np.asarray(work, dtype=float)
-    cands = [
-        ("your time is the busiest rank's total work: the ranks wait for each other in every "
-         "round, so each round lasts as long as that round's busiest rank", w.sum(axis=0).max()),
-        ("you took the max over rounds, then summed over ranks: axis 0 is the rounds, axis 1 the "
-         "ranks", w.max(axis=0).sum()),
-        ("your time is that of the average rank (total work / ranks, the ideal): a round lasts "
-         "as long as its slowest rank", w.mean(axis=1).sum()),
-        ("your time is rounded down to an integer: work may come in halves of a block",
-         float(int(w.max(axis=1).sum()))),
-        ("your time is the busiest cell times the number of rounds: each round has its own "
-         "busiest rank", w.max() * len(w)),
-    ]
-    right = w.max(axis=1).sum()
-    for text, value in cands:
-        if same(yours, value) and not same(value, right):
-            return text
-    return None
-
-
 # --------------------------------------------------------------------------- 04
 def all_to_all_mistake(delivered, out, axis: int) -> str | None:
     """``delivered[i][j]``: what rank j received from rank i; the right answer of rank j
@@ -419,6 +366,10 @@ def _moe_variant(experts, keep, Ne, E, h, e, *, dropped_sent=False, local_sent=F
     return out, load
 
 
+_MODULO = ("you put expert i on GPU i mod Ne: the experts of a GPU are consecutive, E/Ne per "
+           "GPU")
+
+
 def moe_stats_mistake(key, yours, experts, keep, Ne, E, h, e, e_passed) -> str | None:
     v = lambda **kw: _moe_variant(experts, keep, Ne, E, h, e, **kw)  # noqa: E731
     if key == "drop_rate":
@@ -434,8 +385,7 @@ def moe_stats_mistake(key, yours, experts, keep, Ne, E, h, e, e_passed) -> str |
         return first(yours, [
             ("your load counts the dropped copies too: a dropped copy is never computed",
              lambda: v(load_all=True)[1]),
-            ("your load puts expert i on GPU i mod Ne: the experts of a GPU are consecutive, "
-             "E/Ne per GPU", lambda: v(expert_gpu="modulo")[1] if Ne < E else None),
+            (_MODULO, lambda: v(expert_gpu="modulo")[1] if Ne < E else None),
         ]) or (f"your load has {shape_of(yours)[0]} entries: one per GPU, with 0 for a GPU whose "
                f"experts got no copy" if shape_of(yours) not in (None, (Ne,)) and
                len(shape_of(yours)) == 1 else None)
@@ -453,26 +403,21 @@ def moe_stats_mistake(key, yours, experts, keep, Ne, E, h, e, e_passed) -> str |
          lambda: v(local_sent=True)[0]),
         ("your bytes count the dispatch only: the outputs travel back in the combine, h e bytes "
          "per copy, sent by the expert's GPU", lambda: v(combine=False)[0]),
-        ("your bytes put expert i on GPU i mod Ne: the experts of a GPU are consecutive, E/Ne per "
-         "GPU", lambda: v(expert_gpu="modulo")[0] if Ne < E else None),
+        (_MODULO, lambda: v(expert_gpu="modulo")[0] if Ne < E else None),
         ("your bytes put token t on GPU t mod Ne: GPU g holds the T consecutive tokens "
          "g T .. (g+1) T - 1", lambda: v(token_gpu="modulo")[0] if Ne > 1 else None),
     ]
     return first(yours, cands)
 
 
-def aux_loss_mistake(probs, experts, alpha, yours, alpha_passed) -> str | None:
+def aux_loss_mistake(probs, experts, alpha, yours, alpha_passed) -> Diagnosis | None:
     probs, experts = np.asarray(probs, dtype=float), np.asarray(experts)
     N, E = probs.shape
     k = experts.shape[1]
     counts = np.bincount(experts.ravel(), minlength=E)
     f, P = counts / (N * k), probs.mean(axis=0)
     right = alpha * E * float(f @ P)
-    cands = []
-    if not alpha_passed:
-        cands += [("alpha was not passed here: its default is 1e-2", alpha_ * E * float(f @ P))
-                  for alpha_ in (1e-3, 0.1, 1.0)]
-    cands += [
+    cands = [
         ("your f_i counts copies per token (divided by N): f_i is a fraction of the N k copies, "
          "so the f_i add up to 1", alpha * E * float(counts / N @ P)),
         ("your loss has no factor E (or it averages f_i P_i over the experts instead of summing "
@@ -485,7 +430,7 @@ def aux_loss_mistake(probs, experts, alpha, yours, alpha_passed) -> str | None:
         ("your P_i sum the probabilities over the tokens: P_i is their mean",
          alpha * E * float(f @ probs.sum(axis=0))),
     ]
-    for text, value in cands:
-        if same(yours, value) and not same(value, right):
-            return text
-    return None
+    if not alpha_passed:
+        cands += [("alpha was not passed here: its default is 1e-2", alpha_ * E * float(f @ P))
+                  for alpha_ in (1e-3, 0.1, 1.0)]
+    return first(yours, unless_right(cands, right))

@@ -5,6 +5,7 @@ import numpy as np
 
 from . import mistakes
 from .core import (
+    Cases,
     as_shard_list,
     close_number,
     compare_arrays,
@@ -14,8 +15,87 @@ from .core import (
     register_exercise,
     run_student,
 )
+from .diagnosis import Diagnosis
 
 NB03 = "03_load_balance"
+
+
+# --------------------------------------------------------------------------- the mistakes
+def zigzag_mistake(s, n, out) -> Diagnosis | None:
+    m = s // (2 * n)
+
+    def chunks(pairs):
+        return [np.concatenate([np.arange(a * m, (a + 1) * m), np.arange(b * m, (b + 1) * m)])
+                for a, b in pairs]
+    return mistakes.first(out, [
+        ("rank r holds chunks r and N_c + r: the late chunk must mirror the early one, so that the "
+         "first rank gets the last chunk", lambda: chunks([(r, n + r) for r in range(n)])),
+        ("your late chunk is one chunk off (2N_c - r instead of 2N_c - 1 - r): rank 0's late "
+         "chunk is the very last one",
+         lambda: chunks([(r, (2 * n - r) % (2 * n)) for r in range(n)])),
+        ("rank r holds chunks N_c-1-r and N_c+r: the middle pairs, not the ends; rank 0 takes the "
+         "first and the last chunk", lambda: chunks([(n - 1 - r, n + r) for r in range(n)])),
+        ("the right tokens, but the late chunk comes first: keep each rank's ids in increasing "
+         "order", lambda: chunks([(2 * n - 1 - r, r) for r in range(n)])),
+        ("your chunks have s/N_c tokens: the sequence is cut into 2N_c chunks of s/(2N_c)",
+         lambda: [np.concatenate([np.arange(r * 2 * m, (r + 1) * 2 * m),
+                                  np.arange((2 * n - 1 - r) * 2 * m, (2 * n - r) * 2 * m)])
+                  for r in range(n)]),
+    ])
+
+
+def causal_work_mistake(positions, out) -> Diagnosis | None:
+    n = len(positions)
+    pos = [np.asarray(p) for p in positions]
+
+    def count(rule, kv=lambda r, k: (r - k) % n):
+        return np.array([[int(rule(pos[kv(r, k)][None, :], pos[r][:, None]).sum())
+                          for r in range(n)] for k in range(n)])
+    right = count(lambda key, q: key <= q)
+    return mistakes.first(out, [
+        ("your counts leave out the diagonal: a key at the query's own position is visible "
+         "(key <= query)", lambda: count(lambda key, q: key < q)),
+        ("rows and columns are swapped: rows are rounds, columns are ranks",
+         lambda: right.T if n > 1 else None),
+        ("in round k your rank r holds the block of rank r + k: the blocks travel to r + 1, so "
+         "rank r holds that of rank r - k", lambda: count(lambda key, q: key <= q, lambda r, k: (r + k) % n)),
+        ("your counts compare row numbers within each block (in this layout that is the same as "
+         "counting every rank against its own block in every round): compare the token ids of "
+         "the visiting block",
+         lambda: np.array([[int((np.arange(len(pos[(r - k) % n]))[None, :]
+                                 <= np.arange(len(pos[r]))[:, None]).sum())
+                            for r in range(n)] for k in range(n)])),
+        ("every round counts the rank against its own block: in round k the visiting block is "
+         "another rank's", lambda: count(lambda key, q: key <= q, lambda r, k: r)),
+        ("your counts assume sorted ids (np.searchsorted needs a sorted array): the ids of a "
+         "rank may come in any order",
+         lambda: np.array([[int(np.searchsorted(pos[(r - k) % n], pos[r], side="right").sum())
+                            for r in range(n)] for k in range(n)])),
+    ])
+
+
+def ring_time_mistake(work, yours) -> Diagnosis | None:
+    w = np.asarray(work, dtype=float)
+    right = w.max(axis=1).sum()
+    idle = ("your number is waiting time (how long ranks sit idle), not the time the ring "
+            "takes: a rank that waits is still part of the ring's time")
+    cands = [
+        ("your time is the busiest rank's total work: the ranks wait for each other in every "
+         "round, so a round is not over before its slowest rank is", w.sum(axis=0).max()),
+        ("your time has the rounds and the ranks the other way round: work[k, r] is round k, "
+         "rank r, and the ranks of one round wait for each other", w.max(axis=0).sum()),
+        ("your time is that of the average rank (total work / ranks, the ideal): a round lasts "
+         "as long as its slowest rank", w.mean(axis=1).sum()),
+        (idle, right - w.sum(axis=0).min()),            # the least busy rank's waiting
+        (idle, len(w[0]) * right - w.sum()),            # every rank's waiting, added up
+        (idle, right - w.sum() / max(1, len(w[0]))),    # the average rank's waiting
+        (idle, (w.max(axis=1, keepdims=True) - w).sum()),
+        ("your time is rounded down to an integer: work may come in halves of a block",
+         float(int(right))),
+        ("your time is the busiest cell times the number of rounds: each round has its own "
+         "busiest rank", w.max() * len(w)),
+    ]
+    return mistakes.first(yours, mistakes.unless_right(cands, right))
 
 
 @register_exercise("zigzag_positions", NB03, 1, "the zig-zag layout")
@@ -23,27 +103,34 @@ def check_zigzag_positions(zigzag_positions, rng):
     """``zigzag_positions(s, n) -> list`` of ``n`` integer arrays: rank r holds chunk r and
     chunk 2n-1-r of the 2n chunks of s/(2n) tokens, in increasing order."""
     from ..layouts import shard_positions
-    cases = [(2, 1), (4, 1), (8, 4), (24, 3), (16, 2), (12, 6)]       # n = 1, m = 1, m > 1
+    cases = [(2, 1), (4, 1), (8, 4), (24, 3), (16, 2), (12, 6),       # n = 1, m = 1, m > 1
+             (640, 2), (131072, 4)]                   # ids above 255 and above 65535
     for i in range(6):       # N_c up to 64, chunks up to 2048 tokens: no table covers them
         big = i % 2 == 1
         n = log_int(rng, 2, 64, big)
         cases.append((2 * n * log_int(rng, 1, 2048, big), n))
+    run = Cases("zigzag_positions")
     for s, n in cases:
-        target = shard_positions(s, n, "zigzag")
-        out = run_student("zigzag_positions", zigzag_positions, (), s, n)
-        where = f"s={s}, N_c={n}"
-        hint = (lambda: mistakes.zigzag_mistake(s, n, out) or
-                f"cut the sequence into 2N_c = {2 * n} chunks of s/(2N_c) = {s // (2 * n)} tokens; "
-                f"each rank holds one early and one late chunk, paired so that every rank's two "
-                f"chunks together carry the same causal work")
-        for r, ids in enumerate(as_shard_list("zigzag_positions", out, n, where, "your list")):
-            int_array("zigzag_positions", ids, f"{where}, rank {r}", "the token ids",
-                       hint="token ids are integers (they index arrays): np.arange gives integers, "
-                            "np.linspace and / give floats")
-        compare_shards("zigzag_positions", out, target, where=where, what="token id",
-                        axes=("slot",), exact=True, hint=hint)
+        with run.case():
+            _zigzag_case(zigzag_positions, s, n, shard_positions(s, n, "zigzag"))
+    run.verdict()
     return (f"{len(cases)} cases (N_c in 1..64, chunks of 1..2048 tokens): every rank holds chunks r "
             f"and 2N_c-1-r")
+
+
+def _zigzag_case(zigzag_positions, s, n, target):
+    out = run_student("zigzag_positions", zigzag_positions, (), s, n)
+    where = f"s={s}, N_c={n}"
+    hint = (lambda: mistakes.explain(zigzag_mistake(s, n, out),
+                f"cut the sequence into 2N_c = {2 * n} chunks of s/(2N_c) = {s // (2 * n)} tokens; "
+                f"each rank holds one early and one late chunk, paired so that every rank's two "
+                f"chunks together carry the same causal work"))
+    for r, ids in enumerate(as_shard_list("zigzag_positions", out, n, where, "your list")):
+        int_array("zigzag_positions", ids, f"{where}, rank {r}", "the token ids",
+                   hint="token ids are integers (they index arrays): np.arange gives integers, "
+                        "np.linspace and / give floats")
+    compare_shards("zigzag_positions", out, target, where=where, what="token id",
+                    axes=("slot",), exact=True, hint=hint)
 
 
 def _pair_counts(positions) -> np.ndarray:
@@ -58,12 +145,13 @@ def _work_cases(rng, n_random=6):
     from ..layouts import shard_positions
     cases = [(f"{lay} layout, s={s}, N_c={n}", shard_positions(s, n, lay))
              for lay, s, n in (("contiguous", 8, 4), ("zigzag", 12, 3), ("striped", 12, 4),
-                               ("contiguous", 6, 2), ("contiguous", 4, 1))]
-    ids = rng.permutation(9)
+                               ("contiguous", 6, 2), ("contiguous", 4, 1),
+                               ("contiguous", 48, 2), ("contiguous", 600, 2))]   # counts > 255, > 65535
+    # fixed, not drawn: no batch may hold sorted ids by chance
     cases.append(("shuffled token ids (3 per rank, in no particular order), N_c=3",
-                  np.split(ids, 3)))
-    ids = rng.permutation(8)
-    cases.append(("uneven sizes: 2, 5 and 1 tokens", [ids[:2], ids[2:7], ids[7:]]))
+                  [np.array([4, 0, 7]), np.array([2, 8, 1]), np.array([6, 3, 5])]))
+    cases.append(("uneven sizes: 2, 5 and 1 tokens",
+                  [np.array([5, 1]), np.array([7, 0, 3, 6, 2]), np.array([4])]))
     for i in range(n_random):    # half of them (at least) random ids: no table covers them
         n, c = int(rng.integers(2, 13)), int(rng.integers(1, 7))
         if i % 2 and rng.random() < 0.5:
@@ -80,22 +168,31 @@ def check_causal_work(causal_work, rng):
     """``causal_work(positions) -> array (rounds, ranks)``: ``work[k, r]`` counts the pairs
     (query in ``positions[r]``, key in ``positions[(r-k) % n]``) with key <= query."""
     cases = _work_cases(rng)
+    run = Cases("causal_work")
     for where, positions in cases:
-        out = run_student("causal_work", causal_work, ("positions",), [np.array(p) for p in positions])
-        compare_arrays("causal_work", out, _pair_counts(positions), where=where,
-                 what="work", axes=("round", "rank"), exact=True,
-                 hint=lambda: mistakes.causal_work_mistake(positions, out) or (
-                     "rows are rounds, columns are ranks; in round k rank r holds the K/V block "
-                     "that started on rank (r - k) mod N_c; count the visible (query, key) pairs "
-                     "by their token ids"))
-    return f"{len(cases)} cases (every layout, shuffled ids, uneven sizes, N_c in 1..12) match pair counts"
+        with run.case():
+            out = run_student("causal_work", causal_work, ("positions",),
+                              [np.array(p) for p in positions])
+            compare_arrays("causal_work", out, _pair_counts(positions), where=where,
+                           what="work", axes=("round", "rank"), exact=True,
+                           hint=_work_hint(positions, out))
+    run.verdict()
+    return (f"{len(cases)} cases (every layout, shuffled ids, uneven sizes, counts above 65535, "
+            f"N_c in 1..12) match pair counts")
+
+
+def _work_hint(positions, out):
+    return lambda: mistakes.explain(causal_work_mistake(positions, out), (
+        "rows are rounds, columns are ranks; in round k rank r holds the K/V block that started "
+        "on rank (r - k) mod N_c; count the visible (query, key) pairs by their token ids"))
 
 
 @register_exercise("ring_time", NB03, 1, "ring time")
 def check_ring_time(ring_time, rng):
-    """``ring_time(work) -> number``: every round lasts as long as its busiest rank, so the
-    ring takes ``sum over rounds of max over ranks``. ``work`` may be fractional (block
-    units, as ``layouts.causal_work(n, layout)`` returns them)."""
+    """``ring_time(work) -> number``: the time the whole ring takes, in the units of
+    ``work`` (``work[k, r]``: round k, rank r; the ranks of a round wait for each other).
+    ``work`` may be fractional (block units, as ``layouts.causal_work(n, layout)`` returns
+    them) and large (pair counts above 65504, which float16 cannot hold)."""
     from ..layouts import causal_work as ref_work
     from ..layouts import ring_time as ref_time
     cases = [("block units, contiguous, N_c=4", ref_work(4, "contiguous")),
@@ -103,17 +200,26 @@ def check_ring_time(ring_time, rng):
              ("block units, striped, N_c=3", ref_work(3, "striped")),
              ("pair counts, contiguous, s=8, N_c=4", ref_work(4, "contiguous", s=8)),
              ("one rank", np.array([[3.5]])),
+             ("large pair counts, contiguous, s=600, N_c=2", ref_work(2, "contiguous", s=600)),
+             ("large fractional work", np.arange(16).reshape(4, 4)[::-1] * 1000.5),
              ("integer work", rng.integers(0, 20, size=(4, 4))),
              ("fractional work", rng.integers(0, 9, size=(5, 5)) / 2)]
     for i in range(8):
         n = int(rng.integers(2, 7))
         work = rng.integers(0, 30, size=(n, n))
         cases.append((f"random work {i}", work / 4 if rng.random() < 0.5 else work))
+    run = Cases("ring_time")
     for label, work in cases:
-        out = run_student("ring_time", ring_time, ("work",), work)
-        close_number("ring_time", out, ref_time(work), where=f"{label} (work of shape {work.shape})",
-                      what="ring time",
-                      hint=lambda: mistakes.ring_time_mistake(work, out) or (
-                          "work[k, r] is round k, rank r; in every round all ranks wait for the "
-                          "slowest one; work may be fractional"))
+        with run.case():
+            out = run_student("ring_time", ring_time, ("work",), work)
+            close_number("ring_time", out, ref_time(work),
+                         where=f"{label} (work of shape {work.shape})", what="ring time",
+                         hint=_time_hint(work, out))
+    run.verdict()
     return f"{len(cases)} cases (block units with halves, pair counts, random work matrices)"
+
+
+def _time_hint(work, out):
+    return lambda: mistakes.explain(ring_time_mistake(work, out), (
+        "work[k, r] is round k, rank r; no rank starts a round before every rank has finished "
+        "the one before; work may be fractional"))

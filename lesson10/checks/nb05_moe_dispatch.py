@@ -3,11 +3,13 @@ number of tokens routed together (all GPUs, or one batch), as in the notebook.""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from . import mistakes
 from .core import (
+    Cases,
     as_pair,
     bool_array,
     close_number,
@@ -18,6 +20,7 @@ from .core import (
     register_exercise,
     run_student,
 )
+from .precision import plural
 
 NB05 = "05_moe_dispatch"
 
@@ -40,13 +43,19 @@ def _choices(rng, N, E, k, **kw):
 
 
 def _route_cases(rng, n_random=8):
-    """(label, logits, k): ties, +-1000, k = 1 and k = E, one token, integer-valued logits."""
+    """(label, logits, k): ties, +-1000, logits hundreds apart, k = 1 and k = E, one token,
+    integer-valued logits."""
+    E = 6
+    apart = np.full((E, E), 0.0)               # row t: expert (t + j) % E has logit -400 j
+    for t in range(E):
+        apart[t, (t + np.arange(E)) % E] = -400.0 * np.arange(E)
     cases = [("ties: integer-valued logits in 0..2", rng.integers(0, 3, size=(12, 6)).astype(float), 2),
              ("ties: every logit equal", np.full((3, 5), 0.5), 3),
              ("ties at the k-th place", np.array([[2.0, 1.0, 1.0, 0.0], [0.0, 1.0, 2.0, 1.0],
                                                   [1.0, 1.0, 1.0, 3.0]]), 2),
              ("large logits (about +-1000)", 1000.0 * np.where(rng.random((5, 1)) < 0.5, -1, 1)
               + 3 * rng.standard_normal((5, 6)), 3),
+             ("logits hundreds apart (their softmax probabilities underflow to 0)", apart, 4),
              ("k = 1", rng.standard_normal((6, 5)) * 2, 1),
              ("k = E", rng.standard_normal((4, 4)) * 2, 4),
              ("one token", rng.standard_normal((1, 8)), 2)]
@@ -67,7 +76,7 @@ def _softmax_rows(z):
 
 
 def _route_mistake(logits, k, experts, gates):
-    """The known mistake that this (experts, gates) answer looks like, or None."""
+    """The known mistakes that this (experts, gates) answer looks like, or None."""
     z = np.asarray(logits, dtype=float)
     try:
         gates = np.asarray(gates, dtype=float)
@@ -76,23 +85,82 @@ def _route_mistake(logits, k, experts, gates):
     if gates.shape != experts.shape:
         return None
     chosen = np.take_along_axis(z, experts, axis=1)
+    big = np.abs(z).max() > 700 if z.size else False
+
+    def unless(flag, make):
+        return lambda: make() if flag else None
     with np.errstate(all="ignore"):
-        if np.allclose(gates, np.take_along_axis(_softmax_rows(z), experts, axis=1), atol=1e-9) \
-                and k < z.shape[1]:
-            return ("your gates look like the softmax over all E logits, taken at the chosen "
-                    "experts: the gates are a softmax over the k chosen logits only, so each row "
-                    "sums to 1")
-        if np.allclose(gates, chosen / chosen.sum(axis=1, keepdims=True), atol=1e-9):
-            return ("your gates look like the chosen logits divided by their sum: a softmax "
-                    "normalises exp(logit), not the logits")
         raw = np.exp(chosen)
-        if not np.isfinite(gates).all() and np.abs(z).max() > 700:
-            return ("your gates are not finite where the logits are about 1000: exp(1000) "
-                    "overflows; subtract the row's largest chosen logit before exp")
-        if np.allclose(gates, raw / raw.sum(axis=1, keepdims=True), atol=1e-9, equal_nan=True) \
-                and np.abs(z).max() > 700:
-            return ("exp of logits of about 1000 overflows: subtract the row maximum first")
-    return None
+        found = mistakes.first(gates, [
+            ("your gates look like the softmax over all E logits, taken at the chosen experts: "
+             "the gates are a softmax over the k chosen logits only, so each row sums to 1",
+             unless(k < z.shape[1], lambda: np.take_along_axis(_softmax_rows(z), experts, axis=1))),
+            ("your gates look like the chosen logits divided by their sum: a softmax normalises "
+             "exp(logit), not the logits", lambda: chosen / chosen.sum(axis=1, keepdims=True)),
+            ("exp of logits of about 1000 overflows: subtract the row maximum first",
+             unless(big, lambda: raw / raw.sum(axis=1, keepdims=True))),
+        ])
+    if big and not np.isfinite(gates).all():
+        return mistakes.Diagnosis(["your gates are not finite where the logits are about 1000: "
+                                   "exp(1000) overflows; subtract the row's largest chosen "
+                                   "logit before exp"] + list(getattr(found, "mistakes", ())))
+    return found
+
+
+def _wrong_experts(z, k, t, yours_z, want_z):
+    """(what, hint) for token t, whose chosen experts are not the right ones."""
+    if sorted(yours_z[t].tolist()) == sorted(want_z[t].tolist()):
+        return (f"token {t}: the right experts, but not best first (their logits in your order: "
+                f"{np.round(yours_z[t], 4).tolist()})", "order the k experts from the largest logit down")
+    if np.array_equal(np.sort(yours_z[t]), np.sort(z[t])[:k]):
+        return (f"token {t}: these are the experts with the {plural(k, 'smallest logit')}",
+                "your sort is ascending: the router keeps the largest logits")
+    p = _softmax_rows(z[t:t + 1])[0]
+    with np.errstate(all="ignore"):
+        py, pw = np.exp(yours_z[t] - z[t].max()) / np.exp(z[t] - z[t].max()).sum(), \
+            np.exp(want_z[t] - z[t].max()) / np.exp(z[t] - z[t].max()).sum()
+    if (p == 0).any() and np.array_equal(np.sort(py), np.sort(pw)):
+        return (f"token {t}: these are not the {plural(k, 'expert')} with the largest logits, best first",
+                "your experts tie where their softmax probabilities underflow to 0 (logits "
+                "hundreds below the row's best): rank the experts by what stays distinct")
+    return (f"token {t}: these are not the {plural(k, 'expert')} with the largest logits, best first",
+            "the router keeps, for every token, the k experts whose logits are the largest")
+
+
+def _route_case(route_topk, label, logits, k) -> float:
+    from ..sim.moe import route_topk as ref
+    T, E = logits.shape
+    e_t, g_t = ref(logits, k)
+    out = run_student("route_topk", route_topk, ("logits",), logits, k)
+    where = f"{label} (T={T}, E={E}, k={k})"
+    experts, gates = as_pair("route_topk", out, where, "(experts, gates)")
+    experts = int_array("route_topk", experts, where, "experts",
+                         hint="expert ids are integers: keep the integer indices that "
+                              "sorting gives you (no float conversion)")
+    if experts.shape != e_t.shape:
+        fail_check("route_topk", where, f"experts has shape {experts.shape}, expected {e_t.shape}",
+              show=False, hint="one row per token, k expert ids per row")
+    if experts.size and (experts.min() < 0 or experts.max() >= E):
+        fail_check("route_topk", where, f"expert ids must lie in 0..{E - 1}",
+              show=False, hint="experts holds column indices of logits, not logit values")
+    twice = [t for t in range(T) if len(set(experts[t].tolist())) < k]
+    if twice:
+        t = twice[0]
+        fail_check("route_topk", where, f"token {t} chose an expert twice", experts[t], e_t[t],
+              hint="a token's k experts are k different columns of its row")
+    z = np.asarray(logits, dtype=float)
+    yours_z, want_z = np.take_along_axis(z, experts, axis=1), np.take_along_axis(z, e_t, axis=1)
+    bad = np.flatnonzero((yours_z != want_z).any(axis=1))
+    if bad.size:
+        what, hint = _wrong_experts(z, k, int(bad[0]), yours_z, want_z)
+        fail_check("route_topk", where, what, experts[int(bad[0])], e_t[int(bad[0])],
+              hint=hint + " (experts with exactly equal logits may come in any order)")
+    return compare_arrays(
+        "route_topk", gates, g_t, where=where, what="gate (in the order of your experts)",
+        axes=("token", "choice"),
+        hint=lambda: mistakes.explain(_route_mistake(logits, k, experts, gates), (
+            "gates[t, j] belongs to experts[t, j]: a softmax over the token's k chosen logits "
+            "(each row sums to 1), which must stay finite for logits of about 1000")))
 
 
 @register_exercise("route_topk", NB05, 1, "top-k routing", "route_topk")
@@ -101,61 +169,21 @@ def check_route_topk(route_topk, rng):
     ``k`` experts with the largest logits per token (an integer array, best first; experts
     with exactly equal logits may come in any order) and their gates, a softmax over the
     ``k`` chosen logits."""
-    from ..sim.moe import route_topk as ref
     err = 0.0
     cases = _route_cases(rng)
+    run = Cases("route_topk")
     for label, logits, k in cases:
-        T, E = logits.shape
-        e_t, g_t = ref(logits, k)
-        out = run_student("route_topk", route_topk, ("logits",), logits, k)
-        where = f"{label} (T={T}, E={E}, k={k})"
-        experts, gates = as_pair("route_topk", out, where, "(experts, gates)")
-        experts = int_array("route_topk", experts, where, "experts",
-                             hint="expert ids are integers: keep the integer indices that "
-                                  "sorting gives you (no float conversion)")
-        if experts.shape != e_t.shape:
-            fail_check("route_topk", where, f"experts has shape {experts.shape}, expected {e_t.shape}",
-                  show=False, hint="one row per token, k expert ids per row")
-        if experts.size and (experts.min() < 0 or experts.max() >= E):
-            fail_check("route_topk", where, f"expert ids must lie in 0..{E - 1}",
-                  show=False, hint="experts holds column indices of logits, not logit values")
-        twice = [t for t in range(T) if len(set(experts[t].tolist())) < k]
-        if twice:
-            t = twice[0]
-            fail_check("route_topk", where, f"token {t} chose an expert twice", experts[t], e_t[t],
-                  hint="a token's k experts are k different columns of its row")
-        z = np.asarray(logits, dtype=float)
-        yours_z, want_z = np.take_along_axis(z, experts, axis=1), np.take_along_axis(z, e_t, axis=1)
-        bad = np.flatnonzero((yours_z != want_z).any(axis=1))
-        if bad.size:
-            t = int(bad[0])
-            if sorted(yours_z[t].tolist()) == sorted(want_z[t].tolist()):
-                what = (f"token {t}: the right experts, but not best first (their logits in your "
-                        f"order: {np.round(yours_z[t], 4).tolist()})")
-                hint = "order the k experts from the largest logit down"
-            elif np.array_equal(np.sort(yours_z[t]), np.sort(z[t])[:k]):
-                what = f"token {t}: these are the experts with the {k} smallest logits"
-                hint = "your sort is ascending: the router keeps the largest logits"
-            else:
-                what = f"token {t}: these are not the {k} experts with the largest logits, best first"
-                hint = ("sort each token's row of logits from the largest down and keep the "
-                        "first k column indices")
-            fail_check("route_topk", where, what, experts[t], e_t[t],
-                  hint=hint + " (experts with exactly equal logits may come in any order)")
-        err = max(err, compare_arrays(
-            "route_topk", gates, g_t, where=where, what="gate (in the order of your experts)",
-            axes=("token", "choice"),
-            hint=lambda: _route_mistake(logits, k, experts, gates) or (
-                "gates[t, j] belongs to experts[t, j]: a softmax over the token's k chosen logits "
-                "(each row sums to 1), which must stay finite for logits of about 1000")))
-    return (f"{len(cases)} cases (ties, logits of +-1000, k = 1 .. E): right experts best first, "
-            f"gates max error {err:.1e}")
+        with run.case():
+            err = max(err, _route_case(route_topk, label, logits, k))
+    run.verdict()
+    return (f"{len(cases)} cases (ties, logits of +-1000 and hundreds apart, k = 1 .. E): right "
+            f"experts best first, gates max error {err:.1e}")
 
 
 def _capacity_cases(rng, n_random=6):
     """(label, N, E, k, capacity_factor, experts)."""
     cases = []
-    fixed = [  # capacity factors where a float product lands just above an integer: both
+    fixed: list[tuple[Any, ...]] = [  # capacity factors where a float product lands just above an integer: both
         # ceilings pass there; and exact products (1.5, 1.25, 1.0) where only C itself passes
         ("CF 1.1 * 360 / 6 = 66 exactly", 360, 6, 1, 1.1, dict(hot=80)),
         ("CF 1.1 * 50 / 5 = 11 exactly", 50, 5, 1, 1.1, dict(hot=20)),
@@ -200,37 +228,81 @@ def capacities(N: int, E: int, k: int, cf) -> set:
     return exact | {math.ceil(p) for p in _float_products(cf, k, N, E)}
 
 
-def _capacity_mistake(yours, experts, E, k, N, cf, kept, C):
-    """Which known mistake the kept copies look like (a text), or None."""
+def _capacity_mistake(yours, experts, E, k, N, cf, allowed, C):
+    """The known mistakes the kept copies look like (a Diagnosis), or None. ``allowed``:
+    the capacities the formula gives (any of them is right); ``C`` the one shown."""
     from fractions import Fraction
 
     from ..sim.moe import keep_within_capacity as ref_keep
     x = Fraction(repr(float(cf))) * k * N / E
-    firsts = {"floor (rounding down)": math.floor(x), "C + 1": C + 1, "round to nearest": round(x),
-              "without k": math.ceil(Fraction(repr(float(cf))) * N / E)}
-    for name, c in firsts.items():
-        if c not in capacities(N, E, k, cf) and np.array_equal(yours, ref_keep(experts, E, c)):
-            return {"floor (rounding down)": f"your experts keep {c} copies: that is CF k N / E "
-                                             f"rounded down; the capacity rounds up",
-                    "C + 1": f"your experts keep one copy more than C = {C}: a copy is kept while "
-                             f"fewer than C copies came before it (< C, not <= C)",
-                    "round to nearest": f"your experts keep {c} copies: CF k N / E rounded to the "
-                                        f"nearest integer; the capacity rounds up",
-                    "without k": "your capacity leaves out k: every token sends k copies, so the "
-                                 "mean load per expert is k N / E"}[name]
+    texts = {"floor": lambda c: f"your experts keep {c} copies: that is CF k N / E rounded down; "
+                                f"the capacity rounds up",
+             "plus one": lambda c: f"your experts keep one copy more than C = {C}: a copy is kept "
+                                   f"while fewer than C copies came before it (< C, not <= C)",
+             "nearest": lambda c: f"your experts keep {c} copies: CF k N / E rounded to the "
+                                  f"nearest integer; the capacity rounds up",
+             "without k": lambda c: "your capacity leaves out k: every token sends k copies, so "
+                                    "the mean load per expert is k N / E"}
+    firsts = [("floor", math.floor(x)), ("plus one", C + 1), ("nearest", round(x)),
+              ("without k", math.ceil(Fraction(repr(float(cf))) * N / E))]
+    found = [texts[name](c) for name, c in firsts
+             if c not in allowed and np.array_equal(yours, ref_keep(experts, E, c))]
     flat = np.asarray(experts).ravel()
-    for order, text in ((np.arange(flat.size)[::-1], "the last copies first (the queue runs from "
-                                                     "the end)"),
-                        (np.arange(flat.size).reshape(N, k).T.ravel(),
-                         "choice by choice (every token's first choice, then every token's second)")):
-        seen, keep = np.zeros(E, dtype=int), np.zeros(flat.size, dtype=bool)
-        for idx in order:
-            keep[idx] = seen[flat[idx]] < C
-            seen[flat[idx]] += 1
-        if np.array_equal(yours.ravel(), keep):
-            return (f"your queue serves {text}: it is first come, first served in token order, "
-                    f"each token's k choices together")
-    return None
+    orders = ((np.arange(flat.size)[::-1], "the last copies first (the queue runs from the end)"),
+              (np.arange(flat.size).reshape(N, k).T.ravel(),
+               "choice by choice (every token's first choice, then every token's second)"))
+    for order, text in orders:
+        for c in sorted(set(allowed) | {c for _, c in firsts}):
+            seen, keep = np.zeros(E, dtype=int), np.zeros(flat.size, dtype=bool)
+            for idx in order:
+                keep[idx] = seen[flat[idx]] < c
+                seen[flat[idx]] += 1
+            if np.array_equal(yours.ravel(), keep) and not any(
+                    np.array_equal(keep.reshape(N, k), ref_keep(experts, E, a)) for a in allowed):
+                found.append(f"your queue serves {text}: it is first come, first served in token "
+                             f"order, each token's k choices together")
+                break
+    return mistakes.Diagnosis(found) if found else None
+
+
+def _capacity_case(capacity_keep, label, N, E, k, cf, experts):
+    from ..sim.moe import expert_capacity
+    from ..sim.moe import keep_within_capacity as ref_keep
+    C = expert_capacity(N, E, k, cf)
+    allowed = [None] if cf is None else sorted(capacities(N, E, k, cf))
+    targets = [ref_keep(experts, E, c) for c in allowed]
+    out = run_student("capacity", capacity_keep, ("experts",), experts, E, cf)
+    shown_c = C if len(allowed) == 1 else f"{C} (or {', '.join(str(c) for c in allowed if c != C)} " \
+                                          f"with a float product)"
+    where = f"{label} (N={N} tokens, E={E}, k={k}, capacity_factor={cf}, so C = {shown_c})"
+    yours = bool_array("capacity", out, where, "keep")
+    if yours.shape != experts.shape:
+        fail_check("capacity", where, f"keep has shape {yours.shape}, expected {experts.shape}",
+              show=False, hint="one True/False per (token, choice)")
+    if any(np.array_equal(yours, t) for t in targets):
+        return
+    kept = [int((yours & (experts == i)).sum()) for i in range(E)]
+    counts = [[int((t & (experts == i)).sum()) for i in range(E)] for t in targets]
+    # the target whose counts are yours (a right count, the wrong copies), else that of C
+    pick = counts.index(kept) if kept in counts else (allowed.index(C) if C in allowed else 0)
+    target, want = targets[pick], counts[pick]
+
+    def hint(general):
+        return lambda: mistakes.explain(
+            None if cf is None else _capacity_mistake(yours, experts, E, k, N, cf, allowed, C),
+            general)
+    if kept != want:
+        i = int(np.argmax(np.array(kept) != np.array(want)))
+        fail_check("capacity", where, f"expert {i} keeps {plural(kept[i], 'copy', 'copies')}",
+                   kept[i], want[i], hint=hint(
+                       "capacity_factor=None means no limit at all" if cf is None else
+                       "an expert keeps a copy while fewer than C copies have reached it, C "
+                       "being CF k N / E rounded up: all N tokens count, with their k copies"))
+    compare_arrays("capacity", yours, target, where=where, what=(
+                       f"keep (the right number of copies per expert, C = {allowed[pick]}, but not "
+                       f"the right copies)"), axes=("token", "choice"), exact=True,
+                   hint=hint("first come, first served in token order, token 0's choices, then "
+                             "token 1's, ...; an expert that is full drops every later copy"))
 
 
 @register_exercise("capacity", NB05, 2, "capacity factor: which copies are dropped", "capacity_keep")
@@ -238,43 +310,14 @@ def check_capacity(capacity_keep, rng):
     """``capacity_keep(experts, E, capacity_factor) -> bool (N, k)``: every expert accepts at
     most ``C = ceil(capacity_factor * k * N / E)`` copies, first come first served in token
     order; ``capacity_factor=None`` keeps everything. Both the ceiling of the float product
-    (``math.ceil(cf * k * N / E)``, in any order) and the exact one are accepted: they differ
-    only where the float product lands just above an integer."""
-    from ..sim.moe import expert_capacity
-    from ..sim.moe import keep_within_capacity as ref_keep
+    (in any order of the operations) and the exact one are accepted: they differ only where
+    the float product lands just above an integer."""
     cases = _capacity_cases(rng)
+    run = Cases("capacity")
     for label, N, E, k, cf, experts in cases:
-        C = expert_capacity(N, E, k, cf)
-        allowed = [None] if cf is None else sorted(capacities(N, E, k, cf))
-        targets = [ref_keep(experts, E, c) for c in allowed]
-        out = run_student("capacity", capacity_keep, ("experts",), experts, E, cf)
-        shown_c = C if len(allowed) == 1 else f"{C} (or {', '.join(str(c) for c in allowed if c != C)} " \
-                                              f"with a float product)"
-        where = f"{label} (N={N} tokens, E={E}, k={k}, capacity_factor={cf}, so C = {shown_c})"
-        yours = bool_array("capacity", out, where, "keep")
-        if yours.shape != experts.shape:
-            fail_check("capacity", where, f"keep has shape {yours.shape}, expected {experts.shape}",
-                  show=False, hint="one True/False per (token, choice)")
-        if any(np.array_equal(yours, t) for t in targets):
-            continue
-        target = targets[allowed.index(C)] if C in allowed else targets[0]
-        kept = [int((yours & (experts == i)).sum()) for i in range(E)]
-        want = [int((target & (experts == i)).sum()) for i in range(E)]
-        hint = (lambda: _capacity_mistake(yours, experts, E, k, N, cf, kept, C)) if cf is not None \
-            else None
-        if kept != want:
-            i = int(np.argmax(np.array(kept) != np.array(want)))
-            fail_check("capacity", where, f"expert {i} keeps {kept[i]} copies", kept[i], want[i],
-                  hint=lambda: (hint and hint()) or (
-                      "capacity_factor=None means no limit at all" if cf is None else
-                      "an expert keeps a copy while fewer than C copies have reached it; "
-                      "C = ceil(CF k N / E) counts all N tokens and their k copies"))
-        compare_arrays("capacity", yours, target, where=where, what="keep", axes=("token", "choice"),
-                 exact=True,
-                 hint=lambda: (hint and hint()) or (
-                     "the right number of copies per expert, but not the right ones: first come, "
-                     "first served in token order, token 0's choices, then token 1's, ...; an "
-                     "expert that is full drops every later copy"))
+        with run.case():
+            _capacity_case(capacity_keep, label, N, E, k, cf, experts)
+    run.verdict()
     return (f"{len(cases)} routings (capacity factors whose float product is off by one, "
             f"empty experts, None) drop the right copies")
 
@@ -309,44 +352,56 @@ def check_moe_stats(moe_stats, rng):
     experts compute). GPU ``g`` holds tokens ``g T .. (g+1) T - 1``; expert ``i`` is
     on GPU ``i // (E/Ne)``. Checked against the byte ledger of ``lesson10.sim.moe_layer``."""
     # (label, Ne, E, k, T, h, cf, e, logits kw); h None: the crafted logits are the tokens (h = E)
-    fixed = [("the last GPU's experts get no copy", 4, 8, 2, 6, None, None, 2, dict(cold=2)),
+    fixed: list[tuple[Any, ...]] = [("the last GPU's experts get no copy", 4, 8, 2, 6, None, None, 2, dict(cold=2)),
              ("E/Ne = 2, every token wants expert 0", 2, 4, 1, 5, None, 1.0, 1, dict(hot=10)),
              ("one GPU: nothing travels", 1, 4, 2, 6, None, 1.0, 2, dict(skew=1.0)),
              ("heavy drops, k = 3", 2, 6, 3, 4, None, 0.5, 4, dict(skew=2.0)),
-             ("E = Ne", 4, 4, 2, 5, None, 0.75, 2, dict(skew=1.0))]
+             ("E = Ne", 4, 4, 2, 5, None, 0.75, 2, dict(skew=1.0)),
+             ("loads above 255", 2, 4, 2, 160, None, None, 2, dict(skew=1.0)),
+             ("loads and bytes above 65535", 2, 2, 1, 33000, None, None, 1, dict(hot=66000))]
     cases = []
-    for label, Ne, E, k, T, h, cf, e, kw in fixed:
+    for label, Ne, E, k, T, _h, cf, e, kw in fixed:
         cases.append((label, Ne, E, k, T, E, cf, e, _logits(rng, Ne * T, E, **kw)))
     for i, (Ne, E, k, T, h, cf, e) in enumerate([(4, 8, 2, 12, 4, 1.0, 2), (2, 4, 1, 10, 3, 1.25, 1),
                                                  (4, 4, 2, 8, 5, None, 2), (3, 6, 2, 10, 4, 0.75, 4)]):
         cases.append((f"random {i}", Ne, E, k, T, h, cf, e, None))
+    run = Cases("moe_stats")
     for label, Ne, E, k, T, h, cf, e, logits in cases:
-        chosen, keep, ledger, stats = _moe_case(rng, Ne, E, k, T, h, cf, e, logits)
-        args = (chosen, keep, Ne, E, h) + (() if e == 2 and label.startswith("E = Ne") else (e,))
-        out = run_student("moe_stats", moe_stats, ("experts", "keep"), *args)
-        where = (f"{label} (Ne={Ne} GPUs, E={E}, k={k}, T={T} tokens per GPU, h={h}, e={e}"
-                 f"{' not passed' if len(args) == 5 else ''}, capacity_factor={cf})")
-        if not isinstance(out, dict) or not {"drop_rate", "bytes_per_gpu", "load_per_gpu"} <= set(out):
-            fail_check("moe_stats", where, "return a dict with keys drop_rate, bytes_per_gpu, "
-                  "load_per_gpu", show=False,
-                  hint='return {"drop_rate": ..., "bytes_per_gpu": ..., "load_per_gpu": ...}')
-        e_passed = len(args) == 6
+        with run.case():
+            _moe_stats_case(moe_stats, _moe_case(rng, Ne, E, k, T, h, cf, e, logits),
+                            label, Ne, E, k, T, h, cf, e)
+    run.verdict()
+    return (f"{len(cases)} routings (empty GPUs, drops, one GPU, loads above 65535): drops, loads "
+            f"and bytes match the simulated all-to-alls")
 
-        def hint(key, general, _out=out, _args=(chosen, keep, Ne, E, h, e, e_passed)):
-            return lambda: mistakes.moe_stats_mistake(key, _out[key], *_args) or general
-        close_number("moe_stats", out["drop_rate"], stats.dropped / (Ne * T * k), where=where,
-                      what="drop_rate", hint=hint("drop_rate", "the fraction of all copies that "
-                                                               "were dropped"))
-        compare_arrays("moe_stats", out["load_per_gpu"], stats.load_per_gpu, where=where,
-                 what="load_per_gpu", axes=("GPU",),
-                 hint=hint("load_per_gpu", "the load of a GPU is the number of kept copies its "
-                                           "experts compute; expert i lives on GPU i // (E/Ne)"))
-        compare_arrays("moe_stats", out["bytes_per_gpu"], ledger, where=where, what="bytes_per_gpu",
-                 axes=("GPU",),
-                 hint=hint("bytes_per_gpu", "a GPU sends h e bytes for each kept copy of its own "
-                                            "tokens bound for another GPU (dispatch) and h e for "
-                                            "each copy it computed for another GPU (combine)"))
-    return f"{len(cases)} routings (empty GPUs, drops, one GPU): drops, loads and bytes match the simulated all-to-alls"
+
+def _moe_stats_case(moe_stats, routed, label, Ne, E, k, T, h, cf, e):
+    chosen, keep, ledger, stats = routed
+    args = (chosen, keep, Ne, E, h) + (() if e == 2 and label.startswith("E = Ne") else (e,))
+    out = run_student("moe_stats", moe_stats, ("experts", "keep"), *args)
+    where = (f"{label} (Ne={Ne} GPUs, E={E}, k={k}, T={T} tokens per GPU, h={h}, e={e}"
+             f"{' not passed' if len(args) == 5 else ''}, capacity_factor={cf})")
+    if not isinstance(out, dict) or not {"drop_rate", "bytes_per_gpu", "load_per_gpu"} <= set(out):
+        fail_check("moe_stats", where, "return a dict with keys drop_rate, bytes_per_gpu, "
+              "load_per_gpu", show=False,
+              hint='return {"drop_rate": ..., "bytes_per_gpu": ..., "load_per_gpu": ...}')
+    e_passed = len(args) == 6
+
+    def hint(key, general):
+        return lambda: mistakes.explain(mistakes.moe_stats_mistake(
+            key, out[key], chosen, keep, Ne, E, h, e, e_passed), general)
+    close_number("moe_stats", out["drop_rate"], stats.dropped / (Ne * T * k), where=where,
+                  what="drop_rate", hint=hint("drop_rate", "the fraction of all copies that "
+                                                           "were dropped"))
+    compare_arrays("moe_stats", out["load_per_gpu"], stats.load_per_gpu, where=where,
+             what="load_per_gpu", axes=("GPU",),
+             hint=hint("load_per_gpu", "the load of a GPU is the number of kept copies its "
+                                       "experts compute; expert i lives on GPU i // (E/Ne)"))
+    compare_arrays("moe_stats", out["bytes_per_gpu"], ledger, where=where, what="bytes_per_gpu",
+             axes=("GPU",),
+             hint=hint("bytes_per_gpu", "a GPU sends h e bytes for each kept copy of its own "
+                                        "tokens bound for another GPU (dispatch) and h e for "
+                                        "each copy it computed for another GPU (combine)"))
 
 
 @register_exercise("aux_loss", NB05, 1, "the Switch load-balancing loss", "switch_aux_loss")
@@ -357,7 +412,7 @@ def check_aux_loss(switch_aux_loss, rng):
     from ..sim.moe import route_topk, router_probs
     from ..sim.moe import switch_aux_loss as ref
     # (label, N, E, k, alpha, logits kw); alpha None: not passed (the default 1e-2)
-    spec = [("uniform router, k = 1", 16, 4, 1, 1e-2, dict()),
+    spec: list[tuple[Any, ...]] = [("uniform router, k = 1", 16, 4, 1, 1e-2, dict()),
             ("skewed, k = 2", 20, 6, 2, 0.1, dict(skew=2.0)),
             ("the last two experts are never chosen", 12, 6, 2, 1e-2, dict(cold=2)),
             ("alpha not passed (default 1e-2)", 10, 5, 2, None, dict(skew=1.0)),
@@ -367,17 +422,26 @@ def check_aux_loss(switch_aux_loss, rng):
         E = int(rng.integers(3, 10))
         spec.append((f"random {i}", int(rng.integers(1, 40)), E, int(rng.integers(1, min(E, 4) + 1)),
                      float(rng.choice([1e-2, 1e-3, 0.1])), dict(skew=float(rng.uniform(0, 3)))))
+    run = Cases("aux_loss")
     for label, N, E, k, alpha, kw in spec:
         logits = _logits(rng, N, E, **kw)
         experts, _ = route_topk(logits, k)
         probs = router_probs(logits)
-        args = (probs, experts) + (() if alpha is None else (alpha,))
-        out = run_student("aux_loss", switch_aux_loss, ("probs", "experts"), *args)
-        close_number("aux_loss", out, ref(probs, experts, 1e-2 if alpha is None else alpha),
-                      where=f"{label} (N={N}, E={E}, k={k}, alpha={alpha})", what="loss",
-                      hint=lambda: mistakes.aux_loss_mistake(
-                          probs, experts, 1e-2 if alpha is None else alpha, out, alpha is not None)
-                      or "f_i is the fraction of the N k copies routed to expert i (0 for an expert "
-                         "nobody chose), P_i the mean router probability of expert i; the loss "
-                         "equals alpha when routing is uniform")
+        with run.case():
+            _aux_case(switch_aux_loss, ref, label, probs, experts, alpha)
+    run.verdict()
     return f"{len(spec)} routings (k = 1..3, skewed, empty experts): matches alpha E sum f_i P_i"
+
+
+def _aux_case(switch_aux_loss, ref, label, probs, experts, alpha):
+    N, E = probs.shape
+    args = (probs, experts) + (() if alpha is None else (alpha,))
+    out = run_student("aux_loss", switch_aux_loss, ("probs", "experts"), *args)
+    a = 1e-2 if alpha is None else alpha
+    close_number("aux_loss", out, ref(probs, experts, a),
+                  where=f"{label} (N={N}, E={E}, k={experts.shape[1]}, alpha={alpha})", what="loss",
+                  hint=lambda: mistakes.explain(mistakes.aux_loss_mistake(
+                      probs, experts, a, out, alpha is not None),
+                      "f_i is the fraction of the N k copies routed to expert i (0 for an expert "
+                      "nobody chose), P_i the mean router probability of expert i; the loss "
+                      "equals alpha when routing is uniform"))
