@@ -5,6 +5,8 @@ import numpy as np
 
 from . import mistakes
 from .core import as_pair, close_number, compare_shards, fail_check, log_int, register_exercise, run_student
+from .network import Referee, served_call, substituted
+from .served_sp import ServedSP
 
 NB01 = "01_sequence_parallel"
 
@@ -83,50 +85,40 @@ def check_all_gather(all_gather, rng):
     return f"{len(cases)} cases (t = 1..5, c = 1..4): every rank holds all tokens in rank order"
 
 
-def _layer_norm(x):
-    mu = x.mean(-1, keepdims=True)
-    var = x.var(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + 1e-5)
+_SP_CALL = "sp_forward(partials, op, reduce_scatter=..., all_gather=...)"
 
 
 @register_exercise("sp_forward", NB01, 2, "SP: reduce-scatter, token-wise op, all-gather")
 def check_sp_forward(sp_forward, rng):
-    """``sp_forward(partials, op) -> list``: the row-parallel partial sums go through
-    reduce-scatter, ``op`` on each rank's ``s/t`` tokens, and all-gather. Must equal
-    ``op(sum(partials))`` on every rank, and ``op`` must see exactly ``s/t`` tokens, once
-    per rank."""
-    err, cases = 0.0, _cases(rng, n_random=6)
-    for where, t, c, h, xs in cases:
-        scale = rng.uniform(0.5, 2.0, size=h)
-        calls = []
-
-        def op(x, _scale=scale, _calls=calls):
-            x = np.asarray(x, dtype=float)
-            _calls.append(x.shape)
-            return np.tanh(_layer_norm(x) * _scale + 0.1)
-
-        full = np.tanh(_layer_norm(np.sum(xs, axis=0).astype(float)) * scale + 0.1)
-        out = run_student("sp_forward", sp_forward, ("partials",), xs, op)
+    """``sp_forward(partials, op, reduce_scatter=..., all_gather=...) -> list``: the
+    row-parallel partial sums go through ``reduce_scatter``, ``op`` on each rank's ``s/t``
+    tokens, and ``all_gather``. The check serves all three and watches them: one
+    reduce-scatter of the partials, ``op`` once per rank on exactly the shard the
+    reduce-scatter delivered, one all-gather of what ``op`` returned; the answer is what
+    the all-gather delivered. In some random cases the collectives deliver other values
+    (a secret offset), so only an answer that uses them gets the target."""
+    cases = _cases(rng, n_random=6)
+    swapped = {len(cases) - 6 + i for i in substituted(rng, 6)}
+    err = 0.0
+    for i, (where, t, c, h, xs) in enumerate(cases):
+        served = ServedSP(xs, rng.uniform(0.5, 2.0, size=h), rng if i in swapped else None)
+        if i in swapped:
+            where += ", the collectives deliver other values than a plain sum"
+        out = served_call(Referee("sp_forward", where), "sp_forward", sp_forward, ("partials",),
+                          xs, served.op, reduce_scatter=served.reduce_scatter,
+                          all_gather=served.all_gather, calls=_SP_CALL)
+        broken = served.problem()
+        if broken is not None:
+            fail_check("sp_forward", where, broken[0], show=False, hint=broken[1])
         err = max(err, compare_shards(
-            "sp_forward", out, [full] * t, where=where, what="the layer output",
+            "sp_forward", out, served.target(), where=where, what="the layer output",
             axes=("token", "hidden"),
-            hint=lambda: mistakes.sp_forward_mistake(xs, op, out) or (
-                "reduce-scatter the partials, run op on each rank's s/t summed tokens, all-gather: "
-                "every rank returns op(P_0 + ... + P_{t-1}) for all s tokens")))
-        if not calls:
-            fail_check("sp_forward", where, "op was never called", show=False,
-                  hint="each rank applies op to its own s/t tokens")
-        wrong = [shape for shape in calls if len(shape) != 2 or shape[0] != c]
-        if wrong:
-            fail_check("sp_forward", where,
-                  f"op was called on an array of shape {wrong[0]}; under SP each rank runs it on "
-                  f"its own s/t = {c} tokens, shape ({c}, {h})", show=False,
-                  hint=mistakes.sp_op_calls_mistake(wrong[0], t * c, c))
-        if len(calls) != t:
-            fail_check("sp_forward", where, f"op was called {len(calls)} times, expected once per rank",
-                  len(calls), t, hint="one call per rank, on that rank's shard")
-    return (f"{len(cases)} cases: equals op(all-reduce) on every rank, op saw s/t tokens once "
-            f"per rank, max error {err:.1e}")
+            hint=lambda: (served.rs_off is None and mistakes.sp_forward_mistake(xs, served.op, out))
+            or ("return what all_gather delivered: every rank holds op(P_0 + ... + P_{t-1}) "
+                "for all s tokens")))
+    return (f"{len(cases)} cases ({len(swapped)} with substituted collectives): one "
+            f"reduce-scatter, op once per rank on the shard it delivered, one all-gather; the "
+            f"output matches, max error {err:.1e}")
 
 
 @register_exercise("sp_bytes", NB01, 1, "bytes of TP vs TP + SP")

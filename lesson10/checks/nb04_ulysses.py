@@ -223,8 +223,10 @@ def _ulysses_case(rng, referee, qs, ks, vs, swap):
     offsets = [rng.standard_normal((s, a // n, d)) for _ in range(n)] if swap else None
     kernel = ServedAttention(referee, (s, a, a_kv, d), held["Q"], held["K"], held["V"],
                              real["Q"], real["K"], real["V"], offsets)
+    out_offsets = [[rng.standard_normal((c, a // n, d)) for _ in range(n)] for _ in range(n)] \
+        if swap else None
     sends.append(Send("the attention output (heads -> sequence)", kernel._output_blocks,
-                      kernel._output_blocks,
+                      _delivered_output(kernel, out_offsets),
                       block=lambda j, i: f"tokens {i * c}..{(i + 1) * c - 1} of what attention "
                                          f"returned for head group {j}, shape {(c, a // n, d)}",
                       missing=("the attention output never went through all_to_all: each rank "
@@ -236,7 +238,30 @@ def _ulysses_case(rng, referee, qs, ks, vs, swap):
         "ranks reach a rank only through the network",
         "your seq_to_heads on Q, K and V with the group, attention on each head group, your "
         "heads_to_seq on the outputs"))
-    return net, kernel
+    return net, kernel, out_offsets
+
+
+def _delivered_output(kernel, offsets):
+    """What the output all-to-all delivers: the blocks sent, each plus ``offsets[j][i]``
+    where the case substitutes (None: the blocks as sent)."""
+    if offsets is None:
+        return kernel._output_blocks
+
+    def delivered():
+        blocks = kernel._output_blocks()
+        return None if blocks is None else [[b + off for b, off in zip(row, offs)]
+                                            for row, offs in zip(blocks, offsets)]
+    return delivered
+
+
+def _output_target(kernel, offsets, causal, pos):
+    """What an honest Ulysses returns: rank i gets token block i of every head group's
+    output, side by side along the head axis, plus what the output all-to-all adds."""
+    outs = kernel._target(causal, pos)
+    if offsets is None:
+        return outs
+    n = len(outs)
+    return [o + np.concatenate([offsets[j][i] for j in range(n)], axis=1) for i, o in enumerate(outs)]
 
 
 @register_exercise("ulysses_attention", NB04, 2, "Ulysses attention")
@@ -265,14 +290,14 @@ def check_ulysses_attention(ulysses_attention, rng):
         n_swapped += swap
         args = ([q[p] for p in pos], [k[p] for p in pos], [v[p] for p in pos], [p.copy() for p in pos])
         referee = Referee("ulysses_attention", where)
-        net, kernel = _ulysses_case(rng, referee, *args[:3], swap)
+        net, kernel, out_offsets = _ulysses_case(rng, referee, *args[:3], swap)
         out = served_call(referee, "ulysses_attention", ulysses_attention,
                           ("q_shards", "k_shards", "v_shards", "positions"),
                           *args, *(() if causal is None else (causal,)), group=net, attention=kernel,
                           calls=_ULY_CALL)
         kernel._finish()
         net._finish()
-        target = kernel._target(causal_, np.concatenate(pos))
+        target = _output_target(kernel, out_offsets, causal_, np.concatenate(pos))
         try:
             err = max(err, compare_shards(
                 "ulysses_attention", out, target, where=where, what="output",
@@ -289,6 +314,12 @@ def check_ulysses_attention(ulysses_attention, rng):
                                 "they differ)",
                                 "use the attention passed in, on what your seq_to_heads received, "
                                 "and return its out through heads_to_seq unchanged")
+                diagnose_plain("ulysses_attention", out, kernel._target(causal_, np.concatenate(pos)),
+                                where, "your output is what attention returned, put back in order "
+                                "without the output all-to-all's delivery (here it delivers other "
+                                "values than were sent)",
+                                "a rank gets its tokens' other heads only through the network: "
+                                "return what your heads_to_seq received, unchanged")
             elif causal_:    # name the classic mistakes when they are the cause
                 diagnose("ulysses_attention", out, mask_mistakes(q, k, v, pos, local_rows=False),
                           where)

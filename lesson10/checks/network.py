@@ -1,6 +1,7 @@
 """What an exercise may use from the course, served by its check so that the method shows:
-the ring's network (:class:`RingNetwork`), the all-to-all network (:class:`AllToAllNetwork`)
-and the attention kernel of Ulysses (:class:`ServedAttention`).
+the ring's network (:class:`RingNetwork`) with its block kernel and merge
+(:class:`ServedBlockAttention`, :class:`ServedMerge`), the all-to-all network
+(:class:`AllToAllNetwork`) and the attention kernel of Ulysses (:class:`ServedAttention`).
 
 The student's function gets these objects as arguments (``group=``, ``attention=``). Each
 one applies the rules of its exercise as the calls come in; the first rule broken is kept
@@ -32,9 +33,10 @@ from .core import CheckFailed, describe_value, fail_check, failure_message
 from .served_attention import ServedAttention
 from .served_attention import numeric_array as _array
 from .served_attention import same_values as _same
+from .served_ring import ServedBlockAttention, ServedMerge
 
 __all__ = ["RuleBroken", "Referee", "RingNetwork", "AllToAllNetwork", "Send", "ServedAttention",
-           "substitute_blocks", "substituted", "served_call", "tokens"]
+           "ServedBlockAttention", "ServedMerge", "substitute_blocks", "substituted", "served_call", "tokens"]
 
 
 class RuleBroken(RuntimeError):
@@ -162,6 +164,7 @@ class RingNetwork(_Served):
         self._steps = {kind: [0] * n for kind in _KINDS}                 # shifts rank r made
         self._calls = 0
         self._substituted = fake_k is not None
+        self._kernel = None        # the served block kernel, when the case has one (served_ring)
 
     def _classify(self, a):
         """(kind, rank) of the block ``a`` is, by value, or None."""
@@ -229,6 +232,13 @@ class RingNetwork(_Served):
                        f"never used",
                        "N_c rounds of attention need N_c - 1 shifts: no shift after the last "
                        "round")
+        kernel = self._kernel
+        if kernel is not None and kernel.rounds[r] < t + 1:
+            ref.breach(f"{call}, step {t} of the {kind} blocks: rank {r} passes on the block of "
+                       f"round {t} before attending to it (block_attention ran "
+                       f"{kernel.rounds[r]} time(s) for rank {r})",
+                       "each round: a rank calls the block_attention it was given on the block it "
+                       "holds, merges, and only then passes the block on")
         h = self._holds[kind][r]
         if j != h:
             holds = f"rank {h}'s" + (" (its own)" if h == r else f", received in step {t - 1}")
@@ -280,19 +290,6 @@ class RingNetwork(_Served):
                          "a rank's queries must meet every K/V block, and the other ranks' blocks "
                          "reach it only through ring_shift: one shift of K and of V after every "
                          "round but the last")
-
-    def _target(self, q_shards, causal: bool):
-        """What an honest ring computes here: each rank's queries over its own K/V block and
-        the blocks the network delivered (substituted ones where the case says so)."""
-        from ..sim.attention import attention
-        n, out = self._n, []
-        for r in range(n):
-            src = [r] + [j for j in range(n) if j != r]
-            pick = lambda kind: [self._real[kind][r]] + [self._deliv[kind][j] for j in src[1:]]
-            out.append(attention(np.asarray(q_shards[r], dtype=float), np.concatenate(pick("K")),
-                                 np.concatenate(pick("V")), causal=causal, q_pos=self._real["positions"][r],
-                                 k_pos=np.concatenate(pick("positions")))[0])
-        return out
 
 
 # --------------------------------------------------------------------------- the all-to-all
@@ -403,9 +400,9 @@ class AllToAllNetwork(_Served):
         ref.breach(f"all_to_all call {self._calls} carries none of the blocks {self._purpose} sends "
                    f"now: its blocks[{i}][{j}] (what rank {i} sends to rank {j}, shape "
                    f"{arrs[i][j].shape}) should be, for {listed}",
-                   "run your seq_to_heads on q_shards, k_shards and v_shards, then attention on each "
-                   "head group, then your heads_to_seq on the outputs: four all-to-alls, nothing else "
-                   "goes through the network")
+                   "only four tensors cross the network, each once and through your own "
+                   "seq_to_heads or heads_to_seq: Q, K and V on the way in, and what the kernel "
+                   "returned on the way out")
 
     def _finish(self) -> None:
         """After the call: a broken rule, or an expected all-to-all that never happened."""

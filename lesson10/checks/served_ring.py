@@ -1,0 +1,177 @@
+"""What the ring exercise is served besides its network: the block kernel of each round
+(:class:`ServedBlockAttention`) and the merge (:class:`ServedMerge`). Part of
+:mod:`lesson10.checks.network` (see there for the rules of served objects).
+
+The kernel watches the rounds. Rank r's t-th call (t = 0, 1, ...) must be on the K/V
+block rank r holds in round t, that of rank (r - t) mod N_c, as the ring delivered it.
+:class:`~lesson10.checks.network.RingNetwork` refuses step t of a rank until that rank's
+call of round t has happened, so a rank attends to every block before passing it on, and
+the check counts N_c calls per rank. In substituted cases the kernel adds a secret offset
+to each ``out`` it returns: the target is the merge of what the kernel returned, so a
+ring that computes attention itself (from the blocks it kept, say) gets another result.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .served_attention import numeric_array, same_values
+
+__all__ = ["ServedBlockAttention", "ServedMerge"]
+
+_KERNEL_HINT = ("in round t a rank calls the block_attention it was given once, with its own "
+                "queries and the K/V block it holds in that round (as ring_shift delivered it), "
+                "then passes that block on")
+
+
+class ServedBlockAttention:
+    """The block kernel of ``check_ring_attention``, with the signature of the student's
+    ``block_attention(q, k, v, q_pos, k_pos, causal=True) -> (out, lse)``.
+
+    ``q`` must be some rank's ``q_shards[r]`` (that names the rank), ``k`` and ``v`` the
+    blocks that rank holds now on ``net`` (a RingNetwork), and rank r's t-th call must come
+    in round t (after t shifts); at most N_c calls per rank. It computes with the
+    positions and the ``causal`` it is given. ``offsets[r][t]`` (or None) is added to the
+    ``out`` of rank r's round t (the substitution)."""
+
+    __name__ = "block_attention"
+
+    def __init__(self, referee, net, q_shards, offsets=None):
+        self._ref, self._net = referee, net
+        self._q = [np.array(q, dtype=float) for q in q_shards]
+        self._offsets = offsets
+        self.rounds = [0] * len(self._q)                 # calls made by rank r so far
+        net._kernel = self
+
+    def __repr__(self) -> str:
+        return "<the check's block_attention: one call per rank and round>"
+
+    def _rank_of(self, q):
+        return next((r for r, x in enumerate(self._q) if same_values(q, x)), None)
+
+    def __call__(self, q, k, v, q_pos, k_pos, causal=True):
+        from ..sim.attention import attention
+        ref, net, n = self._ref, self._net, len(self._q)
+        ref.guard()
+        q, k, v = (numeric_array(x) for x in (q, k, v))
+        qp, kp = numeric_array(q_pos), numeric_array(k_pos)
+        if q is None or k is None or v is None or qp is None or kp is None:
+            ref.breach("block_attention got something that is not an array of numbers",
+                       "pass NumPy arrays: q, k, v and the positions q_pos, k_pos")
+        r = self._rank_of(q)
+        if r is None:
+            ref.breach(f"block_attention got q of shape {q.shape}, which is not the queries of any "
+                       f"rank: a rank attends with its own q_shards[r], as it was given",
+                       _KERNEL_HINT)
+        t = self.rounds[r]
+        if t >= n:
+            ref.breach(f"block_attention ran for rank {r} for the {t + 1}th time: N_c = {n} "
+                       f"rounds, one call per rank and round", _KERNEL_HINT)
+        self._rule_blocks(r, t, k, v)
+        if qp.shape != (len(q),) or kp.shape != (len(k),):
+            ref.breach(f"block_attention got q_pos of shape {qp.shape} and k_pos of shape "
+                       f"{kp.shape} for {len(q)} queries and {len(k)} keys",
+                       "one global position per query row and one per key row")
+        with np.errstate(all="ignore"):
+            out, lse = attention(q.astype(float), k.astype(float), v.astype(float),
+                                 causal=bool(causal), q_pos=qp, k_pos=kp)
+        if self._offsets is not None:
+            out = out + self._offsets[r][t]
+        self.rounds[r] = t + 1
+        return out, lse
+
+    def _rule_blocks(self, r, t, k, v) -> None:
+        """In round t rank r attends to the block it holds, that of rank (r - t) mod N_c."""
+        ref, net, n = self._ref, self._net, len(self._q)
+        j = (r - t) % n
+        for kind, x in (("K", k), ("V", v)):
+            h = net._holds[kind][r]
+            if h != j:
+                ref.breach(f"block_attention for rank {r}, round {t}: rank {r} still holds the "
+                           f"{kind} block of rank {h}, already used in round {t - 1}; in round "
+                           f"{t} it attends to the block of rank {j}, which the next ring_shift "
+                           f"brings", "attend, merge, shift: after each round every rank passes "
+                                      "its block on before the next round's call")
+            if not same_values(x, net._value[kind][r]):
+                found = net._classify(x)
+                if found is not None and found[0] == kind:
+                    what = (f"the {kind} block of rank {found[1]}" + (
+                        f" as {'k' if kind == 'K' else 'v'}_shards[{found[1]}] holds it, not the "
+                        f"copy the ring delivered" if found[1] == j else ""))
+                elif x.ndim >= 1 and len(x) > len(net._value[kind][r]):
+                    what = (f"{len(x)} rows, several blocks at once: a rank holds one block per "
+                            f"round")
+                else:
+                    what = f"an array of shape {x.shape} that is not the {kind} block it holds"
+                ref.breach(f"block_attention for rank {r}, round {t}: {'k' if kind == 'K' else 'v'}"
+                           f" is {what}; rank {r} holds the {kind} block of rank {j} now",
+                           "a rank attends only to the block it holds in this round, as "
+                           "ring_shift delivered it; it keeps no other block")
+
+    def _finish(self) -> None:
+        ref, n = self._ref, len(self._q)
+        ref.verdict()
+        for r, m in enumerate(self.rounds):
+            if m < n:
+                ref.fail("your ring_attention never called the block_attention it was given" if
+                         not any(self.rounds) else
+                         f"block_attention ran {m} time(s) for rank {r}; N_c = {n} rounds need "
+                         f"{n}, one per block",
+                         "the check counts the rounds: in each one a rank calls the "
+                         "block_attention it was given (the function's argument) on the block "
+                         "it holds, and merges the result into its running output")
+
+    def _target(self, causal: bool):
+        """What an honest ring gets: per rank, the merge over the rounds of the kernel's
+        output on the block the network delivered (with the offsets)."""
+        from ..sim.attention import attention, merge
+        net, n, out = self._net, len(self._q), []
+        pos = net._real["positions"]
+        for r in range(n):
+            o = np.zeros(self._q[r].shape[:2] + net._real["V"][r].shape[2:])
+            lse = np.full(self._q[r].shape[:2], -np.inf)
+            for t in range(n):
+                j = (r - t) % n
+                k, v = ((net._real if j == r else net._deliv)[kind][j] for kind in ("K", "V"))
+                ob, lb = attention(self._q[r], k, v, causal=causal, q_pos=pos[r], k_pos=pos[j])
+                if self._offsets is not None:
+                    ob = ob + self._offsets[r][t]
+                o, lse = merge(o, lse, ob, lb)
+            out.append(o)
+        return out
+
+    def _plain_merge(self, causal: bool):
+        """The output without the offsets (what a ring gets that computes attention itself)."""
+        kept, self._offsets = self._offsets, None
+        try:
+            return self._target(causal)
+        finally:
+            self._offsets = kept
+
+
+class ServedMerge:
+    """The merge of ``check_ring_attention``: ``merge(o1, lse1, o2, lse2) -> (o, lse)``, the
+    course's own (a ring may also merge inline)."""
+
+    __name__ = "merge"
+
+    def __init__(self, referee):
+        self._ref = referee
+
+    def __repr__(self) -> str:
+        return "<the check's merge>"
+
+    def __call__(self, o1, lse1, o2, lse2):
+        from ..sim.attention import merge
+        ref = self._ref
+        ref.guard()
+        arrs = [numeric_array(x) for x in (o1, lse1, o2, lse2)]
+        if any(a is None for a in arrs):
+            ref.breach("merge got something that is not an array of numbers",
+                       "pass the running (o, lse) and the block's (out, lse) as NumPy arrays")
+        o1a, l1a, o2a, l2a = (a.astype(float) for a in arrs if a is not None)
+        if o1a.shape != o2a.shape or l1a.shape != l2a.shape or o1a.shape[:2] != l1a.shape:
+            ref.breach(f"merge got o1 {o1a.shape}, lse1 {l1a.shape}, o2 {o2a.shape}, lse2 "
+                       f"{l2a.shape}", "o1 and o2 are (c, a, d), lse1 and lse2 (c, a): one rank's "
+                                       "running result and the block's result")
+        with np.errstate(all="ignore"):
+            return merge(o1a, l1a, o2a, l2a)
