@@ -58,6 +58,22 @@ def rs_one_array(xs):                    # the full sum, not split
     return np.sum(xs, axis=0)
 
 
+def rs_int_accumulator(xs):              # sums into an integer buffer: every sum is cut
+    t = len(xs)
+    c = xs[0].shape[0] // t
+    out = []
+    for i in range(t):
+        acc = np.zeros((c, xs[0].shape[1]), dtype=int)
+        for x in xs:
+            acc[:] = acc + x[i * c:(i + 1) * c]
+        out.append(acc)
+    return out
+
+
+def rs_int_accumulator_cast(xs):         # the same, converted back to floats at the end
+    return [a.astype(float) for a in rs_int_accumulator(xs)]
+
+
 # --------------------------------------------------------------------------- 01 all_gather
 def ag_concat(shards):
     full = np.concatenate(shards, axis=0)

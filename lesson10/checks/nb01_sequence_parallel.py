@@ -50,7 +50,7 @@ def check_reduce_scatter(reduce_scatter, rng):
     must get the sum over ranks of rows ``i*s/t .. (i+1)*s/t - 1``."""
     from ..sim.comm import SimGroup
     err, cases = 0.0, _cases(rng)
-    for where, t, c, h, xs in cases:
+    for where, t, _c, _h, xs in cases:
         target = SimGroup(t).reduce_scatter([x.astype(float) for x in xs], axis=0)
         out = run_student("reduce_scatter", reduce_scatter, ("xs",), xs)
         _one_per_rank("reduce_scatter", out, where, "(s/t, h)",
@@ -58,7 +58,8 @@ def check_reduce_scatter(reduce_scatter, rng):
         err = max(err, compare_shards(
             "reduce_scatter", out, target, where=where, what="the summed shard",
             axes=("token", "hidden"),
-            hint=lambda: mistakes.reduce_scatter_mistake(xs, out) or (
+            hint=lambda: mistakes.reduce_scatter_dtype_mistake(xs, out)
+            or mistakes.reduce_scatter_mistake(xs, out) or (
                 "rank i ends with one contiguous block of s/t tokens, block i, summed over the "
                 "partials of all t ranks")))
     return f"{len(cases)} cases (t = 1..5, c = 1..4, integer inputs), max error {err:.1e}"
@@ -70,7 +71,7 @@ def check_all_gather(all_gather, rng):
     rank order along the sequence axis."""
     from ..sim.comm import SimGroup
     err, cases = 0.0, _cases(rng)
-    for where, t, c, h, xs in cases:
+    for where, t, c, _h, xs in cases:
         shards = [x[:c].copy() for x in xs]
         target = SimGroup(t).all_gather([x.astype(float) for x in shards], axis=0)
         out = run_student("all_gather", all_gather, ("shards",), shards)
@@ -100,7 +101,7 @@ def check_sp_forward(sp_forward, rng):
     cases = _cases(rng, n_random=6)
     swapped = {len(cases) - 6 + i for i in substituted(rng, 6)}
     err = 0.0
-    for i, (where, t, c, h, xs) in enumerate(cases):
+    for i, (where, _t, _c, h, xs) in enumerate(cases):
         served = ServedSP(xs, rng.uniform(0.5, 2.0, size=h), rng if i in swapped else None)
         if i in swapped:
             where += ", the collectives deliver other values than a plain sum"
@@ -149,6 +150,6 @@ def check_sp_bytes(sp_bytes, rng):
         close_number("sp_bytes", sp, target, where=where,
                       what="TP + SP bytes (2 RS + 2 AG)",
                       hint=lambda: mistakes.bytes_mistake(sp, target, s, h, t, e, "SP", len(args) == 4)
-                      or "each reduce-scatter or all-gather of the s x h activation (n = s h e "
-                         "bytes) is half a ring all-reduce; the layer has two of each")
+                      or "which collectives does TP + SP run per layer, and what does each put "
+                         "on the wire? Section 3 compares them with an all-reduce")
     return f"{len(cases)} sizes (t = 1..1024, e = 1, 2, 4): TP and TP + SP both send 4 (t-1)/t s h e"

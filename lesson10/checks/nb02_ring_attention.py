@@ -1,6 +1,8 @@
 """Checks of notebook 02: ring attention."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from . import mistakes
@@ -92,11 +94,11 @@ def check_block_attention(block_attention, rng):
         out = run_student("block_attention", block_attention, ("q", "k", "v", "q_pos", "k_pos"), *args)
         where = f"{kind} (sq={sq}, sk={sk}, a={a}, d={d}, causal={causal is not False})"
         yours_o, yours_l = as_pair("block_attention", out, where, "(out, lse)")
-        hint = (lambda: mistakes.block_attention_mistake(q, k, v, q_pos, k_pos, causal is not False,
+        hint: Any = (lambda: mistakes.block_attention_mistake(q, k, v, q_pos, k_pos, causal is not False,
                                                          causal is not None, (yours_o, yours_l))
-                or "scores q.k / sqrt(d) per head, the causal mask on the global positions (a key "
-                   "at the query's own position is visible), a softmax that stays finite for "
-                   "scores of +-1000, and out 0, lse -inf for a query that sees no key")
+                or "go through the formulas above on this case: the scale of the scores, which "
+                   "keys the mask lets each query see, a softmax at scores of +-1000, and a query "
+                   "that sees no key")
         err = max(err, compare_arrays("block_attention", yours_l, l_t, where=where, what="lse",
                                 axes=("query", "head"), hint=hint))
         err = max(err, compare_arrays("block_attention", yours_o, o_t, where=where, what="out",
@@ -154,11 +156,10 @@ def check_merge(merge, rng):
         out = run_student("merge", merge, ("o1", "lse1", "o2", "lse2"), o1, l1, o2, l2)
         where = f"{kind} (s={s}, a={a}, d={d})"
         yours_o, yours_l = as_pair("merge", out, where, "(o, lse)")
-        hint = (lambda: mistakes.merge_mistake(o1.astype(float), l1, o2.astype(float), l2,
+        hint: Any = (lambda: mistakes.merge_mistake(o1.astype(float), l1, o2.astype(float), l2,
                                                (yours_o, yours_l))
-                or "the merged lse is the log of the summed probability mass of both sides, "
-                   "computed so that exp never overflows; each side's output is weighted by its "
-                   "share of that mass; two empty sides (lse -inf) merge to o = 0, lse = -inf")
+                or "work this case through the merge formula above: the merged lse, each side's "
+                   "weight, large lse values, and rows where a side saw no key")
         err = max(err, compare_arrays("merge", yours_l, l_t, where=where, what="lse",
                                 axes=("query", "head"), hint=hint))
         err = max(err, compare_arrays("merge", yours_o, o_t, where=where, what="o",
@@ -241,7 +242,7 @@ def _ring_cases(rng, n_random=6):
     not, N_c = 1, c > 1, causal not passed = None, scores near +-1000), then random ones;
     in at least two random cases the network substitutes the K/V blocks of other ranks and
     the kernel adds an offset to its output."""
-    cases = [("contiguous", True, 4, 8), ("zigzag", True, 3, 12), ("striped", True, 4, 12),
+    cases: list[tuple] = [("contiguous", True, 4, 8), ("zigzag", True, 3, 12), ("striped", True, 4, 12),
              ("contiguous", False, 3, 6), ("zigzag", False, 2, 8), ("contiguous", True, 1, 3),
              ("zigzag", None, 4, 8)]
     cases = [case + (False, False) for case in cases]
@@ -306,8 +307,8 @@ def check_ring_attention(ring_attention, rng):
                           ("q_shards", "k_shards", "v_shards", "positions"),
                           *args, *(() if causal is None else (causal,)), group=net,
                           block_attention=kernel, merge=ServedMerge(referee), calls=_RING_CALL)
-        kernel._finish()
         net._finish()
+        kernel._finish()
         causal_ = causal is not False
         try:
             err = max(err, compare_shards(

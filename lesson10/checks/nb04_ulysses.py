@@ -78,9 +78,8 @@ def _head_group_send(name, shards, n, rng, swap):
     return Send(name, expected, delivered,
                 block=lambda i, j: f"{_heads(g, j)} of rank {i}'s {tokens(c)}, shape {(c, g, d)}",
                 missing=(f"{name} never went through all_to_all",
-                         "rank i cuts its (c, a, d) shard into N_c head groups (axis 1) and sends "
-                         "group j to rank j: blocks[i][j]; rank j stacks what it receives from ranks "
-                         "0, 1, ... along the token axis"))
+                         "rank i owes every rank j one part of its shard (which heads does rank j "
+                         "keep?), and all of those parts travel in one group.all_to_all"))
 
 
 _S2H_CALL = "seq_to_heads(shards, group)"
@@ -161,9 +160,8 @@ def check_heads_to_seq(heads_to_seq, rng):
         referee = Referee("heads_to_seq", where)
         expected = [np.split(y, n, axis=0) for y in shards]
         delivered = substitute_blocks(rng, expected) if swap else expected
-        hint = ("rank j cuts its (s, a/n, d) shard into N_c token blocks (axis 0) and sends block i "
-                "to rank i: blocks[j][i]; rank i puts what it receives from ranks 0, 1, ... side by "
-                "side along the head axis")
+        hint = ("rank j owes every rank i the tokens rank i keeps (with rank j's heads), all "
+                "in one group.all_to_all; rank i lines up what arrives in head order")
         send = Send("the token blocks", expected, delivered,
                     block=lambda j, i: f"tokens {i * c}..{(i + 1) * c - 1} of rank {j}'s shard "
                                        f"({_heads(g, j)}), shape {(c, g, d)}",
@@ -187,7 +185,7 @@ def check_heads_to_seq(heads_to_seq, rng):
 def _ulysses_cases(rng, n_random=6):
     """(layout, causal, N_c, c, a, a_kv, substitute): fixed cases, then random ones; causal
     None = not passed (the default, True); at least two random cases substitute."""
-    cases = [("contiguous", True, 2, 2, 4, 4), ("zigzag", True, 2, 4, 4, 2),
+    cases: list[tuple] = [("contiguous", True, 2, 2, 4, 4), ("zigzag", True, 2, 4, 4, 2),
              ("zigzag", True, 2, 2, 8, 4), ("striped", True, 3, 2, 3, 3),
              ("contiguous", False, 4, 1, 4, 4), ("contiguous", True, 1, 4, 2, 2),
              ("zigzag", None, 4, 2, 4, 4)]
@@ -236,8 +234,8 @@ def _ulysses_case(rng, referee, qs, ks, vs, swap):
     net = AllToAllNetwork(referee, n, sends, purpose="Ulysses", never=(
         "your ulysses_attention never called group.all_to_all: the head groups of the other "
         "ranks reach a rank only through the network",
-        "your seq_to_heads on Q, K and V with the group, attention on each head group, your "
-        "heads_to_seq on the outputs"))
+        "the head groups of the other ranks reach a rank only through group.all_to_all, "
+        "which your seq_to_heads and heads_to_seq use"))
     return net, kernel, out_offsets
 
 
@@ -302,9 +300,8 @@ def check_ulysses_attention(ulysses_attention, rng):
             err = max(err, compare_shards(
                 "ulysses_attention", out, target, where=where, what="output",
                 axes=("local query", "head", "dim"),
-                hint="the kernel gets each rank's head group with the global positions of its "
-                     "rows, in the order your seq_to_heads stacked them, and causal as it was "
-                     "passed in; what it returns goes back through heads_to_seq"))
+                hint="check what you give the kernel besides the head groups: the positions of "
+                     "the rows it gets, in the order they come, and the causal flag"))
         except CheckFailed:
             full = attention(q, k, v, causal=causal_)[0]
             if swap:
@@ -342,7 +339,7 @@ def check_ulysses_bytes(ulysses_bytes, rng):
     forward pass: four all-to-alls (Q, K, V, output); K and V have ``h/g`` columns."""
     from .. import cost
     # (s, h, N_c, g, e); None: not passed, the default (g = 1, e = 2)
-    cases = [(4096, 1024, 4, 4, 2), (16, 8, 1, 1, 2), (64, 32, 2, 1, 2), (64, 32, 2, 2, 1),
+    cases: list[tuple] = [(4096, 1024, 4, 4, 2), (16, 8, 1, 1, 2), (64, 32, 2, 1, 2), (64, 32, 2, 2, 1),
              (96, 48, 3, 1, 4), (131072, 4096, 8, 1, 2), (80, 16, 4, None, None), (48, 24, 3, 2, None)]
     for i in range(8):       # N_c up to 256, s up to ~2M, h up to ~64K: no table covers them
         big = i % 2 == 1

@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .core import CheckFailed, describe_value, fail_check, failure_message
-from .served_attention import ServedAttention
+from .served_attention import ServedAttention, plural
 from .served_attention import numeric_array as _array
 from .served_attention import same_values as _same
 from .served_ring import ServedBlockAttention, ServedMerge
 
 __all__ = ["RuleBroken", "Referee", "RingNetwork", "AllToAllNetwork", "Send", "ServedAttention",
-           "ServedBlockAttention", "ServedMerge", "substitute_blocks", "substituted", "served_call", "tokens"]
+           "ServedBlockAttention", "ServedMerge", "plural", "substitute_blocks", "substituted", "served_call", "tokens"]
 
 
 class RuleBroken(RuntimeError):
@@ -93,7 +93,7 @@ class _Served:
 
 def tokens(c: int) -> str:
     """``"1 token"``, ``"3 tokens"``."""
-    return f"{c} token{'' if c == 1 else 's'}"
+    return plural(c, "token")
 
 
 def _ordinal(i: int) -> str:
@@ -227,7 +227,7 @@ class RingNetwork(_Served):
         t = self._steps[kind][r]
         if t >= n - 1:
             ref.breach(f"{call}, rank {r} sends a {kind} block for the {_ordinal(t + 1)} time, but "
-                       f"N_c - 1 = {n - 1} steps already brought every {kind} block to every rank: "
+                       f"N_c - 1 = {plural(n - 1, 'step')} already brought every {kind} block to every rank: "
                        f"the block it would receive now is its own, used in round 0, so it is "
                        f"never used",
                        "N_c rounds of attention need N_c - 1 shifts: no shift after the last "
@@ -236,7 +236,7 @@ class RingNetwork(_Served):
         if kernel is not None and kernel.rounds[r] < t + 1:
             ref.breach(f"{call}, step {t} of the {kind} blocks: rank {r} passes on the block of "
                        f"round {t} before attending to it (block_attention ran "
-                       f"{kernel.rounds[r]} time(s) for rank {r})",
+                       f"{plural(kernel.rounds[r], 'time')} for rank {r})",
                        "each round: a rank calls the block_attention it was given on the block it "
                        "holds, merges, and only then passes the block on")
         h = self._holds[kind][r]
@@ -279,13 +279,14 @@ class RingNetwork(_Served):
         if n > 1 and self._calls == 0:
             ref.fail("your ring_attention never called group.ring_shift: the K/V blocks of the other "
                      "ranks reach a rank only through the network",
-                     "in each round a rank attends to the block it holds, then passes it on to rank "
-                     "r + 1 with group.ring_shift: N_c - 1 shifts of K and of V")
+                     "the other ranks' K/V blocks reach a rank only through group.ring_shift: "
+                     "how many steps does every block need to meet every rank?")
         for kind in ("K", "V"):
             m = self._steps[kind][0]
             if m < n - 1:
                 missing = [(0 - t) % n for t in range(m + 1, n)]
-                ref.fail(f"the {kind} blocks moved {m} time(s), N_c - 1 = {n - 1} are needed: rank 0 "
+                ref.fail(f"the {kind} blocks moved {plural(m, 'time')}, N_c - 1 = {n - 1} "
+                         f"{'is' if n == 2 else 'are'} needed: rank 0 "
                          f"never received the {kind} blocks of ranks {missing}",
                          "a rank's queries must meet every K/V block, and the other ranks' blocks "
                          "reach it only through ring_shift: one shift of K and of V after every "
@@ -352,7 +353,7 @@ class AllToAllNetwork(_Served):
                     ref.breach(f"all_to_all: blocks[{i}][{j}] is {describe_value(blocks[i][j])}, not an "
                                f"array of numbers", "every block is a NumPy array")
         if self._calls > len(self._sends):
-            ref.breach(f"all_to_all was called {self._calls} times; {self._purpose} needs "
+            ref.breach(f"all_to_all was called {plural(self._calls, 'time')}; {self._purpose} needs "
                        f"exactly {len(self._sends)}",
                        "one all-to-all moves every block of one tensor at once: every rank sends "
                        "one block to every rank in the same call")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .served_attention import numeric_array, same_values
+from .served_attention import numeric_array, plural, same_values
 
 __all__ = ["ServedBlockAttention", "ServedMerge"]
 
@@ -50,7 +50,7 @@ class ServedBlockAttention:
 
     def __call__(self, q, k, v, q_pos, k_pos, causal=True):
         from ..sim.attention import attention
-        ref, net, n = self._ref, self._net, len(self._q)
+        ref, n = self._ref, len(self._q)
         ref.guard()
         q, k, v = (numeric_array(x) for x in (q, k, v))
         qp, kp = numeric_array(q_pos), numeric_array(k_pos)
@@ -69,7 +69,7 @@ class ServedBlockAttention:
         self._rule_blocks(r, t, k, v)
         if qp.shape != (len(q),) or kp.shape != (len(k),):
             ref.breach(f"block_attention got q_pos of shape {qp.shape} and k_pos of shape "
-                       f"{kp.shape} for {len(q)} queries and {len(k)} keys",
+                       f"{kp.shape} for {plural(len(q), 'query', 'queries')} and {plural(len(k), 'key')}",
                        "one global position per query row and one per key row")
         with np.errstate(all="ignore"):
             out, lse = attention(q.astype(float), k.astype(float), v.astype(float),
@@ -93,6 +93,12 @@ class ServedBlockAttention:
                                       "its block on before the next round's call")
             if not same_values(x, net._value[kind][r]):
                 found = net._classify(x)
+                hint = ("a rank attends only to the block it holds in this round, as ring_shift "
+                        "delivered it; it keeps no other block")
+                if found is not None and found[0] == kind and found[1] == j:
+                    hint = ("a rank may use only its own k_shards[r], v_shards[r] and what "
+                            "ring_shift returned to it: reading k_shards[j] of another rank means "
+                            "reading another GPU's memory")
                 if found is not None and found[0] == kind:
                     what = (f"the {kind} block of rank {found[1]}" + (
                         f" as {'k' if kind == 'K' else 'v'}_shards[{found[1]}] holds it, not the "
@@ -103,9 +109,7 @@ class ServedBlockAttention:
                 else:
                     what = f"an array of shape {x.shape} that is not the {kind} block it holds"
                 ref.breach(f"block_attention for rank {r}, round {t}: {'k' if kind == 'K' else 'v'}"
-                           f" is {what}; rank {r} holds the {kind} block of rank {j} now",
-                           "a rank attends only to the block it holds in this round, as "
-                           "ring_shift delivered it; it keeps no other block")
+                           f" is {what}; rank {r} holds the {kind} block of rank {j} now", hint)
 
     def _finish(self) -> None:
         ref, n = self._ref, len(self._q)
@@ -114,8 +118,8 @@ class ServedBlockAttention:
             if m < n:
                 ref.fail("your ring_attention never called the block_attention it was given" if
                          not any(self.rounds) else
-                         f"block_attention ran {m} time(s) for rank {r}; N_c = {n} rounds need "
-                         f"{n}, one per block",
+                         f"block_attention ran {plural(m, 'time')} for rank {r}; N_c = "
+                         f"{plural(n, 'round')} {'needs' if n == 1 else 'need'} {n}, one per block",
                          "the check counts the rounds: in each one a rank calls the "
                          "block_attention it was given (the function's argument) on the block "
                          "it holds, and merges the result into its running output")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import mistakes
-from .served_attention import numeric_array, same_values
+from .served_attention import numeric_array, plural, same_values
 
 __all__ = ["ServedSP"]
 
@@ -129,7 +129,7 @@ class ServedSP:
         if found:
             return found
         if len(self.ag_calls) != 1:
-            return (f"all_gather was called {len(self.ag_calls)} times; SP needs it once",
+            return (f"all_gather was called {plural(len(self.ag_calls), 'time')}; SP needs it once",
                     "one all-gather, of the t outputs of op, gives every rank all s tokens")
         want = [self._op_value(d) for d in self.delivered]
         if len(self.ag_calls[0]) != t or not all(np.array_equal(a, y) for a, y in
@@ -141,7 +141,8 @@ class ServedSP:
     def _rs_problem(self):
         n = len(self.rs_calls)
         if n > 1:
-            return (f"reduce_scatter was called {n} times; SP needs it once, on the partials",
+            return (f"reduce_scatter was called {plural(n, 'time')}; SP needs it once, on the "
+                    f"partials",
                     "one reduce-scatter sums the t partials and leaves each rank its block")
         ops = [self._op_value(p) for p in self.partials]
         if all(a.shape == o.shape and np.allclose(a, o) for a, o in zip(self.rs_calls[0], ops)):
@@ -159,7 +160,7 @@ class ServedSP:
         wrong = [sh for sh in calls if len(sh) != 2 or sh[0] != c]
         if wrong:
             return (f"op was called on an array of shape {wrong[0]}; under SP each rank runs it "
-                    f"on its own s/t = {c} tokens, shape ({c}, {h})",
+                    f"on its own s/t = {plural(c, 'token')}, shape ({c}, {h})",
                     mistakes.sp_op_calls_mistake(wrong[0], t * c, c))
         return None
 
@@ -167,7 +168,7 @@ class ServedSP:
         t = self.t
         calls = [x.shape for x, _ in self.op_calls]
         if len(calls) != t:
-            return (f"op was called {len(calls)} times, expected once per rank ({t})",
+            return (f"op was called {plural(len(calls), 'time')}, expected once per rank ({t})",
                     "one call per rank, on that rank's shard")
         left = list(range(t))                 # ranks whose shard op has not seen yet
         for i, (x, _) in enumerate(self.op_calls):
