@@ -545,7 +545,7 @@ def make_ring(mrg=None, rounds=None, shifts=None, causal_override=None, key_pos=
 
 
 def ring_tuple(q_shards, k_shards, v_shards, positions, causal=True, group=None,
-               block_attention=None, merge=None):
+               block_attention=attn_matmul_heads, merge=None):
     """One ring_shift per step of (k, v, k_pos) tuples; merges inline with logaddexp."""
     n = len(q_shards)
     out = [np.zeros_like(q) for q in q_shards]

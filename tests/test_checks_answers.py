@@ -202,7 +202,7 @@ HINTS = {
     ('ring_attention', 7): 'the running result starts empty',
     ('ring_attention', 8): 'leave the inputs as they are',
     ('ring_attention', 9): 'a rank may use only its own k_shards[r], v_shard',
-    ('ring_attention', 10): 'attend, merge, shift',
+    ('ring_attention', 10): 'a rank attends only to the block it holds',
     ('ring_attention', 11): 'N_c rounds of attention need N_c - 1 shifts',
     ('ring_attention', 12): 'in step t rank r passes on the block it holds',
     ('ring_attention', 13): 'a rank may read only its own k_shards[r] and v_s',

@@ -256,8 +256,8 @@ def _ring_cases(rng, n_random=6):
     return cases
 
 
-_RING_CALL = ("ring_attention(q_shards, k_shards, v_shards, positions[, causal], group=network, "
-              "block_attention=kernel, merge=merge)")
+_RING_CALL = ("ring_attention(q_shards, k_shards, v_shards, positions[, causal], "
+              "block_attention=kernel, merge=merge, group=network)")
 
 
 def _ring_case(rng, layout, causal, n, s, swap, large):
@@ -281,7 +281,7 @@ def _ring_case(rng, layout, causal, n, s, swap, large):
     net = RingNetwork(referee, ks, vs, pos, *fakes)
     qs = [q[p] for p in pos]
     offsets = [[rng.standard_normal(x.shape) for _ in range(n)] for x in qs] if swap else None
-    kernel = ServedBlockAttention(referee, net, qs, offsets)
+    kernel = ServedBlockAttention(referee, net, qs, offsets, causal=causal is not False)
     return (q, k, v, pos), (qs, ks, vs, [p.copy() for p in pos]), where, referee, net, kernel
 
 

@@ -233,10 +233,9 @@ class RingNetwork(_Served):
                        "N_c rounds of attention need N_c - 1 shifts: no shift after the last "
                        "round")
         kernel = self._kernel
-        if kernel is not None and kernel.rounds[r] < t + 1:
+        if kernel is not None and not kernel.ready(r, t):
             ref.breach(f"{call}, step {t} of the {kind} blocks: rank {r} passes on the block of "
-                       f"round {t} before attending to it (block_attention ran "
-                       f"{plural(kernel.rounds[r], 'time')} for rank {r})",
+                       f"round {t} before attending to it (block_attention has not run on it)",
                        "each round: a rank calls the block_attention it was given on the block it "
                        "holds, merges, and only then passes the block on")
         h = self._holds[kind][r]

@@ -83,7 +83,7 @@ class ServedAttention:
                     what = f"attention got Q head group {j} with {name.upper()} head group {jj}"
                 elif x.shape[1:2] == (a // n,) and a_kv < a:
                     what = (f"{name} has {plural(x.shape[1], 'head')}, as many as the query head "
-                            f"group: K/V have a_kv = {a_kv} (GQA), so rank {j} holds {want}")
+                            f"group: K/V have a_kv = {a_kv} heads (GQA), so rank {j} holds {want}")
                 else:
                     what = f"{name} (shape {x.shape}) is not {want} as all_to_all delivered it"
                 ref.breach(what, "pass kh[j] and vh[j] as your seq_to_heads returned them, with "

@@ -28,22 +28,32 @@ class ServedBlockAttention:
     ``block_attention(q, k, v, q_pos, k_pos, causal=True) -> (out, lse)``.
 
     ``q`` must be some rank's ``q_shards[r]`` (that names the rank), ``k`` and ``v`` the
-    blocks that rank holds now on ``net`` (a RingNetwork), and rank r's t-th call must come
-    in round t (after t shifts); at most N_c calls per rank. It computes with the
-    positions and the ``causal`` it is given. ``offsets[r][t]`` (or None) is added to the
-    ``out`` of rank r's round t (the substitution)."""
+    blocks that rank holds now on ``net`` (a RingNetwork): holding the block of rank
+    (r - t) mod N_c, it is in round t, and each round gets one call. A round whose block
+    the causal mask hides entirely (``causal``: the case's flag) may be skipped. It
+    computes with the positions and the ``causal`` it is given. ``offsets[r][t]`` (or
+    None) is added to the ``out`` of rank r's round t (the substitution)."""
 
     __name__ = "block_attention"
 
-    def __init__(self, referee, net, q_shards, offsets=None):
+    def __init__(self, referee, net, q_shards, offsets=None, causal=True):
         self._ref, self._net = referee, net
         self._q = [np.array(q, dtype=float) for q in q_shards]
-        self._offsets = offsets
-        self.rounds = [0] * len(self._q)                 # calls made by rank r so far
+        self._offsets, self._causal = offsets, causal
+        self.done: list[set] = [set() for _ in self._q]     # rounds rank r has called
         net._kernel = self
 
     def __repr__(self) -> str:
         return "<the check's block_attention: one call per rank and round>"
+
+    def skippable(self, r: int, t: int) -> bool:
+        """Does the causal mask hide every key of round t's block from rank r's queries?"""
+        pos, j = self._net._real["positions"], (r - t) % len(self._q)
+        return bool(self._causal) and len(pos[j]) > 0 and pos[j].min() > pos[r].max()
+
+    def ready(self, r: int, t: int) -> bool:
+        """May rank r pass on the block of round t (its call happened, or it may skip)?"""
+        return t in self.done[r] or self.skippable(r, t)
 
     def _rank_of(self, q):
         return next((r for r, x in enumerate(self._q) if same_values(q, x)), None)
@@ -62,35 +72,33 @@ class ServedBlockAttention:
             ref.breach(f"block_attention got q of shape {q.shape}, which is not the queries of any "
                        f"rank: a rank attends with its own q_shards[r], as it was given",
                        _KERNEL_HINT)
-        t = self.rounds[r]
-        if t >= n:
-            ref.breach(f"block_attention ran for rank {r} for the {t + 1}th time: N_c = {n} "
-                       f"rounds, one call per rank and round", _KERNEL_HINT)
-        self._rule_blocks(r, t, k, v)
+        t = self._rule_blocks(r, k, v)
+        if t in self.done[r]:
+            ref.breach(f"block_attention ran for rank {r} a second time in round {t} (on the block "
+                       f"of rank {(r - t) % n})", "attend, merge, shift: one call per rank and "
+                                                  "round, then the block moves on")
         if qp.shape != (len(q),) or kp.shape != (len(k),):
             ref.breach(f"block_attention got q_pos of shape {qp.shape} and k_pos of shape "
-                       f"{kp.shape} for {plural(len(q), 'query', 'queries')} and {plural(len(k), 'key')}",
-                       "one global position per query row and one per key row")
+                       f"{kp.shape} for {plural(len(q), 'query', 'queries')} and "
+                       f"{plural(len(k), 'key')}", "one global position per query row and one "
+                                                   "per key row")
         with np.errstate(all="ignore"):
             out, lse = attention(q.astype(float), k.astype(float), v.astype(float),
                                  causal=bool(causal), q_pos=qp, k_pos=kp)
         if self._offsets is not None:
             out = out + self._offsets[r][t]
-        self.rounds[r] = t + 1
+        self.done[r].add(t)
         return out, lse
 
-    def _rule_blocks(self, r, t, k, v) -> None:
-        """In round t rank r attends to the block it holds, that of rank (r - t) mod N_c."""
+    def _rule_blocks(self, r, k, v) -> int:
+        """k and v are the blocks rank r holds now, of one round: returns that round."""
         ref, net, n = self._ref, self._net, len(self._q)
-        j = (r - t) % n
+        j = net._holds["K"][r]
+        if net._holds["V"][r] != j:
+            ref.breach(f"block_attention for rank {r}: it holds the K block of rank {j} but the V "
+                       f"block of rank {net._holds['V'][r]}", "K and V of a block belong to one "
+                                                              "round: shift both before the next call")
         for kind, x in (("K", k), ("V", v)):
-            h = net._holds[kind][r]
-            if h != j:
-                ref.breach(f"block_attention for rank {r}, round {t}: rank {r} still holds the "
-                           f"{kind} block of rank {h}, already used in round {t - 1}; in round "
-                           f"{t} it attends to the block of rank {j}, which the next ring_shift "
-                           f"brings", "attend, merge, shift: after each round every rank passes "
-                                      "its block on before the next round's call")
             if not same_values(x, net._value[kind][r]):
                 found = net._classify(x)
                 hint = ("a rank attends only to the block it holds in this round, as ring_shift "
@@ -108,21 +116,25 @@ class ServedBlockAttention:
                             f"round")
                 else:
                     what = f"an array of shape {x.shape} that is not the {kind} block it holds"
-                ref.breach(f"block_attention for rank {r}, round {t}: {'k' if kind == 'K' else 'v'}"
-                           f" is {what}; rank {r} holds the {kind} block of rank {j} now", hint)
+                ref.breach(f"block_attention for rank {r}: {'k' if kind == 'K' else 'v'} is "
+                           f"{what}; rank {r} holds the {kind} block of rank {j} now", hint)
+        return (r - j) % n
 
     def _finish(self) -> None:
         ref, n = self._ref, len(self._q)
         ref.verdict()
-        for r, m in enumerate(self.rounds):
-            if m < n:
-                ref.fail("your ring_attention never called the block_attention it was given" if
-                         not any(self.rounds) else
-                         f"block_attention ran {plural(m, 'time')} for rank {r}; N_c = "
-                         f"{plural(n, 'round')} {'needs' if n == 1 else 'need'} {n}, one per block",
-                         "the check counts the rounds: in each one a rank calls the "
-                         "block_attention it was given (the function's argument) on the block "
-                         "it holds, and merges the result into its running output")
+        if not any(self.done):
+            ref.fail("your ring_attention never called the block_attention it was given",
+                     "the check counts the rounds: in each one a rank calls the block_attention "
+                     "it was given (the function's argument) on the block it holds, and merges "
+                     "the result into its running output")
+        for r in range(n):
+            missing = [t for t in range(n) if not self.ready(r, t)]
+            if missing:
+                ref.fail(f"block_attention ran {plural(len(self.done[r]), 'time')} for rank {r}; "
+                         f"{'round' if len(missing) == 1 else 'rounds'} {missing} of N_c = {n} "
+                         f"had no call", "the check counts the rounds: in each one a rank calls "
+                                         "the block_attention it was given on the block it holds")
 
     def _target(self, causal: bool):
         """What an honest ring gets: per rank, the merge over the rounds of the kernel's
