@@ -91,9 +91,9 @@ def check_seq_to_heads(seq_to_heads, rng):
     """``seq_to_heads(shards, group) -> list``: ``shards[r]`` is ``(s/n, a, d)`` (tokens of
     rank r, every head); rank r must end with ``(s, a/n, d)``: every token, heads
     ``r a/n ..``. The check's ``group`` offers ``all_to_all(blocks)`` only and wants exactly
-    one call, ``blocks[i][j]`` = head group j of rank i; the answer is what each rank
-    received, stacked (in some random cases the network delivers other values). When ``a``
-    is not a multiple of ``n`` it must raise a ValueError (not send, not return empty shards)."""
+    one call; the answer is built from what each rank received (in some random cases the
+    network delivers other values). When ``a`` is not a multiple of ``n`` it must raise a
+    ValueError (not send, not return empty shards)."""
     cases = _a2a_cases(rng)
     for where, n, x, swap in cases:
         shards = np.split(x, n, axis=0)
@@ -149,9 +149,8 @@ def check_seq_to_heads(seq_to_heads, rng):
 @register_exercise("heads_to_seq", NB04, 1, "all-to-all: head shards -> sequence shards")
 def check_heads_to_seq(heads_to_seq, rng):
     """``heads_to_seq(shards, group) -> list``: the inverse of ``seq_to_heads``, with exactly
-    one ``group.all_to_all(blocks)``, ``blocks[j][i]`` = token block i of rank j's
-    ``(s, a/n, d)`` shard; rank i returns what it received side by side along the head axis
-    (in some random cases the network delivers other values)."""
+    one ``group.all_to_all(blocks)``; the answer is built from what each rank received (in
+    some random cases the network delivers other values)."""
     cases = _a2a_cases(rng)
     for where, n, x, swap in cases:
         shards = np.split(x, n, axis=1)
