@@ -109,7 +109,8 @@ def check_block_attention(block_attention, rng):
 
 def _merge_cases(rng, n_random=8):
     fixed = ["ordinary", "large lse (about +800)", "small lse (about -800)",
-             "lse1 about +800, lse2 about -800", "one side saw no key (lse -inf)",
+             "lse1 about +800, lse2 about -800", "lse near +-1000, the sign per row",
+             "one side saw no key (lse -inf)",
              "both sides saw no key in some rows", "integer-valued o1, o2"]
     return fixed + [f"random {i}" for i in range(n_random)]
 
@@ -133,6 +134,9 @@ def check_merge(merge, rng):
             l1, l2 = l1 - 800, l2 - 800
         if kind.startswith("lse1 about"):
             l1, l2 = l1 + 800, l2 - 800
+        if kind.startswith("lse near"):
+            sign = np.where(np.arange(s) % 2 == 0, 1.0, -1.0)[:, None]
+            l1, l2 = l1 + 1000 * sign, l2 + 1000 * sign
         if kind.startswith("integer"):
             o1, o2 = (rng.integers(-5, 6, size=(s, a, d)).astype(float) for _ in range(2))
         if kind.startswith("random"):
