@@ -140,8 +140,9 @@ class RingNetwork(_Served):
     block or the positions of some rank; at most one block of each kind per rank and call
     (more is gathering); every rank sends the same kinds in a call; in step t (its t-th
     shift of that kind, from 0) rank r passes on the block it holds, that of rank
-    (r - t) mod N_c, with the values it received; at most N_c - 1 steps. After the call
-    (:meth:`_finish`): N_c - 1 steps of K and of V.
+    (r - t) mod N_c, with the values it received, and only after the served block kernel
+    (``_kernel``, a :class:`ServedBlockAttention`, when the case has one) ran on that block;
+    at most N_c - 1 steps. After the call (:meth:`_finish`): N_c - 1 steps of K and of V.
 
     ``fake_k`` / ``fake_v`` (one array per rank, or None): what the network delivers in place
     of each rank's K and V block when they reach another rank (the substitution).
