@@ -489,32 +489,3 @@ def aux_loss_mistake(probs, experts, alpha, yours, alpha_passed) -> str | None:
         if same(yours, value) and not same(value, right):
             return text
     return None
-
-
-# --------------------------------------------------------------------------- 01, added for the SP checks
-def reduce_scatter_dtype_mistake(xs, out) -> str | None:
-    """An integer accumulator: float partials summed into an integer array (every sum cut
-    to a whole number), whether the result stays integer or is converted back."""
-    parts = [np.asarray(x) for x in xs]
-    if not parts or any(p.dtype.kind != "f" for p in parts):
-        return None
-    t = len(parts)
-    total = np.sum([p.astype(float) for p in parts], axis=0)
-    c = total.shape[0] // t
-    blocks = [total[i * c:(i + 1) * c] for i in range(t)]
-    try:
-        arrs = [np.asarray(o) for o in out]
-    except (TypeError, ValueError):
-        return None
-    text = ("your sums are whole numbers though the partials are floats: the accumulator has an "
-            "integer dtype, so each addition is cut to an integer; give it the dtype of the "
-            "partials")
-    if len(arrs) == t and any(a.dtype.kind in "iu" for a in arrs):
-        return text
-    with np.errstate(all="ignore"):
-        stepwise = [np.zeros_like(b) for b in blocks]
-        for p in parts:
-            stepwise = [np.trunc(acc + p[i * c:(i + 1) * c]) for i, acc in enumerate(stepwise)]
-    if same(arrs, [np.trunc(b) for b in blocks]) or same(arrs, stepwise):
-        return text
-    return None

@@ -44,6 +44,34 @@ def _one_per_rank(exercise, out, where, shape, hint):
               f"with one {shape} array per rank", show=False, hint=hint)
 
 
+def reduce_scatter_dtype_mistake(xs, out) -> str | None:
+    """An integer accumulator: float partials summed into an integer array (every sum cut
+    to a whole number), whether the result stays integer or is converted back."""
+    parts = [np.asarray(x) for x in xs]
+    if not parts or any(p.dtype.kind != "f" for p in parts):
+        return None
+    t = len(parts)
+    total = np.sum([p.astype(float) for p in parts], axis=0)
+    c = total.shape[0] // t
+    blocks = [total[i * c:(i + 1) * c] for i in range(t)]
+    try:
+        arrs = [np.asarray(o) for o in out]
+    except (TypeError, ValueError):
+        return None
+    text = ("your sums are whole numbers though the partials are floats: the accumulator has an "
+            "integer dtype, so each addition is cut to an integer; give it the dtype of the "
+            "partials")
+    if len(arrs) == t and any(a.dtype.kind in "iu" for a in arrs):
+        return text
+    with np.errstate(all="ignore"):
+        stepwise = [np.zeros_like(b) for b in blocks]
+        for p in parts:
+            stepwise = [np.trunc(acc + p[i * c:(i + 1) * c]) for i, acc in enumerate(stepwise)]
+    if mistakes.same(arrs, [np.trunc(b) for b in blocks]) or mistakes.same(arrs, stepwise):
+        return text
+    return None
+
+
 @register_exercise("reduce_scatter", NB01, 1, "reduce-scatter along the sequence")
 def check_reduce_scatter(reduce_scatter, rng):
     """``reduce_scatter(xs) -> list``: ``xs[r]`` is rank r's ``(s, h)`` partial sum; rank i
@@ -58,7 +86,7 @@ def check_reduce_scatter(reduce_scatter, rng):
         err = max(err, compare_shards(
             "reduce_scatter", out, target, where=where, what="the summed shard",
             axes=("token", "hidden"),
-            hint=lambda: mistakes.reduce_scatter_dtype_mistake(xs, out)
+            hint=lambda: reduce_scatter_dtype_mistake(xs, out)
             or mistakes.reduce_scatter_mistake(xs, out) or (
                 "rank i ends with one contiguous block of s/t tokens, block i, summed over the "
                 "partials of all t ranks")))

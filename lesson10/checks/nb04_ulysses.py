@@ -261,6 +261,36 @@ def _output_target(kernel, offsets, causal, pos):
     return [o + np.concatenate([offsets[j][i] for j in range(n)], axis=1) for i, o in enumerate(outs)]
 
 
+def _ulysses_diagnosis(out, full_in, kernel, causal_, swap, where) -> None:
+    """Name the mistake when the output equals a known one."""
+    from ..sim.attention import attention
+    q, k, v, pos = full_in
+    full = attention(q, k, v, causal=causal_)[0]
+    if swap:
+        diagnose_plain("ulysses_attention", out, [full[p] for p in pos], where,
+                        "your output is plain attention of the inputs, not what the served "
+                        "attention returned on the head groups the network delivered (here "
+                        "they differ)",
+                        "use the attention passed in, on what your seq_to_heads received, "
+                        "and return its out through heads_to_seq unchanged")
+        diagnose_plain("ulysses_attention", out, kernel._target(causal_, np.concatenate(pos)),
+                        where, "your output is what attention returned, put back in order "
+                        "without the output all-to-all's delivery (here it delivers other "
+                        "values than were sent)",
+                        "a rank gets its tokens' other heads only through the network: "
+                        "return what your heads_to_seq received, unchanged")
+    elif causal_:    # name the classic mistakes when they are the cause
+        diagnose("ulysses_attention", out, mask_mistakes(q, k, v, pos, local_rows=False),
+                  where)
+    else:
+        causal_out = attention(q, k, v, causal=True)[0]
+        diagnose("ulysses_attention", out, {
+            "causal attention, though causal=False was passed": (
+                [causal_out[p] for p in pos], "pass causal on to the kernel as it was "
+                                              "passed to you (the kernel's default is False)")},
+                  where)
+
+
 @register_exercise("ulysses_attention", NB04, 2, "Ulysses attention")
 def check_ulysses_attention(ulysses_attention, rng):
     """``ulysses_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None,
@@ -273,7 +303,6 @@ def check_ulysses_attention(ulysses_attention, rng):
     random cases the network delivers other values and the kernel adds a secret offset to
     its output: the target is what an honest Ulysses gets from them."""
     from ..layouts import shard_positions
-    from ..sim.attention import attention
     err, n_swapped = 0.0, 0
     cases = _ulysses_cases(rng)
     for layout, causal, n, c, a, a_kv, swap in cases:
@@ -302,30 +331,7 @@ def check_ulysses_attention(ulysses_attention, rng):
                 hint="check what you give the kernel besides the head groups: the positions of "
                      "the rows it gets, in the order they come, and the causal flag"))
         except CheckFailed:
-            full = attention(q, k, v, causal=causal_)[0]
-            if swap:
-                diagnose_plain("ulysses_attention", out, [full[p] for p in pos], where,
-                                "your output is plain attention of the inputs, not what the served "
-                                "attention returned on the head groups the network delivered (here "
-                                "they differ)",
-                                "use the attention passed in, on what your seq_to_heads received, "
-                                "and return its out through heads_to_seq unchanged")
-                diagnose_plain("ulysses_attention", out, kernel._target(causal_, np.concatenate(pos)),
-                                where, "your output is what attention returned, put back in order "
-                                "without the output all-to-all's delivery (here it delivers other "
-                                "values than were sent)",
-                                "a rank gets its tokens' other heads only through the network: "
-                                "return what your heads_to_seq received, unchanged")
-            elif causal_:    # name the classic mistakes when they are the cause
-                diagnose("ulysses_attention", out, mask_mistakes(q, k, v, pos, local_rows=False),
-                          where)
-            else:
-                causal_out = attention(q, k, v, causal=True)[0]
-                diagnose("ulysses_attention", out, {
-                    "causal attention, though causal=False was passed": (
-                        [causal_out[p] for p in pos], "pass causal on to the kernel as it was "
-                                                      "passed to you (the kernel's default is False)")},
-                          where)
+            _ulysses_diagnosis(out, (q, k, v, pos), kernel, causal_, swap, where)
             raise
     return (f"{len(cases)} cases (contiguous, zigzag and striped, causal and not, GQA, N_c in 1..4, "
             f"{n_swapped} with substituted values): four all-to-alls, attention once per head group, "
