@@ -58,6 +58,22 @@ def rs_one_array(xs):                    # the full sum, not split
     return np.sum(xs, axis=0)
 
 
+def rs_int_accumulator(xs):              # sums into an integer buffer: every sum is cut
+    t = len(xs)
+    c = xs[0].shape[0] // t
+    out = []
+    for i in range(t):
+        acc = np.zeros((c, xs[0].shape[1]), dtype=int)
+        for x in xs:
+            acc[:] = acc + x[i * c:(i + 1) * c]
+        out.append(acc)
+    return out
+
+
+def rs_int_accumulator_cast(xs):         # the same, converted back to floats at the end
+    return [a.astype(float) for a in rs_int_accumulator(xs)]
+
+
 # --------------------------------------------------------------------------- 01 all_gather
 def ag_concat(shards):
     full = np.concatenate(shards, axis=0)
@@ -118,57 +134,84 @@ def ag_overwrites(shards):               # writes the result into the caller's l
 
 
 # --------------------------------------------------------------------------- 01 sp_forward
-def sp_helpers(partials, op):
-    return ag_concat([op(x) for x in rs_split(partials)])
+# The check serves reduce_scatter=, all_gather= and op (like the notebook's defaults, the
+# answers' exercises 1 and 2 above) and watches them.
+def sp_helpers(partials, op, reduce_scatter=rs_split, all_gather=ag_concat):
+    return all_gather([op(x) for x in reduce_scatter(partials)])
 
 
-def sp_inline(partials, op):
-    t = len(partials)
-    total = sum(partials)
-    c = total.shape[0] // t
-    full = np.concatenate([op(total[i * c:(i + 1) * c]) for i in range(t)])
-    return [full.copy() for _ in range(t)]
+def sp_inline(partials, op, reduce_scatter=rs_loops, all_gather=ag_loops):
+    shards = reduce_scatter(list(partials))
+    local = []
+    for r in range(len(shards)):
+        local.append(op(np.asarray(shards[r], dtype=float)))
+    return list(all_gather(local))
 
 
-def sp_array(partials, op):
-    full = np.vstack([op(x) for x in rs_loops(partials)])
-    return np.stack([full] * len(partials))
+def sp_array(partials, op, reduce_scatter=rs_array, all_gather=ag_broadcast):
+    return np.stack(all_gather([op(x) for x in reduce_scatter(partials)]))
 
 
-def sp_op_before_sum(partials, op):      # runs the op on each partial, then reduces
-    return ag_concat(rs_split([op(x) for x in partials]))
+def sp_op_before_sum(partials, op, reduce_scatter=rs_split, all_gather=ag_concat):
+    """Runs the op on each partial, then reduces."""
+    return all_gather(reduce_scatter([op(x) for x in partials]))
 
 
-def sp_is_tp(partials, op):              # all-reduce, then op on all s tokens
+def sp_is_tp(partials, op, reduce_scatter=rs_split, all_gather=ag_concat):
+    """All-reduce, then op on all s tokens."""
     full = op(np.sum(partials, axis=0))
     return [full.copy() for _ in partials]
 
 
-def sp_no_gather(partials, op):          # stops after the token-wise op
-    return [op(x) for x in rs_split(partials)]
+def sp_no_gather(partials, op, reduce_scatter=rs_split, all_gather=ag_concat):
+    """Stops after the token-wise op."""
+    return [op(x) for x in reduce_scatter(partials)]
 
 
-def sp_in_place(partials, op):           # sums into partials[0]: the caller's array changes
-    acc = partials[0]
-    for p in partials[1:]:
-        acc += p
-    t = len(partials)
-    return ag_concat([op(b) for b in np.split(acc, t)])
+def sp_in_place(partials, op, reduce_scatter=rs_split, all_gather=ag_concat):
+    """Writes the gathered output into the caller's partials (reused as buffers)."""
+    full = all_gather([op(x) for x in reduce_scatter(partials)])
+    for r in range(len(partials)):
+        partials[r][...] = full[r]
+    return partials
 
 
-def sp_per_token(partials, op):          # op on one token at a time
-    shards = rs_split(partials)
-    return ag_concat([np.concatenate([op(row[None]) for row in sh]) for sh in shards])
+def sp_per_token(partials, op, reduce_scatter=rs_split, all_gather=ag_concat):
+    """Op on one token at a time."""
+    shards = reduce_scatter(partials)
+    return all_gather([np.concatenate([op(row[None]) for row in sh]) for sh in shards])
 
 
-def sp_op_per_block(partials, op):       # op on each partial's block, then summed
+def sp_op_per_block(partials, op, reduce_scatter=rs_split, all_gather=ag_concat):
+    """Op on each block of each partial, then reduced."""
     t = len(partials)
     c = partials[0].shape[0] // t
-    return ag_concat([sum(op(p[i * c:(i + 1) * c]) for p in partials) for i in range(t)])
+    done = [np.concatenate([op(p[i * c:(i + 1) * c]) for i in range(t)]) for p in partials]
+    return all_gather(reduce_scatter(done))
 
 
-def sp_ring_gather(partials, op):        # gathers starting from its own shard
-    return ag_ring_order([op(x) for x in rs_split(partials)])
+def sp_ring_gather(partials, op, reduce_scatter=rs_split, all_gather=ag_concat):
+    """Gathers starting from its own shard."""
+    local = [op(x) for x in reduce_scatter(partials)]
+    return [all_gather(local[r:] + local[:r])[0] for r in range(len(local))]
+
+
+def sp_sums_itself(partials, op, reduce_scatter=rs_split, all_gather=ag_concat):
+    """Sums the partials itself and calls op on slices: no reduce-scatter at all."""
+    t = len(partials)
+    total = sum(partials)
+    c = total.shape[0] // t
+    return all_gather([op(total[i * c:(i + 1) * c]) for i in range(t)])
+
+
+def sp_sums_itself_for_show(partials, op, reduce_scatter=rs_split, all_gather=ag_concat):
+    """Calls reduce_scatter, ignores what it delivered, and runs op on slices of a sum of
+    its own."""
+    reduce_scatter(partials)
+    t = len(partials)
+    total = sum(partials)
+    c = total.shape[0] // t
+    return all_gather([op(total[i * c:(i + 1) * c]) for i in range(t)])
 
 
 # --------------------------------------------------------------------------- 01 sp_bytes
@@ -456,16 +499,21 @@ def merge_lse_no_m(o1, l1, o2, l2):      # lse = log(sum of shifted weights), + 
 
 
 # --------------------------------------------------------------------------- 02 ring_attention
-# The check passes group=, a network that offers ring_shift(xs) only (rank r sends xs[r] to
-# rank r + 1). Right answers use it in different styles; wrong ones break a rule of the ring
-# or the attention.
-def make_ring(attend=attn_einsum, mrg=merge_where, rounds=None, shifts=None, causal_override=None,
-              key_pos="theirs", lse0=-np.inf, stack=False, send="held", read="received"):
-    """K and V shifted in two calls, the key positions looked up by source rank. ``send``:
-    what a rank passes on ("held": what it received; "own": its own block every time;
-    "inputs": the right block, read from k_shards). ``read``: which K/V it attends to
-    ("received", or "inputs": k_shards of the source rank)."""
-    def ring_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+# The check serves group=, a network that offers ring_shift(xs) only (rank r sends xs[r] to
+# rank r + 1), block_attention=, the kernel of one round (one call per rank and round, on
+# the block the rank holds), and merge=. Right answers use them in different styles; wrong
+# ones break a rule of the ring or the attention.
+def make_ring(mrg=None, rounds=None, shifts=None, causal_override=None, key_pos="theirs",
+              lse0=-np.inf, stack=False, send="held", read="received", row_mask=False, attend=None):
+    """K and V shifted in two calls, the key positions looked up by source rank. ``mrg``: a
+    merge of its own instead of the served one; ``attend``: attention of its own instead of
+    the served kernel. ``send``: what a rank passes on ("held": what it received; "own":
+    its own block every time; "inputs": the right block, read from k_shards). ``read``:
+    which K/V it attends to ("received", or "inputs": k_shards of the source rank)."""
+    def ring_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                       block_attention=attn_einsum, merge=merge_where):
+        kernel = block_attention if attend is None else attend
+        combine = merge if mrg is None else mrg
         n = len(q_shards)
         o = [np.zeros_like(q, dtype=float) for q in q_shards]
         lse = [np.full(q.shape[:2], lse0) for q in q_shards]
@@ -476,10 +524,13 @@ def make_ring(attend=attn_einsum, mrg=merge_where, rounds=None, shifts=None, cau
         for t in range(n_rounds):
             for r in range(n):
                 j = (r - t) % n
-                kp = positions[j] if key_pos == "theirs" else positions[r]
+                qp, kp = positions[r], (positions[j] if key_pos == "theirs" else positions[r])
+                if row_mask:                               # row numbers, not positions
+                    qp, kp = np.arange(len(qp)), np.arange(len(kp))
                 kb, vb = (k_held[r], v_held[r]) if read == "received" else (k_shards[j], v_shards[j])
-                ob, lb = attend(q_shards[r], kb, vb, positions[r], kp, c)
-                o[r], lse[r] = mrg(o[r], lse[r], np.asarray(ob, dtype=float), np.asarray(lb, dtype=float))
+                ob, lb = kernel(q_shards[r], kb, vb, qp, kp, c)
+                o[r], lse[r] = combine(o[r], lse[r], np.asarray(ob, dtype=float),
+                                       np.asarray(lb, dtype=float))
             if t < n_shifts:
                 if send == "held":
                     k_out, v_out = k_held, v_held
@@ -493,8 +544,9 @@ def make_ring(attend=attn_einsum, mrg=merge_where, rounds=None, shifts=None, cau
     return ring_attention
 
 
-def ring_tuple(q_shards, k_shards, v_shards, positions, causal=True, group=None):
-    """One ring_shift per step of (k, v, k_pos) tuples."""
+def ring_tuple(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+               block_attention=attn_matmul_heads, merge=None):
+    """One ring_shift per step of (k, v, k_pos) tuples; merges inline with logaddexp."""
     n = len(q_shards)
     out = [np.zeros_like(q) for q in q_shards]
     lse = [np.full(q.shape[:2], -np.inf) for q in q_shards]
@@ -502,18 +554,19 @@ def ring_tuple(q_shards, k_shards, v_shards, positions, causal=True, group=None)
     for step in range(n):
         for r in range(n):
             k, v, kp = held[r]
-            ob, lb = attn_matmul_heads(q_shards[r], k, v, positions[r], kp, causal)
+            ob, lb = block_attention(q_shards[r], k, v, positions[r], kp, causal)
             out[r], lse[r] = merge_logaddexp(out[r], lse[r], ob, lb)
         if step != n - 1:
             held = group.ring_shift(held)
     return out
 
 
-def ring_three_calls(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+def ring_three_calls(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                     block_attention=None, merge=None):
     """Own block first, then N_c - 1 times: shift K, V and positions (three lists, three
-    calls), attend to what arrived."""
+    calls), attend to what arrived; the served kernel and merge called by keyword."""
     n = len(q_shards)
-    parts = [attn_einsum(q, k, v, p, p, causal) for q, k, v, p in
+    parts = [block_attention(q=q, k=k, v=v, q_pos=p, k_pos=p, causal=causal) for q, k, v, p in
              zip(q_shards, k_shards, v_shards, positions)]
     out = [o for o, _ in parts]
     lse = [l for _, l in parts]
@@ -523,12 +576,13 @@ def ring_three_calls(q_shards, k_shards, v_shards, positions, causal=True, group
         vs = group.ring_shift(vs)
         ps = group.ring_shift(list(ps))
         for r in range(n):
-            ob, lb = attn_einsum(q_shards[r], ks[r], vs[r], positions[r], ps[r], causal)
-            out[r], lse[r] = merge_loops(out[r], lse[r], ob, lb)
+            ob, lb = block_attention(q_shards[r], ks[r], vs[r], positions[r], ps[r], causal)
+            out[r], lse[r] = merge(o1=out[r], lse1=lse[r], o2=ob, lse2=lb)
     return out
 
 
-def ring_rotates_inputs(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+def ring_rotates_inputs(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                        block_attention=None, merge=None):
     """Shifts the caller's lists in place (k_shards[:] = ...): the caller's lists change."""
     n = len(q_shards)
     my_pos = list(positions)
@@ -536,29 +590,35 @@ def ring_rotates_inputs(q_shards, k_shards, v_shards, positions, causal=True, gr
     lse = [np.full(q.shape[:2], -np.inf) for q in q_shards]
     for rnd in range(n):
         for r in range(n):
-            ob, lb = attn_einsum(q_shards[r], k_shards[r], v_shards[r], my_pos[r], positions[r], causal)
-            out[r], lse[r] = merge_where(out[r], lse[r], ob, lb)
+            ob, lb = block_attention(q_shards[r], k_shards[r], v_shards[r], my_pos[r], positions[r],
+                                     causal)
+            out[r], lse[r] = merge(out[r], lse[r], ob, lb)
         if rnd < n - 1:
             for lst in (k_shards, v_shards, positions):
                 lst[:] = group.ring_shift(list(lst))
     return out
 
 
-def ring_gathers(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+def ring_gathers(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                 block_attention=None, merge=None):
     """Every rank sends all K/V blocks in one ring_shift: gathering, not a ring."""
     n = len(q_shards)
     everything = group.ring_shift([tuple(k_shards) + tuple(v_shards) for _ in range(n)])
     ks, vs = everything[0][:n], everything[0][n:]
-    return make_ring(read="inputs", shifts=lambda n: 0)(q_shards, list(ks), list(vs), positions, causal)
+    return make_ring(read="inputs", shifts=lambda n: 0)(q_shards, list(ks), list(vs), positions,
+                                                        causal, group, block_attention, merge)
 
 
-def ring_all_gather(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+def ring_all_gather(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                    block_attention=None, merge=None):
     """Uses an all-gather, which the ring's network does not offer."""
     ks, vs = group.all_gather(k_shards), group.all_gather(v_shards)
-    return make_ring(read="inputs", shifts=lambda n: 0)(q_shards, ks, vs, positions, causal)
+    return make_ring(read="inputs", shifts=lambda n: 0)(q_shards, ks, vs, positions, causal,
+                                                        group, block_attention, merge)
 
 
-def ring_stacked_kv(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+def ring_stacked_kv(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                    block_attention=None, merge=None):
     """Sends K and V stacked into one array (not a block the ring knows)."""
     n = len(q_shards)
     held = [np.stack([k, v]) for k, v in zip(k_shards, v_shards)]
@@ -566,12 +626,50 @@ def ring_stacked_kv(q_shards, k_shards, v_shards, positions, causal=True, group=
     lse = [np.full(q.shape[:2], -np.inf) for q in q_shards]
     for t in range(n):
         for r in range(n):
-            ob, lb = attn_einsum(q_shards[r], held[r][0], held[r][1], positions[r],
-                                 positions[(r - t) % n], causal)
-            out[r], lse[r] = merge_where(out[r], lse[r], ob, lb)
+            ob, lb = block_attention(q_shards[r], held[r][0], held[r][1], positions[r],
+                                     positions[(r - t) % n], causal)
+            out[r], lse[r] = merge(out[r], lse[r], ob, lb)
         if t < n - 1:
             held = group.ring_shift(held)
     return out
+
+
+def _softmax_all(q, ks, vs, q_pos, k_pos, causal):
+    """Attention of q over the concatenated blocks, computed by the answer itself."""
+    return attn_einsum(q, np.concatenate(ks), np.concatenate(vs), q_pos, np.concatenate(k_pos),
+                       causal)[0]
+
+
+def ring_keeps_everything(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+                          block_attention=None, merge=None):
+    """All-gather in disguise: N_c - 1 shifts, every block received is kept, and one softmax
+    over the concatenation at the end; the kernel is never called."""
+    n = len(q_shards)
+    held = list(zip(k_shards, v_shards, positions))
+    kept = [[b] for b in held]
+    for _ in range(n - 1):
+        held = group.ring_shift(held)
+        for r in range(n):
+            kept[r].append(held[r])
+    return [_softmax_all(q_shards[r], [b[0] for b in kept[r]], [b[1] for b in kept[r]],
+                         positions[r], [b[2] for b in kept[r]], causal) for r in range(n)]
+
+
+def ring_keeps_everything_calls_kernel(q_shards, k_shards, v_shards, positions, causal=True,
+                                       group=None, block_attention=None, merge=None):
+    """All-gather in disguise that calls the kernel every round for show: it keeps every
+    block and computes one softmax over the concatenation itself."""
+    n = len(q_shards)
+    held = list(zip(k_shards, v_shards, positions))
+    kept: list = [[] for _ in range(n)]
+    for t in range(n):
+        for r in range(n):
+            block_attention(q_shards[r], held[r][0], held[r][1], positions[r], held[r][2], causal)
+            kept[r].append(held[r])
+        if t < n - 1:
+            held = group.ring_shift(held)
+    return [_softmax_all(q_shards[r], [b[0] for b in kept[r]], [b[1] for b in kept[r]],
+                         positions[r], [b[2] for b in kept[r]], causal) for r in range(n)]
 
 
 # --------------------------------------------------------------------------- 03 zigzag_positions

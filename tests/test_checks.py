@@ -25,18 +25,44 @@ def _stub(*args, **kwargs):
 # --------------------------------------------------------------------------- the course's references
 # The same checks accept lesson10's own implementations (through thin adapters: a check
 # refuses a lesson10 function passed directly, since that is not the student's work).
+def _sp_reference(partials, op, reduce_scatter, all_gather):
+    """The course's sp_forward, on a group whose collectives are the ones the check serves."""
+    from lesson10 import sim
+
+    class Served(sim.SimGroup):
+        def reduce_scatter(self, xs, axis=0):
+            return reduce_scatter(xs)
+
+        def all_gather(self, xs, axis=0):
+            return all_gather(xs)
+    return sim.sp_forward(partials, op, group=Served(len(partials)))
+
+
+def _ring_reference(*args, block_attention, merge, **kwargs):
+    """The course's ring_attention, with the kernel and the merge the check serves."""
+    from unittest import mock
+
+    from lesson10 import sim
+    from lesson10.sim import ring
+
+    def attend(q, k, v, causal, q_pos, k_pos, doc_ids=None):
+        return block_attention(q, k, v, q_pos, k_pos, causal)
+    with mock.patch.object(ring, "attention", attend), mock.patch.object(ring, "merge", merge):
+        return sim.ring_attention(*args, **kwargs)
+
+
 def _references():
     from lesson10 import cost, layouts, sim
 
     return {
         "reduce_scatter": lambda xs: sim.SimGroup(len(xs)).reduce_scatter(xs),
         "all_gather": lambda xs: sim.SimGroup(len(xs)).all_gather(xs),
-        "sp_forward": lambda p, op: sim.sp_forward(p, op),
+        "sp_forward": _sp_reference,
         "sp_bytes": lambda s, h, t, e=2: (2 * cost.all_reduce_bytes(s * h * e, t),
                                           cost.comm_bytes("sp", s, h, t, e=e)),
         "block_attention": lambda q, k, v, qp, kp, causal=True: sim.attention(q, k, v, causal, qp, kp),
         "merge": lambda *a: sim.merge(*a),
-        "ring_attention": lambda *a, **kw: sim.ring_attention(*a, **kw),
+        "ring_attention": _ring_reference,
         "zigzag_positions": lambda s, n: layouts.shard_positions(s, n, "zigzag"),
         "ring_time": lambda w: layouts.ring_time(w),
         "seq_to_heads": lambda xs, group: sim.seq_to_heads(xs, group),
@@ -178,7 +204,7 @@ def test_failure_message_shows_yours_and_target_and_location():
     assert "yours" in msg and "target" in msg and "hint" in msg
     assert "query" in msg and "head" in msg
     with pytest.raises(CheckFailed) as info:
-        checks.check_ring_attention(a1.make_ring(attend=a1.attn_no_mask), seed=3)
+        checks.check_ring_attention(a1.make_ring(causal_override=False), seed=3)
     assert "without the causal mask" in str(info.value) and "causal=True" in str(info.value)
 
 
@@ -298,8 +324,8 @@ def test_a_raised_check_failed_renders_as_its_text_in_ipython():
 
 
 def test_a_stub_inside_the_function_counts_as_not_attempted(capsys):
-    def sp(partials, op):            # the student wrote sp_forward on top of a stubbed helper
-        return a1.ag_concat([op(x) for x in _stub(partials)])
+    def sp(partials, op, reduce_scatter=None, all_gather=None):   # on top of a stubbed helper
+        return all_gather([op(x) for x in _stub(partials)])
     checks.check_sp_forward(sp)
     assert "not attempted" in capsys.readouterr().out
 
@@ -349,30 +375,31 @@ def test_capacity_one_more_than_c_is_rejected_where_the_floats_are_exact():
 # --------------------------------------------------------------------------- served objects
 # The ring's network, the all-to-all network and the Ulysses kernel make the method
 # observable; each rule rejects a wrong answer with a message that names it.
-def _ring_catching(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+def _ring_catching(q_shards, k_shards, v_shards, positions, causal=True, group=None, **served):
     """Shifts once too often, catches the network's complaint and carries on."""
     ring = a1.make_ring(shifts=lambda n: n)
     try:
-        return ring(q_shards, k_shards, v_shards, positions, causal, group)
+        return ring(q_shards, k_shards, v_shards, positions, causal, group, **served)
     except Exception:
         return a1.make_ring(read="inputs", shifts=lambda n: 0)(q_shards, k_shards, v_shards,
-                                                               positions, causal)
+                                                               positions, causal, **served)
 
 
-def _ring_short_list(q_shards, k_shards, v_shards, positions, causal=True, group=None):
+def _ring_short_list(q_shards, k_shards, v_shards, positions, causal=True, group=None, **served):
     group.ring_shift(k_shards[:-1])                   # forgets the last rank
-    return a1.make_ring()(q_shards, k_shards, v_shards, positions, causal, group)
+    return a1.make_ring()(q_shards, k_shards, v_shards, positions, causal, group, **served)
 
 
 @pytest.mark.parametrize("answer,pattern", [
-    (a1.make_ring(read="inputs", shifts=lambda n: 0), "never called group.ring_shift"),
-    (a1.make_ring(rounds=lambda n: n - 1), r"moved 2 time\(s\), N_c - 1 = 3 are needed: rank 0 "
+    (a1.make_ring(read="inputs", shifts=lambda n: 0), "k is the K block of rank 3; rank 0 holds "
+                                                      "the K block of rank 0 now"),
+    (a1.make_ring(rounds=lambda n: n - 1), r"moved 2 times, N_c - 1 = 3 are needed: rank 0 "
                                            r"never received the K blocks of ranks \[1\]"),
     (a1.make_ring(shifts=lambda n: n), "for the 4th time.*never used"),
     (_ring_catching, "for the 4th time.*never used"),
     (a1.make_ring(send="own"), "sent the K block of rank 0, but the block it holds is rank 3's"),
     (a1.make_ring(send="inputs"), r"as k_shards\[\d\] holds it, not the copy it received"),
-    (a1.make_ring(read="inputs"), "not as the network delivered them"),
+    (a1.make_ring(read="inputs"), r"as k_shards\[3\] holds it, not the copy the ring delivered"),
     (a1.ring_gathers, "sent 4 K blocks at once.*gathering"),
     (a1.ring_stacked_kv, "none of the K, V or positions blocks"),
     (a1.ring_all_gather, "offers only ring_shift"),
@@ -445,7 +472,7 @@ def test_locally_cut_head_groups_fail_where_the_network_substitutes():
     rng = np.random.default_rng(1)
     qs, ks, vs = ([rng.standard_normal((2, 4, 3)) for _ in range(2)] for _ in range(3))
     referee = network.Referee("ulysses_attention", "a case")
-    net, kernel = _ulysses_case(rng, referee, qs, ks, vs, swap=True)
+    net, kernel, _ = _ulysses_case(rng, referee, qs, ks, vs, swap=True)
     with pytest.raises(CheckFailed, match="as q_shards hold it, not as all_to_all delivered it"):
         network.served_call(referee, "ulysses_attention", a4.ulysses_local_slices, (), qs, ks, vs,
                             [np.arange(2), np.arange(2, 4)], group=net, attention=kernel)
@@ -455,13 +482,13 @@ def test_every_random_batch_substitutes_and_the_fixed_cases_never_do():
     from lesson10.checks.nb02_ring_attention import _ring_cases
     from lesson10.checks.nb04_ulysses import _a2a_cases, _ulysses_cases
     for seed in range(20):
-        for cases, fixed, flag in ((_ring_cases(np.random.default_rng(seed)), 7, -1),
+        for cases, fixed, flag in ((_ring_cases(np.random.default_rng(seed)), 9, 4),
                                    (_ulysses_cases(np.random.default_rng(seed)), 7, -1),
                                    (_a2a_cases(np.random.default_rng(seed)), 7, -1)):
             flags = [case[flag] for case in cases]
             assert not any(flags[:fixed])
             assert 2 <= sum(flags[fixed:]) < len(flags) - fixed
-    for _layout, _causal, n, _s, swap in _ring_cases(np.random.default_rng(3)):
+    for _layout, _causal, n, _s, swap, _ in _ring_cases(np.random.default_rng(3)):
         assert n >= 3 or not swap                     # a substituted block is passed on
 
 

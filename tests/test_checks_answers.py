@@ -27,7 +27,8 @@ RIGHT = {
                         a1.attn_no_convert],
     "merge": [a1.merge_where, a1.merge_logaddexp, a1.merge_loops],
     "ring_attention": [a1.make_ring(), a1.ring_tuple, a1.ring_three_calls,
-                       a1.make_ring(mrg=a1.merge_loops, stack=True)],
+                       a1.make_ring(mrg=a1.merge_loops, stack=True),   # a merge of its own
+                       a1.make_ring(mrg=a1.merge_where)],
     "zigzag_positions": [a1.zz_concat, a1.zz_reshape, a1.zz_lists],
     "causal_work": [a1.work_loops, a1.work_searchsorted, a1.work_python],
     "ring_time": [a1.time_numpy, a1.time_loop, a1.time_item, a1.time_float32],
@@ -48,11 +49,13 @@ RIGHT = {
 
 WRONG = {
     "reduce_scatter": [a1.rs_wrong_axis, a1.rs_no_sum, a1.rs_strided, a1.rs_in_place,
-                       a1.rs_reversed, a1.rs_mean, a1.rs_one_array],
+                       a1.rs_reversed, a1.rs_mean, a1.rs_one_array, a1.rs_int_accumulator,
+                       a1.rs_int_accumulator_cast],
     "all_gather": [a1.ag_ring_order, a1.ag_wrong_axis, a1.ag_one_array, a1.ag_interleaved,
                    a1.ag_reversed, a1.ag_no_gather, a1.ag_stack, a1.ag_overwrites],
     "sp_forward": [a1.sp_op_before_sum, a1.sp_is_tp, a1.sp_no_gather, a1.sp_in_place,
-                   a1.sp_per_token, a1.sp_op_per_block, a1.sp_ring_gather],
+                   a1.sp_per_token, a1.sp_op_per_block, a1.sp_ring_gather,
+                   a1.sp_sums_itself, a1.sp_sums_itself_for_show],
     "sp_bytes": [a1.bytes_no_fraction, a1.bytes_half_allreduce, a1.bytes_fixed_e,
                  a1.bytes_one_over_t, a1.bytes_int_division, a1.bytes_sp_two_collectives,
                  a1.bytes_only_sp, a1.bytes_default_e1],
@@ -62,8 +65,8 @@ WRONG = {
                         a1.attn_softmax_over_queries],
     "merge": [a1.merge_no_shift, a1.merge_no_inf_guard, a1.merge_average, a1.merge_unnormalised,
               a1.merge_lse_max, a1.merge_swapped, a1.merge_into_o1, a1.merge_lse_no_m],
-    "ring_attention": [a1.make_ring(attend=a1.attn_no_mask),          # ignores the causal mask
-                       a1.make_ring(attend=a1.attn_row_mask),         # row numbers, not positions
+    "ring_attention": [a1.make_ring(causal_override=False),           # ignores the causal mask
+                       a1.make_ring(row_mask=True),                   # row numbers, not positions
                        a1.make_ring(rounds=lambda n: 1),              # forgets the ring: no shift
                        a1.make_ring(mrg=a1.merge_average),            # averages the blocks
                        a1.make_ring(causal_override=True),            # always causal
@@ -78,7 +81,11 @@ WRONG = {
                        a1.make_ring(send="inputs"),                   # passes on k_shards[j], not what it got
                        a1.ring_gathers,                               # all blocks in one shift
                        a1.ring_all_gather,                            # a collective the ring lacks
-                       a1.ring_stacked_kv],                           # K and V stacked in one array
+                       a1.ring_stacked_kv,                            # K and V stacked in one array
+                       a1.ring_keeps_everything,                      # all-gather in disguise
+                       a1.ring_keeps_everything_calls_kernel,         # ... that calls the kernel for show
+                       a1.make_ring(mrg=a1.merge_no_shift),           # inline merge without the max shift
+                       a1.make_ring(attend=a1.attn_einsum)],          # attention of its own, not the kernel
     "zigzag_positions": [a1.zz_off_by_one, a1.zz_n_plus_r, a1.zz_late_first, a1.zz_float,
                          a1.zz_chunk_s_over_n, a1.zz_mirrored_ranks, a1.zz_flat, a1.zz_linspace,
                          a1.zz_uint16],
@@ -108,7 +115,8 @@ WRONG = {
                           a4.ulysses_no_kernel,                       # never calls the kernel
                           a4.ulysses_local_slices,                    # head groups cut locally
                           a4.ulysses_twice,                           # two calls per head group
-                          a4.ulysses_sorted_tokens],                  # rows reordered for the kernel
+                          a4.ulysses_sorted_tokens,                   # rows reordered for the kernel
+                          a4.ulysses_ignores_delivery],               # ignores what the output all-to-all delivers
     "ulysses_bytes": [a4.ub_no_gqa, a4.ub_full_seq, a4.ub_no_fraction, a4.ub_one_over_n,
                       a4.ub_g_everywhere, a4.ub_fixed_e, a4.ub_kv_once, a4.ub_three,
                       a4.ub_default_g2],
@@ -145,6 +153,8 @@ HINTS = {
     ('reduce_scatter', 4): 'rank 0 holds the last block',
     ('reduce_scatter', 5): 'your shards are averages',
     ('reduce_scatter', 6): 'each rank keeps only its own block of the summed',
+    ('reduce_scatter', 7): 'the accumulator has an integer dtype',
+    ('reduce_scatter', 8): 'the accumulator has an integer dtype',
     ('all_gather', 0): "rank r's tensor starts with its own shard",
     ('all_gather', 1): 'your gathered tensor has shape',
     ('all_gather', 2): 'every rank ends with its own copy of the full te',
@@ -153,13 +163,15 @@ HINTS = {
     ('all_gather', 5): 'every rank returns its own shard',
     ('all_gather', 6): 'your gathered tensor has shape',
     ('all_gather', 7): 'leave the inputs as they are',
-    ('sp_forward', 0): "your output looks like op applied to each rank's",
-    ('sp_forward', 1): 'op ran on all s tokens',
-    ('sp_forward', 2): "you return each rank's",
+    ('sp_forward', 0): 'op is not linear',
+    ('sp_forward', 1): 'reach a rank only through the reduce_scatter',
+    ('sp_forward', 2): 'one all-gather',
     ('sp_forward', 3): 'leave the inputs as they are',
     ('sp_forward', 4): 'op ran on one token at a time',
-    ('sp_forward', 5): "your output looks like op applied to each rank's",
-    ('sp_forward', 6): "rank r's output starts with its own shard",
+    ('sp_forward', 5): 'op is not linear',
+    ('sp_forward', 6): 'one all-gather',
+    ('sp_forward', 7): 'reach a rank only through the reduce_scatter',
+    ('sp_forward', 8): 'a rank holds only what reduce_scatter delivered',
     ('sp_bytes', 0): 'you left out the',
     ('sp_bytes', 1): 'your TP count is half the target',
     ('sp_bytes', 2): 'your count is for 2 bytes per element',
@@ -178,7 +190,7 @@ HINTS = {
     ('block_attention', 7): 'your out is right but your lse misses the row ma',
     ('block_attention', 8): 'your output ignores the causal mask',
     ('block_attention', 9): 'your scores are not scaled',
-    ('block_attention', 10): 'scores q.k / sqrt',
+    ('block_attention', 10): 'go through the formulas above',
     ('merge', 0): 'your merge has no max shift',
     ('merge', 1): 'NaN where both sides saw no key',
     ('merge', 2): 'you averaged the two outputs',
@@ -189,7 +201,7 @@ HINTS = {
     ('merge', 7): 'your lse misses the m you subtracted',
     ('ring_attention', 0): 'causal=True was passed',
     ('ring_attention', 1): "a key block's positions travel with it",
-    ('ring_attention', 2): 'in each round a rank attends to the block it hol',
+    ('ring_attention', 2): 'reach a rank only through group.ring_shift',
     ('ring_attention', 3): "merge each block's",
     ('ring_attention', 4): 'pass causal on to the attention of every block',
     ('ring_attention', 5): "a rank's queries must meet every K/V block, and",
@@ -197,13 +209,17 @@ HINTS = {
     ('ring_attention', 7): 'the running result starts empty',
     ('ring_attention', 8): 'leave the inputs as they are',
     ('ring_attention', 9): 'a rank may use only its own k_shards[r], v_shard',
-    ('ring_attention', 10): 'in each round a rank attends to the block it hol',
+    ('ring_attention', 10): 'a rank attends only to the block it holds',
     ('ring_attention', 11): 'N_c rounds of attention need N_c - 1 shifts',
     ('ring_attention', 12): 'in step t rank r passes on the block it holds',
     ('ring_attention', 13): 'a rank may read only its own k_shards[r] and v_s',
     ('ring_attention', 14): 'sending several blocks at once is gathering them',
     ('ring_attention', 15): 'the traceback shows the line of your code that r',
     ('ring_attention', 16): 'send the blocks as they arrived, not stacked, ca',
+    ('ring_attention', 17): 'calls the block_attention it was given on the block it holds',
+    ('ring_attention', 18): 'Keeping the blocks to attend over them all at the end is an all-gather',
+    ('ring_attention', 19): 'needs the max shift',
+    ('ring_attention', 20): 'calls the block_attention it was given on the block it holds',
     ('zigzag_positions', 0): 'your late chunk is one chunk off',
     ('zigzag_positions', 1): 'rank r holds chunks r and N_c + r',
     ('zigzag_positions', 2): 'the right tokens, but the late chunk comes first',
@@ -233,7 +249,7 @@ HINTS = {
     ('ring_time', 8): 'your number is waiting time',
     ('seq_to_heads', 0): 'the traceback shows the line of your code that r',
     ('seq_to_heads', 1): 'you joined what the other ranks received from ra',
-    ('seq_to_heads', 2): 'rank i cuts its',
+    ('seq_to_heads', 2): 'rank i owes every rank j',
     ('seq_to_heads', 3): 'the exercise asks for a ValueError when the head',
     ('seq_to_heads', 4): "rank j's blocks are in reverse order",
     ('seq_to_heads', 5): 'your shard has shape',
@@ -241,14 +257,14 @@ HINTS = {
     ('seq_to_heads', 7): 'your tokens are interleaved',
     ('seq_to_heads', 8): 'rank i sends head group j of its shard to rank j',
     ('seq_to_heads', 9): 'rank j returns the blocks it received from ranks',
-    ('seq_to_heads', 10): 'rank i cuts its',
+    ('seq_to_heads', 10): 'rank i owes every rank j',
     ('seq_to_heads', 11): 'raise ValueError',
     ('heads_to_seq', 0): 'you joined what the other ranks received from ra',
     ('heads_to_seq', 1): 'the traceback shows the line of your code that r',
     ('heads_to_seq', 2): "rank j's blocks are in reverse order",
     ('heads_to_seq', 3): 'your heads are interleaved',
-    ('heads_to_seq', 4): 'rank j cuts its',
-    ('heads_to_seq', 5): 'rank j cuts its',
+    ('heads_to_seq', 4): 'rank j owes every rank i',
+    ('heads_to_seq', 5): 'rank j owes every rank i',
     ('heads_to_seq', 6): 'rank i returns the blocks it received from ranks',
     ('heads_to_seq', 7): 'rank i returns the blocks it received from ranks',
     ('ulysses_attention', 0): 'query i may see key j only when the global posit',
@@ -256,15 +272,16 @@ HINTS = {
     ('ulysses_attention', 2): 'pass causal on to the kernel as it was passed to',
     ('ulysses_attention', 3): 'pass kh[j] and vh[j] as your seq_to_heads return',
     ('ulysses_attention', 4): 'query i may see key j only when the global posit',
-    ('ulysses_attention', 5): 'run your seq_to_heads on q_shards, k_shards and',
+    ('ulysses_attention', 5): 'only four tensors cross the network',
     ('ulysses_attention', 6): 'causal=True was passed',
-    ('ulysses_attention', 7): 'after seq_to_heads rank j holds qh[j], all s tok',
-    ('ulysses_attention', 8): 'after seq_to_heads rank j holds qh[j], all s tok',
+    ('ulysses_attention', 7): 'after seq_to_heads rank j holds all s tokens of',
+    ('ulysses_attention', 8): 'after seq_to_heads rank j holds all s tokens of',
     ('ulysses_attention', 9): 'send what attention returned for each head group',
-    ('ulysses_attention', 10): 'run your seq_to_heads on q_shards, k_shards and',
+    ('ulysses_attention', 10): 'only four tensors cross the network',
     ('ulysses_attention', 11): 'run your seq_to_heads',
     ('ulysses_attention', 12): 'N_c calls, one per head group',
     ('ulysses_attention', 13): 'pass the head group as seq_to_heads returned it',
+    ('ulysses_attention', 14): 'return what your heads_to_seq received, unchanged',
     ('ulysses_bytes', 0): 'your count ignores GQA',
     ('ulysses_bytes', 1): 'your count is N_c times too large',
     ('ulysses_bytes', 2): 'you left out (N_c-1)/N_c: an a',

@@ -277,7 +277,7 @@ case("seed_passed_to_check", "method", lambda ctx: B.replace_check(
     edited(defs={"ring_time": _table_ring_time([0])})(ctx), "ring_time",
     "checks.check_ring_time(ring_time, seed=0)"), lost=lose("ring_time"))
 case("sp_op_on_the_whole_sequence", "method", edited(NB01, defs={"sp_forward": C.dedent("""
-    def sp_forward(partials, op):
+    def sp_forward(partials, op, **served):
         y = op(np.sum(partials, axis=0))           # plain TP: op on all s tokens
         return [y.copy() for _ in partials]
     """)}), notebook=NB01, lost=lose("sp_forward"))

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import feedback
+from . import depends, feedback
 from .diagnosis import Cases, Diagnosis, parts, with_wrapped_count
 from .feedback import CheckFailed, fallback
 from .precision import (
@@ -196,7 +196,7 @@ def register_exercise(exercise: str, notebook: str, points: int, title: str, fun
                 return feedback.show_or_raise(msg)
             rng = np.random.default_rng(seed_of(exercise) if seed is None else seed)
             try:
-                verified = body(student_fn, rng)
+                verified = depends.run_body(exercise, body, student_fn, rng)
             except NotImplementedError:
                 _judged(exercise, student_fn, "not attempted")
                 msg = (f"check_{exercise}: not attempted (your function, or one it calls, still "

@@ -5,6 +5,8 @@ import numpy as np
 
 from . import mistakes
 from .core import as_pair, close_number, compare_shards, fail_check, log_int, register_exercise, run_student
+from .network import Referee, served_call, substituted
+from .served_sp import ServedSP
 
 NB01 = "01_sequence_parallel"
 
@@ -42,13 +44,41 @@ def _one_per_rank(exercise, out, where, shape, hint):
               f"with one {shape} array per rank", show=False, hint=hint)
 
 
+def reduce_scatter_dtype_mistake(xs, out) -> str | None:
+    """An integer accumulator: float partials summed into an integer array (every sum cut
+    to a whole number), whether the result stays integer or is converted back."""
+    parts = [np.asarray(x) for x in xs]
+    if not parts or any(p.dtype.kind != "f" for p in parts):
+        return None
+    t = len(parts)
+    total = np.sum([p.astype(float) for p in parts], axis=0)
+    c = total.shape[0] // t
+    blocks = [total[i * c:(i + 1) * c] for i in range(t)]
+    try:
+        arrs = [np.asarray(o) for o in out]
+    except (TypeError, ValueError):
+        return None
+    text = ("your sums are whole numbers though the partials are floats: the accumulator has an "
+            "integer dtype, so each addition is cut to an integer; give it the dtype of the "
+            "partials")
+    if len(arrs) == t and any(a.dtype.kind in "iu" for a in arrs):
+        return text
+    with np.errstate(all="ignore"):
+        stepwise = [np.zeros_like(b) for b in blocks]
+        for p in parts:
+            stepwise = [np.trunc(acc + p[i * c:(i + 1) * c]) for i, acc in enumerate(stepwise)]
+    if mistakes.same(arrs, [np.trunc(b) for b in blocks]) or mistakes.same(arrs, stepwise):
+        return text
+    return None
+
+
 @register_exercise("reduce_scatter", NB01, 1, "reduce-scatter along the sequence")
 def check_reduce_scatter(reduce_scatter, rng):
     """``reduce_scatter(xs) -> list``: ``xs[r]`` is rank r's ``(s, h)`` partial sum; rank i
     must get the sum over ranks of rows ``i*s/t .. (i+1)*s/t - 1``."""
     from ..sim.comm import SimGroup
     err, cases = 0.0, _cases(rng)
-    for where, t, c, h, xs in cases:
+    for where, t, _c, _h, xs in cases:
         target = SimGroup(t).reduce_scatter([x.astype(float) for x in xs], axis=0)
         out = run_student("reduce_scatter", reduce_scatter, ("xs",), xs)
         _one_per_rank("reduce_scatter", out, where, "(s/t, h)",
@@ -56,7 +86,8 @@ def check_reduce_scatter(reduce_scatter, rng):
         err = max(err, compare_shards(
             "reduce_scatter", out, target, where=where, what="the summed shard",
             axes=("token", "hidden"),
-            hint=lambda: mistakes.reduce_scatter_mistake(xs, out) or (
+            hint=lambda: reduce_scatter_dtype_mistake(xs, out)
+            or mistakes.reduce_scatter_mistake(xs, out) or (
                 "rank i ends with one contiguous block of s/t tokens, block i, summed over the "
                 "partials of all t ranks")))
     return f"{len(cases)} cases (t = 1..5, c = 1..4, integer inputs), max error {err:.1e}"
@@ -68,7 +99,7 @@ def check_all_gather(all_gather, rng):
     rank order along the sequence axis."""
     from ..sim.comm import SimGroup
     err, cases = 0.0, _cases(rng)
-    for where, t, c, h, xs in cases:
+    for where, t, c, _h, xs in cases:
         shards = [x[:c].copy() for x in xs]
         target = SimGroup(t).all_gather([x.astype(float) for x in shards], axis=0)
         out = run_student("all_gather", all_gather, ("shards",), shards)
@@ -83,50 +114,40 @@ def check_all_gather(all_gather, rng):
     return f"{len(cases)} cases (t = 1..5, c = 1..4): every rank holds all tokens in rank order"
 
 
-def _layer_norm(x):
-    mu = x.mean(-1, keepdims=True)
-    var = x.var(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + 1e-5)
+_SP_CALL = "sp_forward(partials, op, reduce_scatter=..., all_gather=...)"
 
 
 @register_exercise("sp_forward", NB01, 2, "SP: reduce-scatter, token-wise op, all-gather")
 def check_sp_forward(sp_forward, rng):
-    """``sp_forward(partials, op) -> list``: the row-parallel partial sums go through
-    reduce-scatter, ``op`` on each rank's ``s/t`` tokens, and all-gather. Must equal
-    ``op(sum(partials))`` on every rank, and ``op`` must see exactly ``s/t`` tokens, once
-    per rank."""
-    err, cases = 0.0, _cases(rng, n_random=6)
-    for where, t, c, h, xs in cases:
-        scale = rng.uniform(0.5, 2.0, size=h)
-        calls = []
-
-        def op(x, _scale=scale, _calls=calls):
-            x = np.asarray(x, dtype=float)
-            _calls.append(x.shape)
-            return np.tanh(_layer_norm(x) * _scale + 0.1)
-
-        full = np.tanh(_layer_norm(np.sum(xs, axis=0).astype(float)) * scale + 0.1)
-        out = run_student("sp_forward", sp_forward, ("partials",), xs, op)
+    """``sp_forward(partials, op, reduce_scatter=..., all_gather=...) -> list``: the
+    row-parallel partial sums go through ``reduce_scatter``, ``op`` on each rank's ``s/t``
+    tokens, and ``all_gather``. The check serves all three and watches them: one
+    reduce-scatter of the partials, ``op`` once per rank on exactly the shard the
+    reduce-scatter delivered, one all-gather of what ``op`` returned; the answer is what
+    the all-gather delivered. In some random cases the collectives deliver other values
+    (a secret offset), so only an answer that uses them gets the target."""
+    cases = _cases(rng, n_random=6)
+    swapped = {len(cases) - 6 + i for i in substituted(rng, 6)}
+    err = 0.0
+    for i, (where, _t, _c, h, xs) in enumerate(cases):
+        served = ServedSP(xs, rng.uniform(0.5, 2.0, size=h), rng if i in swapped else None)
+        if i in swapped:
+            where += ", the collectives deliver other values than a plain sum"
+        out = served_call(Referee("sp_forward", where), "sp_forward", sp_forward, ("partials",),
+                          xs, served.op, reduce_scatter=served.reduce_scatter,
+                          all_gather=served.all_gather, calls=_SP_CALL)
+        broken = served.problem()
+        if broken is not None:
+            fail_check("sp_forward", where, broken[0], show=False, hint=broken[1])
         err = max(err, compare_shards(
-            "sp_forward", out, [full] * t, where=where, what="the layer output",
+            "sp_forward", out, served.target(), where=where, what="the layer output",
             axes=("token", "hidden"),
-            hint=lambda: mistakes.sp_forward_mistake(xs, op, out) or (
-                "reduce-scatter the partials, run op on each rank's s/t summed tokens, all-gather: "
-                "every rank returns op(P_0 + ... + P_{t-1}) for all s tokens")))
-        if not calls:
-            fail_check("sp_forward", where, "op was never called", show=False,
-                  hint="each rank applies op to its own s/t tokens")
-        wrong = [shape for shape in calls if len(shape) != 2 or shape[0] != c]
-        if wrong:
-            fail_check("sp_forward", where,
-                  f"op was called on an array of shape {wrong[0]}; under SP each rank runs it on "
-                  f"its own s/t = {c} tokens, shape ({c}, {h})", show=False,
-                  hint=mistakes.sp_op_calls_mistake(wrong[0], t * c, c))
-        if len(calls) != t:
-            fail_check("sp_forward", where, f"op was called {len(calls)} times, expected once per rank",
-                  len(calls), t, hint="one call per rank, on that rank's shard")
-    return (f"{len(cases)} cases: equals op(all-reduce) on every rank, op saw s/t tokens once "
-            f"per rank, max error {err:.1e}")
+            hint=lambda: (served.rs_off is None and mistakes.sp_forward_mistake(xs, served.op, out))
+            or ("return what all_gather delivered: every rank holds op(P_0 + ... + P_{t-1}) "
+                "for all s tokens")))
+    return (f"{len(cases)} cases ({len(swapped)} with substituted collectives): one "
+            f"reduce-scatter, op once per rank on the shard it delivered, one all-gather; the "
+            f"output matches, max error {err:.1e}")
 
 
 @register_exercise("sp_bytes", NB01, 1, "bytes of TP vs TP + SP")
@@ -157,6 +178,6 @@ def check_sp_bytes(sp_bytes, rng):
         close_number("sp_bytes", sp, target, where=where,
                       what="TP + SP bytes (2 RS + 2 AG)",
                       hint=lambda: mistakes.bytes_mistake(sp, target, s, h, t, e, "SP", len(args) == 4)
-                      or "each reduce-scatter or all-gather of the s x h activation (n = s h e "
-                         "bytes) is half a ring all-reduce; the layer has two of each")
+                      or "which collectives does TP + SP run per layer, and what does each put "
+                         "on the wire? Section 3 compares them with an all-reduce")
     return f"{len(cases)} sizes (t = 1..1024, e = 1, 2, 4): TP and TP + SP both send 4 (t-1)/t s h e"

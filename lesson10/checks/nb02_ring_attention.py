@@ -1,6 +1,8 @@
 """Checks of notebook 02: ring attention."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from . import mistakes
@@ -13,7 +15,7 @@ from .core import (
     register_exercise,
     run_student,
 )
-from .network import Referee, RingNetwork, served_call, substituted
+from .network import Referee, RingNetwork, ServedBlockAttention, ServedMerge, served_call, substituted
 
 NB02 = "02_ring_attention"
 
@@ -92,11 +94,11 @@ def check_block_attention(block_attention, rng):
         out = run_student("block_attention", block_attention, ("q", "k", "v", "q_pos", "k_pos"), *args)
         where = f"{kind} (sq={sq}, sk={sk}, a={a}, d={d}, causal={causal is not False})"
         yours_o, yours_l = as_pair("block_attention", out, where, "(out, lse)")
-        hint = (lambda: mistakes.block_attention_mistake(q, k, v, q_pos, k_pos, causal is not False,
+        hint: Any = (lambda: mistakes.block_attention_mistake(q, k, v, q_pos, k_pos, causal is not False,
                                                          causal is not None, (yours_o, yours_l))
-                or "scores q.k / sqrt(d) per head, the causal mask on the global positions (a key "
-                   "at the query's own position is visible), a softmax that stays finite for "
-                   "scores of +-1000, and out 0, lse -inf for a query that sees no key")
+                or "go through the formulas above on this case: the scale of the scores, which "
+                   "keys the mask lets each query see, a softmax at scores of +-1000, and a query "
+                   "that sees no key")
         err = max(err, compare_arrays("block_attention", yours_l, l_t, where=where, what="lse",
                                 axes=("query", "head"), hint=hint))
         err = max(err, compare_arrays("block_attention", yours_o, o_t, where=where, what="out",
@@ -107,7 +109,8 @@ def check_block_attention(block_attention, rng):
 
 def _merge_cases(rng, n_random=8):
     fixed = ["ordinary", "large lse (about +800)", "small lse (about -800)",
-             "lse1 about +800, lse2 about -800", "one side saw no key (lse -inf)",
+             "lse1 about +800, lse2 about -800", "lse near +-1000, the sign per row",
+             "one side saw no key (lse -inf)",
              "both sides saw no key in some rows", "integer-valued o1, o2"]
     return fixed + [f"random {i}" for i in range(n_random)]
 
@@ -131,6 +134,9 @@ def check_merge(merge, rng):
             l1, l2 = l1 - 800, l2 - 800
         if kind.startswith("lse1 about"):
             l1, l2 = l1 + 800, l2 - 800
+        if kind.startswith("lse near"):
+            sign = np.where(np.arange(s) % 2 == 0, 1.0, -1.0)[:, None]
+            l1, l2 = l1 + 1000 * sign, l2 + 1000 * sign
         if kind.startswith("integer"):
             o1, o2 = (rng.integers(-5, 6, size=(s, a, d)).astype(float) for _ in range(2))
         if kind.startswith("random"):
@@ -154,11 +160,10 @@ def check_merge(merge, rng):
         out = run_student("merge", merge, ("o1", "lse1", "o2", "lse2"), o1, l1, o2, l2)
         where = f"{kind} (s={s}, a={a}, d={d})"
         yours_o, yours_l = as_pair("merge", out, where, "(o, lse)")
-        hint = (lambda: mistakes.merge_mistake(o1.astype(float), l1, o2.astype(float), l2,
+        hint: Any = (lambda: mistakes.merge_mistake(o1.astype(float), l1, o2.astype(float), l2,
                                                (yours_o, yours_l))
-                or "the merged lse is the log of the summed probability mass of both sides, "
-                   "computed so that exp never overflows; each side's output is weighted by its "
-                   "share of that mass; two empty sides (lse -inf) merge to o = 0, lse = -inf")
+                or "work this case through the merge formula above: the merged lse, each side's "
+                   "weight, large lse values, and rows where a side saw no key")
         err = max(err, compare_arrays("merge", yours_l, l_t, where=where, what="lse",
                                 axes=("query", "head"), hint=hint))
         err = max(err, compare_arrays("merge", yours_o, o_t, where=where, what="o",
@@ -237,85 +242,130 @@ def _ring_mistakes(q, k, v, pos, causal):
 
 
 def _ring_cases(rng, n_random=6):
-    """(layout, causal, N_c, s, substitute): fixed cases (every layout, causal and not,
-    N_c = 1, c > 1, causal not passed = None), then random ones; in at least two random
-    cases the network substitutes the K/V blocks of other ranks."""
-    cases = [("contiguous", True, 4, 8), ("zigzag", True, 3, 12), ("striped", True, 4, 12),
+    """(layout, causal, N_c, s, substitute, large): fixed cases (every layout, causal and
+    not, N_c = 1, c > 1, causal not passed = None, scores near +-1000), then random ones;
+    in at least two random cases the network substitutes the K/V blocks of other ranks and
+    the kernel adds an offset to its output."""
+    cases: list[tuple] = [("contiguous", True, 4, 8), ("zigzag", True, 3, 12), ("striped", True, 4, 12),
              ("contiguous", False, 3, 6), ("zigzag", False, 2, 8), ("contiguous", True, 1, 3),
              ("zigzag", None, 4, 8)]
-    cases = [case + (False,) for case in cases]
+    cases = [case + (False, False) for case in cases]
+    cases += [("contiguous", True, 4, 8, False, True), ("zigzag", False, 3, 6, False, True)]
     swapped = substituted(rng, n_random)
     for i in range(n_random):
         layout = str(rng.choice(["contiguous", "zigzag", "striped"]))
         n = int(rng.integers(3 if i in swapped else 2, 6))   # N_c >= 3: a block is passed on
         cases.append((layout, bool(rng.random() < 0.7), n, 2 * n * int(rng.integers(1, 3)),
-                      i in swapped))
+                      i in swapped, False))
     return cases
 
 
-_RING_CALL = "ring_attention(q_shards, k_shards, v_shards, positions[, causal], group=network)"
+_RING_CALL = ("ring_attention(q_shards, k_shards, v_shards, positions[, causal], "
+              "block_attention=kernel, merge=merge, group=network)")
+
+
+def _ring_case(rng, layout, causal, n, s, swap, large):
+    """The inputs of one case, its text, and the served network, kernel and merge."""
+    from ..layouts import shard_positions
+    a, d = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+    q, k, v = draw_qkv(rng, s, a, d, scale=1.5)
+    if large:            # each query scaled on its own: the ranks' q_shards stay distinct
+        q, k = _large_qk(rng, s, s, a, d)
+        q = q * rng.uniform(0.9, 1.1, size=(s, 1, 1))
+    pos = shard_positions(s, n, layout)
+    where = (f"{layout} layout, causal={causal is not False}"
+             f"{' (not passed: the default)' if causal is None else ''}, N_c={n}, s={s}, a={a}, d={d}"
+             + (", scores near +-1000" if large else "")
+             + (", the network delivers other values for the other ranks' K/V blocks and "
+                "block_attention adds an offset to its out" if swap else ""))
+    ks, vs = [k[p] for p in pos], [v[p] for p in pos]
+    fakes = ([rng.standard_normal(x.shape) * 1.5 for x in ks],
+             [rng.standard_normal(x.shape) for x in vs]) if swap else (None, None)
+    referee = Referee("ring_attention", where)
+    net = RingNetwork(referee, ks, vs, pos, *fakes)
+    qs = [q[p] for p in pos]
+    offsets = [[rng.standard_normal(x.shape) for _ in range(n)] for x in qs] if swap else None
+    kernel = ServedBlockAttention(referee, net, qs, offsets, causal=causal is not False)
+    return (q, k, v, pos), (qs, ks, vs, [p.copy() for p in pos]), where, referee, net, kernel
 
 
 @register_exercise("ring_attention", NB02, 2, "the ring loop")
 def check_ring_attention(ring_attention, rng):
-    """``ring_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None) ->
-    list`` of output shards; ``positions[r]`` are the global token ids of rank r. The check
-    passes ``group=``, a network with ``ring_shift(xs)`` only (rank r sends ``xs[r]`` to rank
-    r + 1; ``xs[r]`` an array or a tuple such as ``(k, v, k_pos)``), and watches it: N_c - 1
-    steps, one K and one V block per rank and step, each rank passing on the block it holds.
-    The output must equal attention of each rank's queries over every K/V block, taken as
-    the network delivered it: in some random cases it delivers other values for the blocks
-    of other ranks, which only a ring that uses what it receives gets right."""
-    from ..layouts import shard_positions
-    from ..sim.attention import attention
+    """``ring_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None,
+    block_attention=..., merge=...) -> list`` of output shards; ``positions[r]`` are the
+    global token ids of rank r. The check serves ``group=``, a network with
+    ``ring_shift(xs)`` only (rank r sends ``xs[r]`` to rank r + 1), ``block_attention=``, a
+    kernel that counts one call per rank and round on the block the rank holds in that
+    round, and ``merge=``. The network refuses to move a block before its round's call,
+    and wants N_c - 1 steps, one K and one V block per rank and step, each rank passing on
+    the block it holds. In some random cases the network delivers other values for the
+    blocks of other ranks and the kernel adds a secret offset to its out: the target is the
+    merge of what the kernel returned."""
     err, n_swapped = 0.0, 0
     cases = _ring_cases(rng)
-    for layout, causal, n, s, swap in cases:
-        a, d = int(rng.integers(1, 4)), int(rng.integers(1, 5))
-        q, k, v = draw_qkv(rng, s, a, d, scale=1.5)
-        pos = shard_positions(s, n, layout)
-        causal_ = causal is not False
-        where = (f"{layout} layout, causal={causal_}{' (not passed: the default)' if causal is None else ''}"
-                 f", N_c={n}, s={s}, a={a}, d={d}"
-                 + (", the network delivers other values for the other ranks' K/V blocks" if swap else ""))
-        ks, vs = [k[p] for p in pos], [v[p] for p in pos]
-        fakes = ([rng.standard_normal(x.shape) * 1.5 for x in ks],
-                 [rng.standard_normal(x.shape) for x in vs]) if swap else (None, None)
+    for layout, causal, n, s, swap, large in cases:
+        full_in, args, where, referee, net, kernel = _ring_case(rng, layout, causal, n, s, swap,
+                                                                large)
         n_swapped += swap
-        referee = Referee("ring_attention", where)
-        net = RingNetwork(referee, ks, vs, pos, *fakes)
-        args = ([q[p] for p in pos], ks, vs, [p.copy() for p in pos])
         out = served_call(referee, "ring_attention", ring_attention,
                           ("q_shards", "k_shards", "v_shards", "positions"),
-                          *args, *(() if causal is None else (causal,)), group=net, calls=_RING_CALL)
+                          *args, *(() if causal is None else (causal,)), group=net,
+                          block_attention=kernel, merge=ServedMerge(referee), calls=_RING_CALL)
         net._finish()
-        target = net._target(args[0], causal_)
+        kernel._finish()
+        causal_ = causal is not False
         try:
             err = max(err, compare_shards(
-                "ring_attention", out, target, where=where, what="output",
+                "ring_attention", out, kernel._target(causal_), where=where, what="output",
                 axes=("local query", "head", "dim"),
                 hint="in every round a rank attends with its queries to the block it holds, with "
                      "the global positions of both, and merges that into its running result; "
                      "check it against the text of the exercise step by step"))
         except CheckFailed:
-            full = attention(q, k, v, causal=causal_)[0]
-            if swap:
-                diagnose_plain("ring_attention", out, [full[p] for p in pos], where,
-                                "your output is attention over the K/V blocks as k_shards and "
-                                "v_shards hold them, not as the network delivered them (here they "
-                                "differ)",
-                                "a rank may use only its own k_shards[r], v_shards[r] and what "
-                                "ring_shift returned to it: reading k_shards[j] of another rank "
-                                "means reading another GPU's memory")
-            else:            # name the classic mistakes when they are the cause
-                if causal_:
-                    diagnose("ring_attention", out, mask_mistakes(q, k, v, pos, local_rows=True),
-                              where)
-                diagnose("ring_attention", out, _ring_mistakes(q, k, v, pos, causal_), where)
+            _ring_diagnosis(out, full_in, kernel, causal_, swap, large, where)
             raise
-    return (f"{len(cases)} cases (contiguous/zigzag/striped, causal and not, N_c in 1..5, "
-            f"{n_swapped} with substituted blocks): N_c - 1 shifts, each rank passing on the block "
-            f"it holds, and the output matches, max error {err:.1e}")
+    return (f"{len(cases)} cases (contiguous/zigzag/striped, causal and not, N_c in 1..5, scores "
+            f"near +-1000, {n_swapped} with substituted blocks and kernel outputs): one "
+            f"block_attention per rank and round on the block it holds, N_c - 1 shifts, and the "
+            f"output matches, max error {err:.1e}")
+
+
+def _ring_diagnosis(out, full_in, kernel, causal, swap, large, where) -> None:
+    """Name the mistake when the output equals a known one."""
+    from ..sim.attention import attention
+    q, k, v, pos = full_in
+    if swap:
+        full = attention(q, k, v, causal=causal)[0]
+        diagnose_plain("ring_attention", out, [full[p] for p in pos], where,
+                       "your output is attention over the K/V blocks as k_shards and v_shards "
+                       "hold them, not as the network delivered them (here they differ)",
+                       "a rank may use only its own k_shards[r], v_shards[r] and what ring_shift "
+                       "returned to it: reading k_shards[j] of another rank means reading "
+                       "another GPU's memory")
+        diagnose_plain("ring_attention", out, kernel._plain_merge(causal), where,
+                       "your output is attention over the blocks the ring delivered, but not what "
+                       "the block_attention you were given returned (here its out carries an "
+                       "offset): the result was computed outside the served kernel",
+                       "a rank keeps only its running (out, lse): each round it merges what "
+                       "block_attention returned for the block it holds. Keeping the blocks to "
+                       "attend over them all at the end is an all-gather, which the ring avoids")
+        return
+    if large and _not_finite(out):
+        fail_check("ring_attention", where, "your output is not finite where the scores are near "
+                   "+-1000 (the lse of a block is then about +-1000)", show=False,
+                   hint="e^1000 overflows and e^-1000 is 0: a merge that exponentiates the lse "
+                        "needs the max shift, as in your merge of exercise 2 (or use the merge "
+                        "you were given)")
+    if causal:
+        diagnose("ring_attention", out, mask_mistakes(q, k, v, pos, local_rows=True), where)
+    diagnose("ring_attention", out, _ring_mistakes(q, k, v, pos, causal), where)
+
+
+def _not_finite(out) -> bool:
+    try:
+        return any(not np.isfinite(np.asarray(o, dtype=float)).all() for o in out)
+    except (TypeError, ValueError):
+        return False
 
 
 def diagnose_plain(exercise, out, plain, where, what, hint):

@@ -78,9 +78,8 @@ def _head_group_send(name, shards, n, rng, swap):
     return Send(name, expected, delivered,
                 block=lambda i, j: f"{_heads(g, j)} of rank {i}'s {tokens(c)}, shape {(c, g, d)}",
                 missing=(f"{name} never went through all_to_all",
-                         "rank i cuts its (c, a, d) shard into N_c head groups (axis 1) and sends "
-                         "group j to rank j: blocks[i][j]; rank j stacks what it receives from ranks "
-                         "0, 1, ... along the token axis"))
+                         "rank i owes every rank j one part of its shard (which heads does rank j "
+                         "keep?), and all of those parts travel in one group.all_to_all"))
 
 
 _S2H_CALL = "seq_to_heads(shards, group)"
@@ -92,9 +91,9 @@ def check_seq_to_heads(seq_to_heads, rng):
     """``seq_to_heads(shards, group) -> list``: ``shards[r]`` is ``(s/n, a, d)`` (tokens of
     rank r, every head); rank r must end with ``(s, a/n, d)``: every token, heads
     ``r a/n ..``. The check's ``group`` offers ``all_to_all(blocks)`` only and wants exactly
-    one call, ``blocks[i][j]`` = head group j of rank i; the answer is what each rank
-    received, stacked (in some random cases the network delivers other values). When ``a``
-    is not a multiple of ``n`` it must raise a ValueError (not send, not return empty shards)."""
+    one call; the answer is built from what each rank received (in some random cases the
+    network delivers other values). When ``a`` is not a multiple of ``n`` it must raise a
+    ValueError (not send, not return empty shards)."""
     cases = _a2a_cases(rng)
     for where, n, x, swap in cases:
         shards = np.split(x, n, axis=0)
@@ -150,9 +149,8 @@ def check_seq_to_heads(seq_to_heads, rng):
 @register_exercise("heads_to_seq", NB04, 1, "all-to-all: head shards -> sequence shards")
 def check_heads_to_seq(heads_to_seq, rng):
     """``heads_to_seq(shards, group) -> list``: the inverse of ``seq_to_heads``, with exactly
-    one ``group.all_to_all(blocks)``, ``blocks[j][i]`` = token block i of rank j's
-    ``(s, a/n, d)`` shard; rank i returns what it received side by side along the head axis
-    (in some random cases the network delivers other values)."""
+    one ``group.all_to_all(blocks)``; the answer is built from what each rank received (in
+    some random cases the network delivers other values)."""
     cases = _a2a_cases(rng)
     for where, n, x, swap in cases:
         shards = np.split(x, n, axis=1)
@@ -161,9 +159,8 @@ def check_heads_to_seq(heads_to_seq, rng):
         referee = Referee("heads_to_seq", where)
         expected = [np.split(y, n, axis=0) for y in shards]
         delivered = substitute_blocks(rng, expected) if swap else expected
-        hint = ("rank j cuts its (s, a/n, d) shard into N_c token blocks (axis 0) and sends block i "
-                "to rank i: blocks[j][i]; rank i puts what it receives from ranks 0, 1, ... side by "
-                "side along the head axis")
+        hint = ("rank j owes every rank i the tokens rank i keeps (with rank j's heads), all "
+                "in one group.all_to_all; rank i lines up what arrives in head order")
         send = Send("the token blocks", expected, delivered,
                     block=lambda j, i: f"tokens {i * c}..{(i + 1) * c - 1} of rank {j}'s shard "
                                        f"({_heads(g, j)}), shape {(c, g, d)}",
@@ -187,7 +184,7 @@ def check_heads_to_seq(heads_to_seq, rng):
 def _ulysses_cases(rng, n_random=6):
     """(layout, causal, N_c, c, a, a_kv, substitute): fixed cases, then random ones; causal
     None = not passed (the default, True); at least two random cases substitute."""
-    cases = [("contiguous", True, 2, 2, 4, 4), ("zigzag", True, 2, 4, 4, 2),
+    cases: list[tuple] = [("contiguous", True, 2, 2, 4, 4), ("zigzag", True, 2, 4, 4, 2),
              ("zigzag", True, 2, 2, 8, 4), ("striped", True, 3, 2, 3, 3),
              ("contiguous", False, 4, 1, 4, 4), ("contiguous", True, 1, 4, 2, 2),
              ("zigzag", None, 4, 2, 4, 4)]
@@ -223,8 +220,10 @@ def _ulysses_case(rng, referee, qs, ks, vs, swap):
     offsets = [rng.standard_normal((s, a // n, d)) for _ in range(n)] if swap else None
     kernel = ServedAttention(referee, (s, a, a_kv, d), held["Q"], held["K"], held["V"],
                              real["Q"], real["K"], real["V"], offsets)
+    out_offsets = [[rng.standard_normal((c, a // n, d)) for _ in range(n)] for _ in range(n)] \
+        if swap else None
     sends.append(Send("the attention output (heads -> sequence)", kernel._output_blocks,
-                      kernel._output_blocks,
+                      _delivered_output(kernel, out_offsets),
                       block=lambda j, i: f"tokens {i * c}..{(i + 1) * c - 1} of what attention "
                                          f"returned for head group {j}, shape {(c, a // n, d)}",
                       missing=("the attention output never went through all_to_all: each rank "
@@ -234,9 +233,62 @@ def _ulysses_case(rng, referee, qs, ks, vs, swap):
     net = AllToAllNetwork(referee, n, sends, purpose="Ulysses", never=(
         "your ulysses_attention never called group.all_to_all: the head groups of the other "
         "ranks reach a rank only through the network",
-        "your seq_to_heads on Q, K and V with the group, attention on each head group, your "
-        "heads_to_seq on the outputs"))
-    return net, kernel
+        "the head groups of the other ranks reach a rank only through group.all_to_all, "
+        "which your seq_to_heads and heads_to_seq use"))
+    return net, kernel, out_offsets
+
+
+def _delivered_output(kernel, offsets):
+    """What the output all-to-all delivers: the blocks sent, each plus ``offsets[j][i]``
+    where the case substitutes (None: the blocks as sent)."""
+    if offsets is None:
+        return kernel._output_blocks
+
+    def delivered():
+        blocks = kernel._output_blocks()
+        return None if blocks is None else [[b + off for b, off in zip(row, offs)]
+                                            for row, offs in zip(blocks, offsets)]
+    return delivered
+
+
+def _output_target(kernel, offsets, causal, pos):
+    """What an honest Ulysses returns: rank i gets token block i of every head group's
+    output, side by side along the head axis, plus what the output all-to-all adds."""
+    outs = kernel._target(causal, pos)
+    if offsets is None:
+        return outs
+    n = len(outs)
+    return [o + np.concatenate([offsets[j][i] for j in range(n)], axis=1) for i, o in enumerate(outs)]
+
+
+def _ulysses_diagnosis(out, full_in, kernel, causal_, swap, where) -> None:
+    """Name the mistake when the output equals a known one."""
+    from ..sim.attention import attention
+    q, k, v, pos = full_in
+    full = attention(q, k, v, causal=causal_)[0]
+    if swap:
+        diagnose_plain("ulysses_attention", out, [full[p] for p in pos], where,
+                        "your output is plain attention of the inputs, not what the served "
+                        "attention returned on the head groups the network delivered (here "
+                        "they differ)",
+                        "use the attention passed in, on what your seq_to_heads received, "
+                        "and return its out through heads_to_seq unchanged")
+        diagnose_plain("ulysses_attention", out, kernel._target(causal_, np.concatenate(pos)),
+                        where, "your output is what attention returned, put back in order "
+                        "without the output all-to-all's delivery (here it delivers other "
+                        "values than were sent)",
+                        "a rank gets its tokens' other heads only through the network: "
+                        "return what your heads_to_seq received, unchanged")
+    elif causal_:    # name the classic mistakes when they are the cause
+        diagnose("ulysses_attention", out, mask_mistakes(q, k, v, pos, local_rows=False),
+                  where)
+    else:
+        causal_out = attention(q, k, v, causal=True)[0]
+        diagnose("ulysses_attention", out, {
+            "causal attention, though causal=False was passed": (
+                [causal_out[p] for p in pos], "pass causal on to the kernel as it was "
+                                              "passed to you (the kernel's default is False)")},
+                  where)
 
 
 @register_exercise("ulysses_attention", NB04, 2, "Ulysses attention")
@@ -251,7 +303,6 @@ def check_ulysses_attention(ulysses_attention, rng):
     random cases the network delivers other values and the kernel adds a secret offset to
     its output: the target is what an honest Ulysses gets from them."""
     from ..layouts import shard_positions
-    from ..sim.attention import attention
     err, n_swapped = 0.0, 0
     cases = _ulysses_cases(rng)
     for layout, causal, n, c, a, a_kv, swap in cases:
@@ -265,40 +316,22 @@ def check_ulysses_attention(ulysses_attention, rng):
         n_swapped += swap
         args = ([q[p] for p in pos], [k[p] for p in pos], [v[p] for p in pos], [p.copy() for p in pos])
         referee = Referee("ulysses_attention", where)
-        net, kernel = _ulysses_case(rng, referee, *args[:3], swap)
+        net, kernel, out_offsets = _ulysses_case(rng, referee, *args[:3], swap)
         out = served_call(referee, "ulysses_attention", ulysses_attention,
                           ("q_shards", "k_shards", "v_shards", "positions"),
                           *args, *(() if causal is None else (causal,)), group=net, attention=kernel,
                           calls=_ULY_CALL)
         kernel._finish()
         net._finish()
-        target = kernel._target(causal_, np.concatenate(pos))
+        target = _output_target(kernel, out_offsets, causal_, np.concatenate(pos))
         try:
             err = max(err, compare_shards(
                 "ulysses_attention", out, target, where=where, what="output",
                 axes=("local query", "head", "dim"),
-                hint="the kernel gets each rank's head group with the global positions of its "
-                     "rows, in the order your seq_to_heads stacked them, and causal as it was "
-                     "passed in; what it returns goes back through heads_to_seq"))
+                hint="check what you give the kernel besides the head groups: the positions of "
+                     "the rows it gets, in the order they come, and the causal flag"))
         except CheckFailed:
-            full = attention(q, k, v, causal=causal_)[0]
-            if swap:
-                diagnose_plain("ulysses_attention", out, [full[p] for p in pos], where,
-                                "your output is plain attention of the inputs, not what the served "
-                                "attention returned on the head groups the network delivered (here "
-                                "they differ)",
-                                "use the attention passed in, on what your seq_to_heads received, "
-                                "and return its out through heads_to_seq unchanged")
-            elif causal_:    # name the classic mistakes when they are the cause
-                diagnose("ulysses_attention", out, mask_mistakes(q, k, v, pos, local_rows=False),
-                          where)
-            else:
-                causal_out = attention(q, k, v, causal=True)[0]
-                diagnose("ulysses_attention", out, {
-                    "causal attention, though causal=False was passed": (
-                        [causal_out[p] for p in pos], "pass causal on to the kernel as it was "
-                                                      "passed to you (the kernel's default is False)")},
-                          where)
+            _ulysses_diagnosis(out, (q, k, v, pos), kernel, causal_, swap, where)
             raise
     return (f"{len(cases)} cases (contiguous, zigzag and striped, causal and not, GQA, N_c in 1..4, "
             f"{n_swapped} with substituted values): four all-to-alls, attention once per head group, "
@@ -311,7 +344,7 @@ def check_ulysses_bytes(ulysses_bytes, rng):
     forward pass: four all-to-alls (Q, K, V, output); K and V have ``h/g`` columns."""
     from .. import cost
     # (s, h, N_c, g, e); None: not passed, the default (g = 1, e = 2)
-    cases = [(4096, 1024, 4, 4, 2), (16, 8, 1, 1, 2), (64, 32, 2, 1, 2), (64, 32, 2, 2, 1),
+    cases: list[tuple] = [(4096, 1024, 4, 4, 2), (16, 8, 1, 1, 2), (64, 32, 2, 1, 2), (64, 32, 2, 2, 1),
              (96, 48, 3, 1, 4), (131072, 4096, 8, 1, 2), (80, 16, 4, None, None), (48, 24, 3, 2, None)]
     for i in range(8):       # N_c up to 256, s up to ~2M, h up to ~64K: no table covers them
         big = i % 2 == 1

@@ -1,6 +1,7 @@
 """What an exercise may use from the course, served by its check so that the method shows:
-the ring's network (:class:`RingNetwork`), the all-to-all network (:class:`AllToAllNetwork`)
-and the attention kernel of Ulysses (:class:`ServedAttention`).
+the ring's network (:class:`RingNetwork`) with its block kernel and merge
+(:class:`ServedBlockAttention`, :class:`ServedMerge`), the all-to-all network
+(:class:`AllToAllNetwork`) and the attention kernel of Ulysses (:class:`ServedAttention`).
 
 The student's function gets these objects as arguments (``group=``, ``attention=``). Each
 one applies the rules of its exercise as the calls come in; the first rule broken is kept
@@ -29,12 +30,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .core import CheckFailed, describe_value, fail_check, failure_message
-from .served_attention import ServedAttention
+from .served_attention import ServedAttention, plural
 from .served_attention import numeric_array as _array
 from .served_attention import same_values as _same
+from .served_ring import ServedBlockAttention, ServedMerge
 
 __all__ = ["RuleBroken", "Referee", "RingNetwork", "AllToAllNetwork", "Send", "ServedAttention",
-           "substitute_blocks", "substituted", "served_call", "tokens"]
+           "ServedBlockAttention", "ServedMerge", "plural", "substitute_blocks", "substituted", "served_call", "tokens"]
 
 
 class RuleBroken(RuntimeError):
@@ -91,7 +93,7 @@ class _Served:
 
 def tokens(c: int) -> str:
     """``"1 token"``, ``"3 tokens"``."""
-    return f"{c} token{'' if c == 1 else 's'}"
+    return plural(c, "token")
 
 
 def _ordinal(i: int) -> str:
@@ -138,8 +140,9 @@ class RingNetwork(_Served):
     block or the positions of some rank; at most one block of each kind per rank and call
     (more is gathering); every rank sends the same kinds in a call; in step t (its t-th
     shift of that kind, from 0) rank r passes on the block it holds, that of rank
-    (r - t) mod N_c, with the values it received; at most N_c - 1 steps. After the call
-    (:meth:`_finish`): N_c - 1 steps of K and of V.
+    (r - t) mod N_c, with the values it received, and only after the served block kernel
+    (``_kernel``, a :class:`ServedBlockAttention`, when the case has one) ran on that block;
+    at most N_c - 1 steps. After the call (:meth:`_finish`): N_c - 1 steps of K and of V.
 
     ``fake_k`` / ``fake_v`` (one array per rank, or None): what the network delivers in place
     of each rank's K and V block when they reach another rank (the substitution).
@@ -162,6 +165,7 @@ class RingNetwork(_Served):
         self._steps = {kind: [0] * n for kind in _KINDS}                 # shifts rank r made
         self._calls = 0
         self._substituted = fake_k is not None
+        self._kernel = None        # the served block kernel, when the case has one (served_ring)
 
     def _classify(self, a):
         """(kind, rank) of the block ``a`` is, by value, or None."""
@@ -224,11 +228,17 @@ class RingNetwork(_Served):
         t = self._steps[kind][r]
         if t >= n - 1:
             ref.breach(f"{call}, rank {r} sends a {kind} block for the {_ordinal(t + 1)} time, but "
-                       f"N_c - 1 = {n - 1} steps already brought every {kind} block to every rank: "
+                       f"N_c - 1 = {plural(n - 1, 'step')} already brought every {kind} block to every rank: "
                        f"the block it would receive now is its own, used in round 0, so it is "
                        f"never used",
                        "N_c rounds of attention need N_c - 1 shifts: no shift after the last "
                        "round")
+        kernel = self._kernel
+        if kernel is not None and not kernel.ready(r, t):
+            ref.breach(f"{call}, step {t} of the {kind} blocks: rank {r} passes on the block of "
+                       f"round {t} before attending to it (block_attention has not run on it)",
+                       "each round: a rank calls the block_attention it was given on the block it "
+                       "holds, merges, and only then passes the block on")
         h = self._holds[kind][r]
         if j != h:
             holds = f"rank {h}'s" + (" (its own)" if h == r else f", received in step {t - 1}")
@@ -269,30 +279,18 @@ class RingNetwork(_Served):
         if n > 1 and self._calls == 0:
             ref.fail("your ring_attention never called group.ring_shift: the K/V blocks of the other "
                      "ranks reach a rank only through the network",
-                     "in each round a rank attends to the block it holds, then passes it on to rank "
-                     "r + 1 with group.ring_shift: N_c - 1 shifts of K and of V")
+                     "the other ranks' K/V blocks reach a rank only through group.ring_shift: "
+                     "how many steps does every block need to meet every rank?")
         for kind in ("K", "V"):
             m = self._steps[kind][0]
             if m < n - 1:
                 missing = [(0 - t) % n for t in range(m + 1, n)]
-                ref.fail(f"the {kind} blocks moved {m} time(s), N_c - 1 = {n - 1} are needed: rank 0 "
+                ref.fail(f"the {kind} blocks moved {plural(m, 'time')}, N_c - 1 = {n - 1} "
+                         f"{'is' if n == 2 else 'are'} needed: rank 0 "
                          f"never received the {kind} blocks of ranks {missing}",
                          "a rank's queries must meet every K/V block, and the other ranks' blocks "
                          "reach it only through ring_shift: one shift of K and of V after every "
                          "round but the last")
-
-    def _target(self, q_shards, causal: bool):
-        """What an honest ring computes here: each rank's queries over its own K/V block and
-        the blocks the network delivered (substituted ones where the case says so)."""
-        from ..sim.attention import attention
-        n, out = self._n, []
-        for r in range(n):
-            src = [r] + [j for j in range(n) if j != r]
-            pick = lambda kind: [self._real[kind][r]] + [self._deliv[kind][j] for j in src[1:]]
-            out.append(attention(np.asarray(q_shards[r], dtype=float), np.concatenate(pick("K")),
-                                 np.concatenate(pick("V")), causal=causal, q_pos=self._real["positions"][r],
-                                 k_pos=np.concatenate(pick("positions")))[0])
-        return out
 
 
 # --------------------------------------------------------------------------- the all-to-all
@@ -355,7 +353,7 @@ class AllToAllNetwork(_Served):
                     ref.breach(f"all_to_all: blocks[{i}][{j}] is {describe_value(blocks[i][j])}, not an "
                                f"array of numbers", "every block is a NumPy array")
         if self._calls > len(self._sends):
-            ref.breach(f"all_to_all was called {self._calls} times; {self._purpose} needs "
+            ref.breach(f"all_to_all was called {plural(self._calls, 'time')}; {self._purpose} needs "
                        f"exactly {len(self._sends)}",
                        "one all-to-all moves every block of one tensor at once: every rank sends "
                        "one block to every rank in the same call")
@@ -403,9 +401,9 @@ class AllToAllNetwork(_Served):
         ref.breach(f"all_to_all call {self._calls} carries none of the blocks {self._purpose} sends "
                    f"now: its blocks[{i}][{j}] (what rank {i} sends to rank {j}, shape "
                    f"{arrs[i][j].shape}) should be, for {listed}",
-                   "run your seq_to_heads on q_shards, k_shards and v_shards, then attention on each "
-                   "head group, then your heads_to_seq on the outputs: four all-to-alls, nothing else "
-                   "goes through the network")
+                   "only four tensors cross the network, each once and through your own "
+                   "seq_to_heads or heads_to_seq: Q, K and V on the way in, and what the kernel "
+                   "returned on the way out")
 
     def _finish(self) -> None:
         """After the call: a broken rule, or an expected all-to-all that never happened."""

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ServedAttention", "same_values", "numeric_array"]
+__all__ = ["ServedAttention", "same_values", "numeric_array", "plural"]
 
 
 def same_values(x: np.ndarray, y: np.ndarray) -> bool:
     """Equal by value: same shape and the same numbers (any real dtype)."""
     return x.dtype.kind in "biuf" and x.shape == y.shape and bool(np.array_equal(x, y))
+
+
+def plural(n: int, word: str, many: str = "") -> str:
+    """``"1 head"``, ``"3 heads"`` (``many``: the plural when it is not ``word + "s"``)."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
 def numeric_array(x):
@@ -59,7 +64,7 @@ class ServedAttention:
         from ..sim.attention import attention
         ref = self._ref
         ref.guard()
-        n, s, a, a_kv, d = len(self._qh), self._s, self._a, self._a_kv, self._d
+        n, a, a_kv = len(self._qh), self._a, self._a_kv
         q, k, v = (numeric_array(x) for x in (q, k, v))
         if q is None or k is None or v is None:
             ref.breach("attention got something that is not an array of numbers",
@@ -70,15 +75,15 @@ class ServedAttention:
         if j in self._returned:
             ref.breach(f"attention ran on head group {j} a second time",
                        "N_c calls, one per head group: rank j attends on its own head group once")
-        for name, x, groups, heads in (("k", k, self._kh, a_kv), ("v", v, self._vh, a_kv)):
+        for name, x, groups in (("k", k, self._kh), ("v", v, self._vh)):
             if not same_values(x, groups[j]):
                 jj = self._group_of(x, groups)
                 want = f"{name.upper()} head group {j}, shape {groups[j].shape}"
                 if jj is not None:
                     what = f"attention got Q head group {j} with {name.upper()} head group {jj}"
                 elif x.shape[1:2] == (a // n,) and a_kv < a:
-                    what = (f"{name} has {x.shape[1]} heads, as many as the query head group: K/V "
-                            f"have a_kv = {a_kv} heads (GQA), so rank {j} holds {want}")
+                    what = (f"{name} has {plural(x.shape[1], 'head')}, as many as the query head "
+                            f"group: K/V have a_kv = {a_kv} heads (GQA), so rank {j} holds {want}")
                 else:
                     what = f"{name} (shape {x.shape}) is not {want} as all_to_all delivered it"
                 ref.breach(what, "pass kh[j] and vh[j] as your seq_to_heads returned them, with "
@@ -93,14 +98,14 @@ class ServedAttention:
     def _explain_q(self, q):
         ref, n, s, a, d = self._ref, len(self._qh), self._s, self._a, self._d
         c, g = s // n, a // n
-        hint = ("after seq_to_heads rank j holds qh[j], all s tokens of its head group; call "
-                "attention(qh[j], kh[j], vh[j], ...) once per rank j")
+        hint = ("after seq_to_heads rank j holds all s tokens of its head group, and that is what "
+                "its one call of the kernel attends on")
         if q.shape[:2] == (s, a) and n > 1:
             ref.breach(f"attention was called on q of shape {q.shape}, all {a} heads of the whole "
                        f"sequence: in Ulysses each rank j attends only on its head group, shape "
                        f"{(s, g, d)}", hint)
         if q.shape[:2] == (c, a) and n > 1:
-            ref.breach(f"attention was called on q of shape {q.shape}, one rank's {c} tokens with all "
+            ref.breach(f"attention was called on q of shape {q.shape}, one rank's {plural(c, 'token')} with all "
                        f"heads: that is attention before the all-to-all, which sees only the rank's "
                        f"own keys; rank j must attend on head group j, shape {(s, g, d)}", hint)
         if q.shape == (s, g, d):
@@ -138,9 +143,8 @@ class ServedAttention:
             done = sorted(self._returned)
             ref.fail(f"attention ran on head groups {done} only" if done else
                      "your ulysses_attention never called the attention it was given",
-                     f"Ulysses attends on every head group: N_c = {n} calls of attention(qh[j], "
-                     f"kh[j], vh[j], causal=causal, q_pos=pos, k_pos=pos), one per rank j, with the "
-                     f"attention passed in")
+                     f"Ulysses attends on every head group: N_c = {plural(n, 'call')} of the "
+                     f"attention passed in, one per rank, on that rank's head group")
 
     def _target(self, causal: bool, pos):
         """What an honest Ulysses computes here, one ``(c, a, d)`` array per rank."""

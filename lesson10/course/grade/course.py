@@ -18,9 +18,8 @@ NOTEBOOKS_WITHOUT_EXERCISES = ("06_multiprocess",)
 
 #: what an exercise should use instead of the course's code (said when it calls some)
 USE_INSTEAD = {
-    "sp_forward": "use your reduce_scatter and all_gather and the op the check passes in",
-    "ring_attention": "use the block_attention and merge you wrote and the group the check "
-                      "passes in",
+    "sp_forward": "use the reduce_scatter, all_gather and op the check passes in",
+    "ring_attention": "use the group, block_attention and merge the check passes in",
     "seq_to_heads": "split with NumPy and move the blocks with the group the check passes in",
     "heads_to_seq": "split with NumPy and move the blocks with the group the check passes in",
     "ulysses_attention": "use your seq_to_heads and heads_to_seq with the group, and the "

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...checks import CheckFailed
+from ...checks import CheckFailed, depends
 from ...checks.core import StudentError as _StudentError
 from . import course, sandbox, wire
 
@@ -359,6 +359,9 @@ def _check(msg, conn, box, next_channel, exercises, settings, deadline, run: Run
         e = judge_exercise(channel, ex, rng, time.monotonic() + timeout, settings.exercise_timeout)
     finally:
         channel.close()
+    if e["status"] not in ("passed", "not attempted"):     # a helper that failed its check first
+        e["message"] = depends.note_for(ex.id, {x: v.get("status") for x, v in
+                                                run.verdicts.items()}) + e["message"]
     e["seconds"] = round(time.monotonic() - started, 3)
     run.judged[ex.id] = count + 1
     run.asked.add(ex.id)
