@@ -17,14 +17,13 @@ from __future__ import annotations
 import time
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from ...checks import CheckFailed
-from ...checks.core import StudentError as _StudentError
+from ...checks.verdict import Status, Verdict, judge_body
 from . import course, sandbox, wire
 
-MAX_JUDGED = 3                 # judged calls per exercise (the last one counts)
 _OUTPUT_LIMIT = 200_000        # characters of one cell's reported output we keep
 _NOTEBOOK_OUTPUT = 2_000_000   # ... and of a whole notebook's
 MAX_CALLBACKS = 20_000         # callbacks one judged exercise may make ...
@@ -158,13 +157,14 @@ def _copy_back(orig, new) -> None:
 
 
 def entry(ex, status: str, message: str) -> dict:
-    passed = status == "passed"
-    return {"exercise": ex.id, "status": status, "passed": passed,
-            "points": ex.points if passed else 0, "max_points": ex.points, "message": message}
+    """The report's entry of ``ex`` (see :meth:`lesson10.checks.verdict.Verdict.as_dict`)."""
+    return Verdict.of(ex, status, message).as_dict()
 
 
 def judge_exercise(channel: Channel, ex, rng, limit: float, timeout: float) -> dict:
-    """Run the course's check of ``ex`` with ``proxy`` calling the student's function."""
+    """Run the course's check of ``ex`` with ``proxy`` calling the student's function: the
+    check cell's ladder (:func:`~lesson10.checks.verdict.judge_body`), and what crosses
+    the process boundary (the fork hung or died; an error raised in the sandbox)."""
     name = course.function_name(ex.id)
 
     def proxy(*args, **kwargs):
@@ -172,22 +172,13 @@ def judge_exercise(channel: Channel, ex, rng, limit: float, timeout: float) -> d
 
     proxy.__name__ = proxy.__qualname__ = name
     try:
-        verified = ex.body(proxy, rng)
-    except NotImplementedError:
-        return entry(ex, "not attempted", f"{name} still raises NotImplementedError")
-    except CheckFailed as exc:
-        return entry(ex, "failed", str(exc))
-    except _StudentError as exc:
-        return entry(ex, "failed", f"check_{ex.id} failed: {exc}")
+        verdict = judge_body(ex, proxy, rng, name=name, passthrough=(RemoteError,))
     except Lost as exc:
-        note = f" ({timeout:g} s)" if exc.status == "timed out" else ""
-        return entry(ex, exc.status, exc.message + note)
+        note = f" ({timeout:g} s)" if exc.status == Status.TIMED_OUT else ""
+        verdict = Verdict.of(ex, exc.status, exc.message + note)
     except RemoteError as exc:
-        return entry(ex, "failed", f"{name} raised {type(exc).__name__}: {exc}")
-    except Exception as exc:  # noqa: BLE001 - a check that choked on a strange answer
-        return entry(ex, "failed", f"check_{ex.id} could not use the answer: "
-                                   f"{type(exc).__name__}: {str(exc)[:300]}")
-    return entry(ex, "passed", str(verified))
+        verdict = Verdict.of(ex, Status.FAILED, f"{name} raised {type(exc).__name__}: {exc}")
+    return verdict.as_dict()
 
 
 def verdict_text(e: dict) -> str:
@@ -200,7 +191,7 @@ def verdict_text(e: dict) -> str:
 # --------------------------------------------------------------------------- one notebook
 @dataclass
 class Settings:
-    standin: object                      # the stand-in folder (Path)
+    standin: Path                        # the stand-in folder
     limits: sandbox.Limits
     cell_timeout: float
     exercise_timeout: float
@@ -208,170 +199,254 @@ class Settings:
     seed: int
 
 
+#: how one sandbox's run of the cells ended: None (every cell ran), the index of the cell
+#: that broke it (skipped next time), "deadline", or :data:`RESTART`
+Outcome = int | str | None
+#: the sandbox's channels are used up: a new sandbox runs the cells again, the check
+#: calls already judged get their verdicts again, and the next ones are judged
+RESTART = "restart"
+
+
 @dataclass
 class Run:
     """What a notebook's runs produced: verdicts, outputs per cell, notes."""
-    verdicts: dict = field(default_factory=dict)     # exercise -> entry (latest judged)
+    verdicts: dict = field(default_factory=dict)     # exercise -> entry of its last check call
     judged: dict = field(default_factory=dict)       # exercise -> times judged
     asked: set = field(default_factory=set)          # exercises whose check call ran
+    #: (cell index, n-th check call of that cell) -> the entry it got: a later run (after a
+    #: skipped cell or a restart) gives each call the same verdict again, without judging it
+    history: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)      # cell index -> {"outputs", "error"}
     notes: list = field(default_factory=list)
     skip: set = field(default_factory=set)
     output_size: int = 0
     sandbox_cpu: float = 0.0         # CPU seconds the sandboxed runner reported (see runner.main)
 
+    def record(self, key: tuple[int, int], e: dict) -> None:
+        """The verdict of the check call at ``key``: the exercise's latest."""
+        self.history[key] = e
+        self.verdicts[e["exercise"]] = e
+        self.asked.add(e["exercise"])
+
 
 def run_notebook(cells, notebook_id: str, settings: Settings, deadline: float, workdir,
                  files=()) -> Run:
     """Run ``cells`` (``[(index, source)]``, every code cell) and judge each exercise of
-    ``notebook_id`` at its check cell. Raises :class:`Failure` if no sandbox starts."""
+    ``notebook_id`` at every call of its check (the last one that ran counts). Raises
+    :class:`Failure` if no sandbox starts."""
     run = Run()
     exercises = {ex.id: ex for ex in course.exercises(notebook_id)}
-    while True:
+    bad = _one_run(cells, exercises, settings, deadline, workdir, files, run)
+    while bad is not None:
+        if bad == "deadline" or time.monotonic() >= deadline:
+            run.notes.append("the notebook's total time limit ran out")
+            break
+        if bad in run.skip:
+            run.notes.append(f"cell {bad} kept breaking the sandbox: grading stopped there")
+            break
+        if bad != RESTART:
+            run.skip.add(bad)
         bad = _one_run(cells, exercises, settings, deadline, workdir, files, run)
-        if bad is None:
-            return run
-        if bad == "deadline" or bad in run.skip:
-            run.notes.append("the notebook's total time limit ran out" if bad == "deadline" else
-                             f"cell {bad} kept breaking the sandbox: grading stopped there")
-            return run
-        run.skip.add(bad)
+    return run
 
 
-def _one_run(cells, exercises, settings: Settings, deadline: float, workdir, files, run: Run):
-    """One sandbox, the cells run in it. None when they all ran, else the index of the cell
-    that broke it (skipped next time), or "deadline"."""
+def _op(msg) -> object:
+    return msg.get("op") if isinstance(msg, dict) else None
+
+
+def _one_run(cells, exercises, settings: Settings, deadline: float, workdir, files,
+             run: Run) -> Outcome:
+    """One sandbox, the cells run in it (see :data:`Outcome`)."""
     box = sandbox.Sandbox(settings.standin, settings.limits, sandboxed=settings.sandboxed,
                           workdir=workdir)
     conn = wire.Conn(box.main.fileno(), box.main.fileno(), nonblocking_write=True)
-    next_channel = 0
-    current, started = None, 0.0
-    replay = set(run.verdicts)          # judged in an earlier run: keep those verdicts
     try:
-        try:
-            hello, _ = conn.recv(min(deadline, time.monotonic() + 60))
-            if hello.get("op") != "hello":
-                raise wire.WireError("no hello")
-            conn.send({"op": "setup", "cells": [[i, s] for i, s in cells if i not in run.skip],
-                       "files": [list(f) for f in files],
-                       "exercise_timeout": settings.exercise_timeout},
-                      deadline=time.monotonic() + 30)
-            ready, _ = conn.recv(min(deadline, time.monotonic() + 120))
-            if ready.get("op") != "ready":
-                raise wire.WireError(f"the runner failed to start: {str(ready)[:300]}")
-        except (wire.Timeout, wire.Closed, wire.WireError) as exc:
-            raise Failure(f"the sandbox did not start ({exc})") from None
-        expected = [i for i, _ in cells if i not in run.skip]    # the order cells must come in
-        last = None                              # the cell that ran last (blamed between cells)
-        while True:
-            limit = deadline if current is None else min(deadline, started + settings.cell_timeout)
-            try:
-                msg, _ = conn.recv(limit)
-            except wire.Timeout:
-                if current is None or time.monotonic() >= deadline:
-                    return "deadline"
-                run.notes.append(f"cell {current} ran over {settings.cell_timeout:g} s: skipped")
-                return current
-            except (wire.Closed, wire.WireError):
-                if current is None and last is None:
-                    run.notes.append("the sandbox ended before the first cell")
-                    return None
-                bad = current if current is not None else last
-                run.notes.append(f"cell {bad} ended the notebook's process: skipped")
-                return bad
-            # nothing the sandbox says is trusted: a message out of turn is its cell's fault
-            op = msg.get("op") if isinstance(msg, dict) else None
-            blame = current if current is not None else last
-            if op == "cell" and current is None and expected and msg.get("index") == expected[0]:
-                current, started = expected.pop(0), time.monotonic()
-                last = current
-            elif op == "done" and current is not None and msg.get("index") == current:
-                outs = _outputs(msg.get("outputs"))
-                run.output_size += sum(len(o["text"]) for o in outs)
-                if run.output_size > _NOTEBOOK_OUTPUT:
-                    outs = [{"name": "stderr", "text": "[grader: the notebook's output is over "
-                                                       "its limit; not kept]\n"}]
-                run.outputs[current] = {"outputs": outs, "error": _error(msg.get("error"))}
-                current = None
-            elif op == "check" and current is not None:
-                try:
-                    next_channel = _check(msg, conn, box, next_channel, exercises, settings,
-                                          deadline, run, replay)
-                except (wire.Timeout, wire.Closed, wire.WireError):
-                    run.notes.append(f"cell {current} ended the notebook's process while it was "
-                                     f"checked: skipped")
-                    return current
-                started = time.monotonic()          # judging does not count against the cell
-            elif op == "finished" and current is None and not expected:
-                cpu = box.finish(conn)
-                if settings.sandboxed:
-                    run.sandbox_cpu += cpu
-                return None
-            elif blame is None:
-                run.notes.append("the notebook's process broke the grader's protocol before "
-                                 "its first cell")
-                return None
-            else:
-                run.notes.append(f"cell {blame} broke the grader's protocol "
-                                 f"({str(op)[:20]!r} out of turn): skipped")
-                return blame
+        _start(conn, [(i, s) for i, s in cells if i not in run.skip], files, settings, deadline)
+        return _Session(box, conn, exercises, settings, deadline, run).loop(
+            [i for i, _ in cells if i not in run.skip])
     finally:
         box.kill()
 
 
-def _check(msg, conn, box, next_channel, exercises, settings, deadline, run: Run,
-           replay: set) -> int:
-    """Answer one ``check`` request: judge the exercise in a fork, send the verdict."""
-    ex = exercises.get(str(msg.get("exercise")))
-    reply = None
-    if ex is not None and ex.id in replay:
-        replay.discard(ex.id)
-        e = run.verdicts[ex.id]
-        reply = {"op": "verdict", **e, "text": verdict_text(e)}
-    elif ex is None:
-        reply = {"op": "verdict", "text": f"[grader] check_{msg.get('exercise')} is not an "
-                                          f"exercise of this notebook: not judged"}
-    elif not msg.get("callable"):
-        e = entry(ex, "failed", f"check_{ex.id} takes your function itself, e.g. "
-                                f"check_{ex.id}({course.function_name(ex.id)}), not the result "
-                                f"of calling it")
-        run.verdicts[ex.id] = e
-        run.asked.add(ex.id)
-        reply = {"op": "verdict", **e, "text": verdict_text(e)}
-    elif run.judged.get(ex.id, 0) >= MAX_JUDGED or next_channel >= sandbox.CHANNELS:
-        e = run.verdicts.get(ex.id)
-        text = f"[grader] check_{ex.id} was judged {MAX_JUDGED} times already: the last verdict counts"
-        reply = {"op": "verdict", **(e or {}), "text": text}
-    if reply is not None:
-        conn.send(reply, deadline=time.monotonic() + 10)
-        return next_channel
-    k = next_channel
-    left = max(0.0, deadline - time.monotonic())
-    timeout = min(settings.exercise_timeout, left)
-    conn.send({"op": "judge", "channel": k, "timeout": timeout + 1.0,
-               "instead": course.use_instead(ex.id)}, deadline=time.monotonic() + 10)
-    count = run.judged.get(ex.id, 0)
-    rng = np.random.default_rng([settings.seed, zlib.crc32(ex.id.encode()), count])
-    channel = Channel(box.channels[k], course.function_name(ex.id))
-    box.channels[k] = _Closed()
-    started = time.monotonic()
+def _start(conn, cells, files, settings: Settings, deadline: float) -> None:
+    """Hello, setup, ready; :class:`Failure` when the runner does not get there."""
     try:
-        e = judge_exercise(channel, ex, rng, time.monotonic() + timeout, settings.exercise_timeout)
-    finally:
-        channel.close()
-    e["seconds"] = round(time.monotonic() - started, 3)
-    run.judged[ex.id] = count + 1
-    run.asked.add(ex.id)
-    run.verdicts[ex.id] = e
-    # the runner reports that its fork ended (it kills one that outlives the limit)
-    try:
-        done, _ = conn.recv(min(deadline, time.monotonic() + timeout + 15))
-        if done.get("op") != "checked":
+        hello, _ = conn.recv(min(deadline, time.monotonic() + 60))
+        if _op(hello) != "hello":
+            raise wire.WireError("no hello")
+        conn.send({"op": "setup", "cells": [[i, s] for i, s in cells],
+                   "files": [list(f) for f in files],
+                   "exercise_timeout": settings.exercise_timeout},
+                  deadline=time.monotonic() + 30)
+        ready, _ = conn.recv(min(deadline, time.monotonic() + 120))
+        if _op(ready) != "ready":
+            raise wire.WireError(f"the runner failed to start: {str(ready)[:300]}")
+    except (wire.Timeout, wire.Closed, wire.WireError) as exc:
+        raise Failure(f"the sandbox did not start ({exc})") from None
+
+
+class _Session:
+    """The judge's side of one sandbox's run, one handler per kind of message. Nothing the
+    sandbox says is trusted: a message out of turn is the fault of the cell that sent it
+    (the one running, else the one that ran last), which is skipped next time."""
+
+    def __init__(self, box, conn, exercises: dict, settings: Settings, deadline: float,
+                 run: Run):
+        self.box, self.conn, self.exercises = box, conn, exercises
+        self.settings, self.deadline, self.run = settings, deadline, run
+        self.expected: list[int] = []            # the cells still to come, in order
+        self.current: int | None = None          # the cell running
+        self.last: int | None = None             # the cell that ran last
+        self.started = 0.0                       # when the current cell started (or was checked)
+        self.next_channel = 0
+        self.checks_in_cell = 0
+        self.outcome: Outcome = None
+        self.handlers = {"cell": self._on_cell, "done": self._on_done, "check": self._on_check,
+                         "finished": self._on_finished}
+
+    def loop(self, expected: list[int]) -> Outcome:
+        self.expected = list(expected)
+        while True:
+            msg = self._receive()
+            if msg is None:
+                return self.outcome
+            op = _op(msg)
+            handler = self.handlers.get(op) if isinstance(op, str) else None
+            if handler is None:
+                ended = self._out_of_turn(op)
+            else:
+                ended = handler(msg)
+            if ended:
+                return self.outcome
+
+    def _end(self, outcome: Outcome, note: str | None = None) -> bool:
+        if note:
+            self.run.notes.append(note)
+        self.outcome = outcome
+        return True
+
+    def _receive(self) -> dict | None:
+        """The next message, or None when the run ended (a time limit, the process gone)."""
+        s = self.settings
+        limit = self.deadline if self.current is None else min(self.deadline,
+                                                               self.started + s.cell_timeout)
+        try:
+            msg, _ = self.conn.recv(limit)
+            return msg
+        except wire.Timeout:
+            if self.current is None or time.monotonic() >= self.deadline:
+                self._end("deadline")
+            else:
+                self._end(self.current, f"cell {self.current} ran over {s.cell_timeout:g} s: "
+                                        f"skipped")
+        except (wire.Closed, wire.WireError):
+            if self.current is None and self.last is None:
+                self._end(None, "the sandbox ended before the first cell")
+            else:
+                bad = self.current if self.current is not None else self.last
+                self._end(bad, f"cell {bad} ended the notebook's process: skipped")
+        return None
+
+    def _out_of_turn(self, op) -> bool:
+        blame = self.current if self.current is not None else self.last
+        if blame is None:
+            return self._end(None, "the notebook's process broke the grader's protocol before "
+                                   "its first cell")
+        return self._end(blame, f"cell {blame} broke the grader's protocol "
+                                f"({str(op)[:20]!r} out of turn): skipped")
+
+    # ------------------------------------------------------------------ the handlers
+    def _on_cell(self, msg: dict) -> bool:
+        if self.current is not None or not self.expected or msg.get("index") != self.expected[0]:
+            return self._out_of_turn("cell")
+        self.current = self.last = self.expected.pop(0)
+        self.started, self.checks_in_cell = time.monotonic(), 0
+        return False
+
+    def _on_done(self, msg: dict) -> bool:
+        if self.current is None or msg.get("index") != self.current:
+            return self._out_of_turn("done")
+        run = self.run
+        outs = _outputs(msg.get("outputs"))
+        run.output_size += sum(len(o["text"]) for o in outs)
+        if run.output_size > _NOTEBOOK_OUTPUT:
+            outs = [{"name": "stderr", "text": "[grader: the notebook's output is over "
+                                               "its limit; not kept]\n"}]
+        run.outputs[self.current] = {"outputs": outs, "error": _error(msg.get("error"))}
+        self.current = None
+        return False
+
+    def _on_finished(self, msg: dict) -> bool:
+        if self.current is not None or self.expected:
+            return self._out_of_turn("finished")
+        cpu = self.box.finish(self.conn)
+        if self.settings.sandboxed:
+            self.run.sandbox_cpu += cpu
+        return self._end(None)
+
+    def _on_check(self, msg: dict) -> bool:
+        if self.current is None:
+            return self._out_of_turn("check")
+        try:
+            ended = self._answer_check(msg, (self.current, self.checks_in_cell))
+        except (wire.Timeout, wire.Closed, wire.WireError):
+            return self._end(self.current, f"cell {self.current} ended the notebook's process "
+                                           f"while it was checked: skipped")
+        self.checks_in_cell += 1
+        self.started = time.monotonic()          # judging does not count against the cell
+        return ended
+
+    # ------------------------------------------------------------------ a check call
+    def _answer_check(self, msg: dict, key: tuple[int, int]) -> bool:
+        """Answer one ``check`` request with a verdict: given before at this place (a
+        later run), or judged now in a fork. True when the channels are used up."""
+        ex = self.exercises.get(str(msg.get("exercise")))
+        if ex is None:
+            self._send({"op": "verdict", "text": f"[grader] check_{str(msg.get('exercise'))[:80]} "
+                                                 f"is not an exercise of this notebook: not judged"})
+            return False
+        given = self.run.history.get(key)
+        if given is not None and given["exercise"] == ex.id:
+            e = given
+        elif not msg.get("callable"):
+            e = entry(ex, Status.FAILED, f"check_{ex.id} takes your function itself, e.g. "
+                                         f"check_{ex.id}({course.function_name(ex.id)}), not the "
+                                         f"result of calling it")
+        elif self.next_channel >= sandbox.CHANNELS:
+            return self._end(RESTART)
+        else:
+            e = self._judge(ex, key)
+        self.run.record(key, e)
+        self._send({"op": "verdict", **e, "text": verdict_text(e)})
+        return False
+
+    def _judge(self, ex, key: tuple[int, int]) -> dict:
+        """Judge ``ex`` in a fork on the next channel; the verdict is kept before the runner
+        says the fork ended (a runner that dies then costs no verdict)."""
+        k, self.next_channel = self.next_channel, self.next_channel + 1
+        timeout = min(self.settings.exercise_timeout, max(0.0, self.deadline - time.monotonic()))
+        self._send({"op": "judge", "channel": k, "timeout": timeout + 1.0,
+                    "instead": course.use_instead(ex.id)})
+        count = self.run.judged.get(ex.id, 0)
+        rng = np.random.default_rng([self.settings.seed, zlib.crc32(ex.id.encode()), count])
+        channel = Channel(self.box.channels[k], course.function_name(ex.id))
+        self.box.channels[k] = _Closed()
+        started = time.monotonic()
+        try:
+            e = judge_exercise(channel, ex, rng, started + timeout, self.settings.exercise_timeout)
+        finally:
+            channel.close()
+        e["seconds"] = round(time.monotonic() - started, 3)
+        self.run.judged[ex.id] = count + 1
+        self.run.record(key, e)
+        # the runner reports that its fork ended (it kills one that outlives the limit)
+        done, _ = self.conn.recv(min(self.deadline, time.monotonic() + timeout + 15))
+        if _op(done) != "checked":
             raise wire.WireError("expected 'checked'")
-        conn.send({"op": "verdict", **e, "text": verdict_text(e)}, deadline=time.monotonic() + 10)
-    except (wire.Timeout, wire.Closed, wire.WireError):
-        raise wire.Closed("the runner did not come back from a check") from None
-    return k + 1
+        return e
+
+    def _send(self, msg: dict) -> None:
+        self.conn.send(msg, deadline=time.monotonic() + 10)
 
 
 class _Closed:
@@ -394,6 +469,7 @@ def _outputs(outs) -> list[dict]:
 def _error(err):
     if not isinstance(err, dict):
         return None
-    tb = err.get("traceback") if isinstance(err.get("traceback"), list) else []
+    tb = err.get("traceback")
+    tb = tb if isinstance(tb, list) else []
     return {"ename": str(err.get("ename", "Error"))[:100], "evalue": str(err.get("evalue", ""))[:2000],
             "traceback": [str(t)[:2000] for t in tb[:5]]}
