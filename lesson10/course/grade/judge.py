@@ -8,9 +8,11 @@ in the fork (:class:`Channel`) and ``rng`` comes from the batch's seed (secret u
 ``--seed``). What the check passes in (an ``op``, a ring network, an attention kernel)
 stays here and is called back, so the judge sees and counts how the method works.
 
-Time: each cell has a limit, each judged call one, the notebook a total. A cell that
-hangs or kills the runner is skipped and the sandbox started again; exercises already
-judged keep their verdict, so only what the broken cell itself breaks is lost.
+Every check call is judged, however many a notebook makes; the last one that ran counts.
+What is capped is time: each cell has a limit, each judged call one, the notebook a total.
+A cell that hangs or kills the runner is skipped and the sandbox started again (so is a
+sandbox whose channels are used up); each check call already judged gets its verdict again
+there without being judged again, so only what the broken cell itself breaks is lost.
 """
 from __future__ import annotations
 
