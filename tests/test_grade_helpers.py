@@ -10,8 +10,14 @@ import pytest
 
 from lesson10.course.grade import gradebook
 from lesson10.course.grade.cli import _helpers
-from lesson10.course.grade.submission_files import (MAX_HELPER_BYTES, MAX_HELPERS, Refused,
-                                                    helper_files, owner, read_regular)
+from lesson10.course.grade.submission_files import (
+    MAX_HELPER_BYTES,
+    MAX_HELPERS,
+    Refused,
+    helper_files,
+    owner,
+    read_regular,
+)
 
 
 def _names(h) -> list[str]:
