@@ -39,7 +39,7 @@ def test_helpers_beside_a_notebook_are_copied_and_links_are_refused(tmp_path):
     os.mkfifo(tmp_path / "pipe.py")
     (tmp_path / "sub.py").mkdir()
     h = helper_files(tmp_path / "nb.ipynb")
-    assert h.files == [("mine.py", "X = 1\n")]
+    assert h.files == [("mine.py", "X = 1\n")] == list(h) and len(h) == 1   # also a list of pairs
     said = "\n".join(h.notes)
     for name in ("linked.py", "samefolder.py", "folder.py", "dangling.py"):
         assert f"{name} was not copied into the sandbox: it is a symbolic link" in said, said

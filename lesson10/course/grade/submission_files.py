@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +40,13 @@ class Helpers:
     ``notes`` (why a file was not copied) into its feedback."""
     files: list[tuple[str, str]] = field(default_factory=list)     # (name, text)
     notes: list[str] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        """The ``(name, text)`` pairs, as the plain list of them once was."""
+        return iter(self.files)
+
+    def __len__(self) -> int:
+        return len(self.files)
 
 
 def read_regular(path: Path, limit: int | None = None, *, dir_fd: int | None = None) -> bytes:
