@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lesson10 import checks
-from lesson10.course.grade import course, judge
+from lesson10.course.grade import course, judge, session
 from lesson10.course.grade.notebook import _entries
 
 
@@ -40,7 +40,7 @@ def test_text_that_does_not_run_a_check_is_no_check_cell(src):
 
 def test_a_check_that_ran_counts_even_where_the_cells_text_hides_it():
     ex = checks.EXERCISES["ring_time"]
-    run = judge.Run()
+    run = session.Run()
     e = judge.entry(ex, "passed", "15 cases")
     run.record((4, 0), e)
     got = {g["exercise"]: g for g in _entries(ex.notebook, _nb("exec('chec' + 'ks.check_...')"), run)}
@@ -50,7 +50,7 @@ def test_a_check_that_ran_counts_even_where_the_cells_text_hides_it():
 
 def test_the_last_check_call_that_ran_counts():
     ex = checks.EXERCISES["ring_time"]
-    run = judge.Run()
+    run = session.Run()
     for n in range(5):
         run.record((7, n), judge.entry(ex, "failed" if n < 4 else "passed", f"try {n}"))
     assert run.verdicts["ring_time"]["message"] == "try 4" and len(run.history) == 5

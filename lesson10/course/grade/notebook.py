@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...checks.verdict import Status
-from . import course, judge, sandbox
+from . import course, judge, sandbox, session
 from .submission_files import MAX_HELPER_BYTES, MAX_HELPERS, Helpers, Refused, helper_files, read_regular
 
 __all__ = ["MAX_HELPERS", "MAX_HELPER_BYTES", "Helpers", "Options", "grade_notebook", "helper_files",
@@ -93,7 +93,7 @@ def _save(nb, target: Path) -> None:
     nbformat.write(nb, str(target))
 
 
-def _entries(notebook_id: str, nb, run: judge.Run) -> list[dict]:
+def _entries(notebook_id: str, nb, run: session.Run) -> list[dict]:
     """One entry per course exercise: the last judged verdict, else why it has none."""
     called = course.called_checks(nb) | run.asked      # read as Jupyter runs it, or ran
     out = []
@@ -111,7 +111,7 @@ def _entries(notebook_id: str, nb, run: judge.Run) -> list[dict]:
     return out
 
 
-def _executed(nb, run: judge.Run):
+def _executed(nb, run: session.Run):
     """The notebook with the outputs of the graded run (check cells show the verdicts)."""
     import nbformat
     out = copy.deepcopy(nb)
@@ -177,14 +177,14 @@ def grade_notebook(path, opts: Options, content: bytes | None = None,
     helpers = files if isinstance(files, Helpers) else \
         Helpers(list(files)) if files is not None else helper_files(path)
     import tempfile
-    settings = judge.Settings(standin=opts.standin, limits=opts.limits,
+    settings = session.Settings(standin=opts.standin, limits=opts.limits,
                               cell_timeout=opts.cell_timeout, exercise_timeout=opts.exercise_timeout,
                               sandboxed=sandboxed, seed=opts.seed)
     deadline = time.monotonic() + opts.notebook_timeout
     with tempfile.TemporaryDirectory(prefix="lesson10-grade-", ignore_cleanup_errors=True) as tmp:
         workdir = Path(tmp)              # used only without the sandbox (its own /tmp inside)
         try:
-            run = judge.run_notebook(course.code_cells(nb), notebook_id, settings, deadline,
+            run = session.run_notebook(course.code_cells(nb), notebook_id, settings, deadline,
                                      workdir, helpers.files)
         except judge.Failure as exc:
             return notebook_report(path, notebook_id, _zero(notebook_id, Status.GRADER_ERROR,
