@@ -61,6 +61,7 @@ from .precision import (
     relative_error,
     tolerance,
 )
+from .verdict import Status, StudentError, Verdict, judge_body
 
 __all__ = [
     "Cases",
@@ -95,17 +96,9 @@ EXERCISES: dict[str, Exercise] = {}
 
 
 # --------------------------------------------------------------------------- recording
-def _record(exercise: str, passed: bool, status: str, message: str = "") -> dict:
-    ex = EXERCISES[exercise]
-    outcome = {
-        "exercise": exercise,
-        "notebook": ex.notebook,
-        "passed": bool(passed),
-        "points": ex.points if passed else 0,
-        "max_points": ex.points,
-        "status": status,              # "passed" | "failed" | "not attempted"
-        "message": message,
-    }
+def _record(v: Verdict) -> dict:
+    """Keep ``v`` in :data:`OUTCOMES` (as a dict: the report's keys and the notebook)."""
+    outcome = {**v.as_dict(), "notebook": EXERCISES[v.exercise].notebook}
     OUTCOMES.append(outcome)
     return outcome
 
@@ -124,17 +117,28 @@ def summary() -> None:
     print(f"  {'total':<22s} {'':<14s} {got}/{total}")
 
 
-def _judged(exercise: str, fn, status: str, message: str = "") -> None:
+def _judged(fn, v: Verdict) -> None:
     """Record the verdict for :func:`summary` and for :func:`fallback` (which function)."""
-    _record(exercise, status == "passed", status, message)
-    feedback.JUDGED[exercise] = (fn, status)
+    _record(v)
+    feedback.JUDGED[v.exercise] = (fn, v.status.value)
+
+
+def _show(v: Verdict) -> None:
+    """The end of a check cell: print the verdict, or raise it (see :mod:`.feedback`)."""
+    if v.status is Status.PASSED:
+        print(f"check_{v.exercise} passed: {v.message}")
+    elif v.status is Status.NOT_ATTEMPTED:
+        msg = f"check_{v.exercise}: not attempted ({v.message})"
+        if feedback.strict():             # a solution notebook: every exercise passes
+            raise CheckFailed(msg + f"\n({feedback.ENV}=1: every check must pass)")
+        print(msg)
+    elif v.raised:
+        feedback.show_or_raise(feedback.with_traceback(v.message, v.cause), v.cause)
+    else:
+        feedback.show_or_raise(v.message, v.cause)
 
 
 # --------------------------------------------------------------------------- the decorator
-class StudentError(Exception):
-    """The student's function raised something other than NotImplementedError."""
-
-
 def _call(fn, *args, **kwargs):
     """Call the student's function; NotImplementedError passes through, any other error
     becomes a CheckFailed that names the function and the error."""
@@ -179,11 +183,12 @@ def register_exercise(exercise: str, notebook: str, points: int, title: str, fun
 
         @functools.wraps(body)
         def check(student_fn, *, seed: int | None = None) -> None:
+            ex = EXERCISES[exercise]
             if not callable(student_fn):
                 msg = (f"check_{exercise} takes your function itself, e.g. "
                        f"check_{exercise}({function or exercise}), not the result of calling it "
                        f"(got {type(student_fn).__name__})")
-                _record(exercise, False, "failed", msg)
+                _record(Verdict.of(ex, Status.FAILED, msg))
                 if feedback.raising():
                     raise TypeError(msg)
                 print(msg)
@@ -192,40 +197,16 @@ def register_exercise(exercise: str, notebook: str, points: int, title: str, fun
             if module.startswith("lesson10."):
                 msg = (f"check_{exercise} failed: {module}.{getattr(student_fn, '__name__', '?')} is "
                        f"the course's reference, not your function; pass the function you wrote")
-                _judged(exercise, student_fn, "failed", msg)
-                return feedback.show_or_raise(msg)
-            rng = np.random.default_rng(seed_of(exercise) if seed is None else seed)
-            try:
-                verified = depends.run_body(exercise, body, student_fn, rng)
-            except NotImplementedError:
-                _judged(exercise, student_fn, "not attempted")
-                msg = (f"check_{exercise}: not attempted (your function, or one it calls, still "
-                       f"raises NotImplementedError; write it and run this cell again)")
-                if feedback.strict():             # a solution notebook: every exercise passes
-                    raise CheckFailed(msg + f"\n({feedback.ENV}=1: every check must pass)")
-                print(msg)
-                return None
-            except CheckFailed as exc:
-                _judged(exercise, student_fn, "failed", str(exc))
-                return feedback.show_or_raise(str(exc))
-            except StudentError as exc:
-                msg = f"check_{exercise} failed: {exc}"
-                _judged(exercise, student_fn, "failed", msg)
-                return feedback.show_or_raise(feedback.with_traceback(msg, exc.__cause__),
-                                              exc.__cause__)
-            except Exception as exc:  # noqa: BLE001 - the check choked on a strange answer
-                msg = (f"check_{exercise} failed: the check could not use what your function "
-                       f"returned ({type(exc).__name__}: {exc})\n"
-                       f"hint: return what the exercise asks for (its types and shapes are "
-                       f"in the text above the function)")
-                _judged(exercise, student_fn, "failed", msg)
-                return feedback.show_or_raise(msg, exc)
-            _judged(exercise, student_fn, "passed", verified)
-            print(f"check_{exercise} passed: {verified}")
-            return None
+                verdict = Verdict.of(ex, Status.FAILED, msg)
+            else:
+                rng = np.random.default_rng(seed_of(exercise) if seed is None else seed)
+                verdict = judge_body(ex, student_fn, rng, name="your function",
+                                     run=lambda fn, r: depends.run_body(exercise, body, fn, r))
+            _judged(student_fn, verdict)
+            return _show(verdict)
 
         del check.__wrapped__                  # help() shows check(student_fn, *, seed=None)
-        check.exercise = exercise             # type: ignore[attr-defined]
+        check.exercise = exercise  # type: ignore[attr-defined]
         check.__doc__ = (body.__doc__ or "") + (
             "\n\n    ``seed=None`` uses a seed fixed for this check (same verdict every run); "
             "pass an integer to draw another random batch.")

@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import classroom, feedback, gradebook, reports, sandbox, standin
-from .notebook import Options, executed_path, grade_notebook, helper_files
+from .notebook import Options, executed_path, grade_notebook
+from .submission_files import Helpers, helper_files, read_regular
 
 #: modules the judge imports before any notebook runs (the checks and their references):
 #: what is on disk later does not matter
@@ -106,6 +107,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _helpers(plan: gradebook.Plan, contents: dict, student_from: str | None) -> dict:
+    """Each graded notebook's helper modules: the student's own files beside it (in a
+    folder several students share, the ones named after the student)."""
+    sharing: dict[str, set[str]] = {}
+    for it in plan.graded + list(plan.ignored.values()):
+        sharing.setdefault(os.path.abspath(it.path.parent), set()).add(it.student)
+    return {it.path: helper_files(it.path, student=it.student, student_from=student_from,
+                                  sharing=sorted(sharing[os.path.abspath(it.path.parent)]))
+            if contents.get(it.path) is not None else Helpers() for it in plan.graded}
+
+
 def _fail(message: str) -> int:
     print(f"grade: {message}", file=sys.stderr)
     return 2
@@ -126,19 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     paths = gradebook.find_notebooks(args.notebooks)
     if not paths and args.student is None:
         return _fail("no notebook found in " + ", ".join(map(str, args.notebooks)))
-    contents, helpers = {}, {}
+    contents: dict[Path, bytes | None] = {}
     for path in paths:
-        try:
-            contents[path] = path.read_bytes() if path.is_file() else None
+        try:                                    # a link or a device is no notebook of theirs
+            contents[path] = read_regular(path)
         except OSError:
             contents[path] = None
-        helpers[path] = helper_files(path) if contents[path] is not None else []
     try:
         roster = gradebook.read_roster(args.roster) if args.roster else None
         plan = gradebook.plan(paths, contents, student=args.student,
                               student_from=args.student_from, roster=roster)
     except (gradebook.PlanError, OSError) as exc:
         return _fail(str(exc))
+    helpers = _helpers(plan, contents, args.student_from)
     for name in plan.not_on_roster():
         print(f"grade: warning: {name} is not on the roster", file=sys.stderr)
     for option in ("gradescope", "classroom"):

@@ -118,23 +118,68 @@ def language_problem(nb: dict) -> str | None:
     return None
 
 
-def called_checks(nb: dict) -> set[str]:
-    """Exercise ids whose ``check_<id>(...)`` is called in some code cell of ``nb``."""
+#: magics that run their text as Python in the kernel (``%%time``, ``%timeit x``, ...): a
+#: check call inside one is a check call
+RUNS_CODE = ("time", "timeit", "capture", "prun", "debug")
+
+
+def _as_python(src: str) -> str:
+    """``src`` as Jupyter runs it: IPython's own input transformation (magics and shell
+    lines become calls), or ``src`` itself when IPython is not there."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+    except ImportError:
+        return src
+    try:
+        return TransformerManager().transform_cell(src)
+    except Exception:  # noqa: BLE001 - what IPython cannot transform runs as it is
+        return src
+
+
+def _magic_code(node: ast.Call) -> str | None:
+    """The code a ``run_cell_magic`` / ``run_line_magic`` call runs, for :data:`RUNS_CODE`."""
+    f = node.func
+    kind = f.attr if isinstance(f, ast.Attribute) else ""
+    at = {"run_cell_magic": 2, "run_line_magic": 1}.get(kind)
+    if at is None or len(node.args) <= at:
+        return None
+    name, code = node.args[0], node.args[at]
+    if isinstance(name, ast.Constant) and name.value in RUNS_CODE and \
+            isinstance(code, ast.Constant) and isinstance(code.value, str):
+        return code.value
+    return None
+
+
+def _checks_in(src: str, depth: int = 0) -> set[str]:
+    """Exercise ids whose ``check_<id>(...)`` the code ``src`` calls, magics included."""
+    try:
+        tree = ast.parse(_as_python(src))
+    except (SyntaxError, ValueError):
+        return set()
     found = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if name.startswith("check_"):
+            found.add(name[len("check_"):])
+        inner = _magic_code(node) if depth < 4 else None
+        if inner is not None:
+            found |= _checks_in(inner, depth + 1)
+    return found
+
+
+def called_checks(nb: dict) -> set[str]:
+    """Exercise ids whose ``check_<id>(...)`` is called in some code cell of ``nb``, read as
+    Jupyter runs the cell (a check cell with ``%%time``, ``%%capture`` or a ``!`` shell
+    line is a check cell)."""
+    found: set[str] = set()
     for cell in nb.get("cells", []):
-        if cell.get("cell_type") != "code":
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
         src = cell.get("source", "")
-        try:
-            tree = ast.parse("".join(src) if isinstance(src, list) else str(src))
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call):
-                f = node.func
-                name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-                if name.startswith("check_"):
-                    found.add(name[len("check_"):])
+        found |= _checks_in("".join(map(str, src)) if isinstance(src, list) else str(src))
     return found
 
 

@@ -8,25 +8,18 @@ in the fork (:class:`Channel`) and ``rng`` comes from the batch's seed (secret u
 ``--seed``). What the check passes in (an ``op``, a ring network, an attention kernel)
 stays here and is called back, so the judge sees and counts how the method works.
 
-Time: each cell has a limit, each judged call one, the notebook a total. A cell that
-hangs or kills the runner is skipped and the sandbox started again; exercises already
-judged keep their verdict, so only what the broken cell itself breaks is lost.
+One notebook's runs, the protocol with the runner and its time limits, are in
+:mod:`.session`; this module judges one call of a check.
 """
 from __future__ import annotations
 
 import time
-import zlib
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...checks import CheckFailed, depends
-from ...checks.core import StudentError as _StudentError
-from . import course, sandbox, wire
+from ...checks.verdict import Status, Verdict, judge_body
+from . import course, wire
 
-MAX_JUDGED = 3                 # judged calls per exercise (the last one counts)
-_OUTPUT_LIMIT = 200_000        # characters of one cell's reported output we keep
-_NOTEBOOK_OUTPUT = 2_000_000   # ... and of a whole notebook's
 MAX_CALLBACKS = 20_000         # callbacks one judged exercise may make ...
 MAX_CALLBACK_BYTES = 512 * 2**20   # ... and bytes it may send through them
 
@@ -158,13 +151,14 @@ def _copy_back(orig, new) -> None:
 
 
 def entry(ex, status: str, message: str) -> dict:
-    passed = status == "passed"
-    return {"exercise": ex.id, "status": status, "passed": passed,
-            "points": ex.points if passed else 0, "max_points": ex.points, "message": message}
+    """The report's entry of ``ex`` (see :meth:`lesson10.checks.verdict.Verdict.as_dict`)."""
+    return Verdict.of(ex, status, message).as_dict()
 
 
 def judge_exercise(channel: Channel, ex, rng, limit: float, timeout: float) -> dict:
-    """Run the course's check of ``ex`` with ``proxy`` calling the student's function."""
+    """Run the course's check of ``ex`` with ``proxy`` calling the student's function: the
+    check cell's ladder (:func:`~lesson10.checks.verdict.judge_body`), and what crosses
+    the process boundary (the fork hung or died; an error raised in the sandbox)."""
     name = course.function_name(ex.id)
 
     def proxy(*args, **kwargs):
@@ -172,22 +166,13 @@ def judge_exercise(channel: Channel, ex, rng, limit: float, timeout: float) -> d
 
     proxy.__name__ = proxy.__qualname__ = name
     try:
-        verified = ex.body(proxy, rng)
-    except NotImplementedError:
-        return entry(ex, "not attempted", f"{name} still raises NotImplementedError")
-    except CheckFailed as exc:
-        return entry(ex, "failed", str(exc))
-    except _StudentError as exc:
-        return entry(ex, "failed", f"check_{ex.id} failed: {exc}")
+        verdict = judge_body(ex, proxy, rng, name=name, passthrough=(RemoteError,))
     except Lost as exc:
-        note = f" ({timeout:g} s)" if exc.status == "timed out" else ""
-        return entry(ex, exc.status, exc.message + note)
+        note = f" ({timeout:g} s)" if exc.status == Status.TIMED_OUT else ""
+        verdict = Verdict.of(ex, exc.status, exc.message + note)
     except RemoteError as exc:
-        return entry(ex, "failed", f"{name} raised {type(exc).__name__}: {exc}")
-    except Exception as exc:  # noqa: BLE001 - a check that choked on a strange answer
-        return entry(ex, "failed", f"check_{ex.id} could not use the answer: "
-                                   f"{type(exc).__name__}: {str(exc)[:300]}")
-    return entry(ex, "passed", str(verified))
+        verdict = Verdict.of(ex, Status.FAILED, f"{name} raised {type(exc).__name__}: {exc}")
+    return verdict.as_dict()
 
 
 def verdict_text(e: dict) -> str:
@@ -195,208 +180,3 @@ def verdict_text(e: dict) -> str:
     head = {"passed": "passed", "not attempted": "not attempted"}.get(e["status"], e["status"])
     return (f"[grader] check_{e['exercise']}: {head} ({e['points']}/{e['max_points']})\n"
             f"{e['message']}")
-
-
-# --------------------------------------------------------------------------- one notebook
-@dataclass
-class Settings:
-    standin: object                      # the stand-in folder (Path)
-    limits: sandbox.Limits
-    cell_timeout: float
-    exercise_timeout: float
-    sandboxed: bool
-    seed: int
-
-
-@dataclass
-class Run:
-    """What a notebook's runs produced: verdicts, outputs per cell, notes."""
-    verdicts: dict = field(default_factory=dict)     # exercise -> entry (latest judged)
-    judged: dict = field(default_factory=dict)       # exercise -> times judged
-    asked: set = field(default_factory=set)          # exercises whose check call ran
-    outputs: dict = field(default_factory=dict)      # cell index -> {"outputs", "error"}
-    notes: list = field(default_factory=list)
-    skip: set = field(default_factory=set)
-    output_size: int = 0
-    sandbox_cpu: float = 0.0         # CPU seconds the sandboxed runner reported (see runner.main)
-
-
-def run_notebook(cells, notebook_id: str, settings: Settings, deadline: float, workdir,
-                 files=()) -> Run:
-    """Run ``cells`` (``[(index, source)]``, every code cell) and judge each exercise of
-    ``notebook_id`` at its check cell. Raises :class:`Failure` if no sandbox starts."""
-    run = Run()
-    exercises = {ex.id: ex for ex in course.exercises(notebook_id)}
-    while True:
-        bad = _one_run(cells, exercises, settings, deadline, workdir, files, run)
-        if bad is None:
-            return run
-        if bad == "deadline" or bad in run.skip:
-            run.notes.append("the notebook's total time limit ran out" if bad == "deadline" else
-                             f"cell {bad} kept breaking the sandbox: grading stopped there")
-            return run
-        run.skip.add(bad)
-
-
-def _one_run(cells, exercises, settings: Settings, deadline: float, workdir, files, run: Run):
-    """One sandbox, the cells run in it. None when they all ran, else the index of the cell
-    that broke it (skipped next time), or "deadline"."""
-    box = sandbox.Sandbox(settings.standin, settings.limits, sandboxed=settings.sandboxed,
-                          workdir=workdir)
-    conn = wire.Conn(box.main.fileno(), box.main.fileno(), nonblocking_write=True)
-    next_channel = 0
-    current, started = None, 0.0
-    replay = set(run.verdicts)          # judged in an earlier run: keep those verdicts
-    try:
-        try:
-            hello, _ = conn.recv(min(deadline, time.monotonic() + 60))
-            if hello.get("op") != "hello":
-                raise wire.WireError("no hello")
-            conn.send({"op": "setup", "cells": [[i, s] for i, s in cells if i not in run.skip],
-                       "files": [list(f) for f in files],
-                       "exercise_timeout": settings.exercise_timeout},
-                      deadline=time.monotonic() + 30)
-            ready, _ = conn.recv(min(deadline, time.monotonic() + 120))
-            if ready.get("op") != "ready":
-                raise wire.WireError(f"the runner failed to start: {str(ready)[:300]}")
-        except (wire.Timeout, wire.Closed, wire.WireError) as exc:
-            raise Failure(f"the sandbox did not start ({exc})") from None
-        expected = [i for i, _ in cells if i not in run.skip]    # the order cells must come in
-        last = None                              # the cell that ran last (blamed between cells)
-        while True:
-            limit = deadline if current is None else min(deadline, started + settings.cell_timeout)
-            try:
-                msg, _ = conn.recv(limit)
-            except wire.Timeout:
-                if current is None or time.monotonic() >= deadline:
-                    return "deadline"
-                run.notes.append(f"cell {current} ran over {settings.cell_timeout:g} s: skipped")
-                return current
-            except (wire.Closed, wire.WireError):
-                if current is None and last is None:
-                    run.notes.append("the sandbox ended before the first cell")
-                    return None
-                bad = current if current is not None else last
-                run.notes.append(f"cell {bad} ended the notebook's process: skipped")
-                return bad
-            # nothing the sandbox says is trusted: a message out of turn is its cell's fault
-            op = msg.get("op") if isinstance(msg, dict) else None
-            blame = current if current is not None else last
-            if op == "cell" and current is None and expected and msg.get("index") == expected[0]:
-                current, started = expected.pop(0), time.monotonic()
-                last = current
-            elif op == "done" and current is not None and msg.get("index") == current:
-                outs = _outputs(msg.get("outputs"))
-                run.output_size += sum(len(o["text"]) for o in outs)
-                if run.output_size > _NOTEBOOK_OUTPUT:
-                    outs = [{"name": "stderr", "text": "[grader: the notebook's output is over "
-                                                       "its limit; not kept]\n"}]
-                run.outputs[current] = {"outputs": outs, "error": _error(msg.get("error"))}
-                current = None
-            elif op == "check" and current is not None:
-                try:
-                    next_channel = _check(msg, conn, box, next_channel, exercises, settings,
-                                          deadline, run, replay)
-                except (wire.Timeout, wire.Closed, wire.WireError):
-                    run.notes.append(f"cell {current} ended the notebook's process while it was "
-                                     f"checked: skipped")
-                    return current
-                started = time.monotonic()          # judging does not count against the cell
-            elif op == "finished" and current is None and not expected:
-                cpu = box.finish(conn)
-                if settings.sandboxed:
-                    run.sandbox_cpu += cpu
-                return None
-            elif blame is None:
-                run.notes.append("the notebook's process broke the grader's protocol before "
-                                 "its first cell")
-                return None
-            else:
-                run.notes.append(f"cell {blame} broke the grader's protocol "
-                                 f"({str(op)[:20]!r} out of turn): skipped")
-                return blame
-    finally:
-        box.kill()
-
-
-def _check(msg, conn, box, next_channel, exercises, settings, deadline, run: Run,
-           replay: set) -> int:
-    """Answer one ``check`` request: judge the exercise in a fork, send the verdict."""
-    ex = exercises.get(str(msg.get("exercise")))
-    reply = None
-    if ex is not None and ex.id in replay:
-        replay.discard(ex.id)
-        e = run.verdicts[ex.id]
-        reply = {"op": "verdict", **e, "text": verdict_text(e)}
-    elif ex is None:
-        reply = {"op": "verdict", "text": f"[grader] check_{msg.get('exercise')} is not an "
-                                          f"exercise of this notebook: not judged"}
-    elif not msg.get("callable"):
-        e = entry(ex, "failed", f"check_{ex.id} takes your function itself, e.g. "
-                                f"check_{ex.id}({course.function_name(ex.id)}), not the result "
-                                f"of calling it")
-        run.verdicts[ex.id] = e
-        run.asked.add(ex.id)
-        reply = {"op": "verdict", **e, "text": verdict_text(e)}
-    elif run.judged.get(ex.id, 0) >= MAX_JUDGED or next_channel >= sandbox.CHANNELS:
-        e = run.verdicts.get(ex.id)
-        text = f"[grader] check_{ex.id} was judged {MAX_JUDGED} times already: the last verdict counts"
-        reply = {"op": "verdict", **(e or {}), "text": text}
-    if reply is not None:
-        conn.send(reply, deadline=time.monotonic() + 10)
-        return next_channel
-    k = next_channel
-    left = max(0.0, deadline - time.monotonic())
-    timeout = min(settings.exercise_timeout, left)
-    conn.send({"op": "judge", "channel": k, "timeout": timeout + 1.0,
-               "instead": course.use_instead(ex.id)}, deadline=time.monotonic() + 10)
-    count = run.judged.get(ex.id, 0)
-    rng = np.random.default_rng([settings.seed, zlib.crc32(ex.id.encode()), count])
-    channel = Channel(box.channels[k], course.function_name(ex.id))
-    box.channels[k] = _Closed()
-    started = time.monotonic()
-    try:
-        e = judge_exercise(channel, ex, rng, time.monotonic() + timeout, settings.exercise_timeout)
-    finally:
-        channel.close()
-    if e["status"] not in ("passed", "not attempted"):     # a helper that failed its check first
-        e["message"] = depends.note_for(ex.id, {x: v.get("status") for x, v in
-                                                run.verdicts.items()}) + e["message"]
-    e["seconds"] = round(time.monotonic() - started, 3)
-    run.judged[ex.id] = count + 1
-    run.asked.add(ex.id)
-    run.verdicts[ex.id] = e
-    # the runner reports that its fork ended (it kills one that outlives the limit)
-    try:
-        done, _ = conn.recv(min(deadline, time.monotonic() + timeout + 15))
-        if done.get("op") != "checked":
-            raise wire.WireError("expected 'checked'")
-        conn.send({"op": "verdict", **e, "text": verdict_text(e)}, deadline=time.monotonic() + 10)
-    except (wire.Timeout, wire.Closed, wire.WireError):
-        raise wire.Closed("the runner did not come back from a check") from None
-    return k + 1
-
-
-class _Closed:
-    def close(self):
-        pass
-
-
-def _outputs(outs) -> list[dict]:
-    kept, size = [], 0
-    for o in outs if isinstance(outs, list) else []:
-        if not isinstance(o, dict):
-            continue
-        name = "stderr" if o.get("name") == "stderr" else "stdout"
-        text = str(o.get("text", ""))[:max(0, _OUTPUT_LIMIT - size)]
-        size += len(text)
-        kept.append({"name": name, "text": text})
-    return kept
-
-
-def _error(err):
-    if not isinstance(err, dict):
-        return None
-    tb = err.get("traceback") if isinstance(err.get("traceback"), list) else []
-    return {"ename": str(err.get("ename", "Error"))[:100], "evalue": str(err.get("evalue", ""))[:2000],
-            "traceback": [str(t)[:2000] for t in tb[:5]]}

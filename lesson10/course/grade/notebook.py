@@ -19,7 +19,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import course, judge, sandbox
+from ...checks.verdict import Status
+from . import course, judge, sandbox, session
+from .submission_files import MAX_HELPER_BYTES, MAX_HELPERS, Helpers, Refused, helper_files, read_regular
+
+__all__ = ["MAX_HELPERS", "MAX_HELPER_BYTES", "Helpers", "Options", "grade_notebook", "helper_files",
+           "notebook_report"]
 
 
 @dataclass
@@ -46,14 +51,14 @@ def notebook_report(path: Path, notebook_id, entries=(), *, feedback=(), ok=True
             "feedback": list(feedback), "ok": ok, "error": error, "sandboxed": sandboxed}
 
 
-def _zero(notebook_id, status: str, message: str) -> list[dict]:
+def _zero(notebook_id, status: Status, message: str) -> list[dict]:
     """Every exercise of the notebook at 0, or one entry worth the whole course when the
     notebook is unknown."""
     if notebook_id is None:
-        return [{"exercise": "(unknown notebook)", "status": status, "passed": False,
-                 "points": 0, "max_points": course.full_marks(None), "message": message}]
-    return [{"exercise": ex.id, "status": status, "passed": False, "points": 0,
-             "max_points": ex.points, "message": message} for ex in course.exercises(notebook_id)]
+        return [{"exercise": "(unknown notebook)", "status": Status(status).value,
+                 "passed": False, "points": 0, "max_points": course.full_marks(None),
+                 "message": message}]
+    return [judge.entry(ex, status, message) for ex in course.exercises(notebook_id)]
 
 
 def _read(path: Path, content: bytes | None):
@@ -62,10 +67,12 @@ def _read(path: Path, content: bytes | None):
         import warnings
 
         import nbformat
-        text = (path.read_bytes() if content is None else content).decode("utf-8")
+        text = (read_regular(path) if content is None else content).decode("utf-8")
         with warnings.catch_warnings():          # cells without ids: normal in old files
             warnings.simplefilter("ignore")
             nb = nbformat.reads(text, as_version=4)
+    except Refused as exc:
+        return None, f"cannot read the notebook: {exc}"
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the submission's fault
         return None, f"cannot read the notebook: {type(exc).__name__}: {str(exc)[:200]}"
     if not isinstance(nb.get("cells"), list):
@@ -86,41 +93,25 @@ def _save(nb, target: Path) -> None:
     nbformat.write(nb, str(target))
 
 
-#: files beside a notebook that the sandbox's working folder gets (helper modules)
-MAX_HELPERS, MAX_HELPER_BYTES = 20, 1_000_000
-
-
-def helper_files(path: Path) -> list[tuple[str, str]]:
-    """``(name, text)`` of the ``*.py`` files beside ``path`` (a student's helper modules)."""
-    out = []
-    try:
-        for p in sorted(Path(path).resolve().parent.glob("*.py"))[:MAX_HELPERS]:
-            if p.is_file() and p.stat().st_size <= MAX_HELPER_BYTES:
-                out.append((p.name, p.read_text(encoding="utf-8", errors="replace")))
-    except OSError:
-        pass
-    return out
-
-
-def _entries(notebook_id: str, nb, run: judge.Run) -> list[dict]:
+def _entries(notebook_id: str, nb, run: session.Run) -> list[dict]:
     """One entry per course exercise: the last judged verdict, else why it has none."""
-    called = course.called_checks(nb)
+    called = course.called_checks(nb) | run.asked      # read as Jupyter runs it, or ran
     out = []
     for ex in course.exercises(notebook_id):
         if ex.id not in called:
-            out.append(judge.entry(ex, "check removed", f"the check cell check_{ex.id}(...) is "
+            out.append(judge.entry(ex, Status.CHECK_REMOVED, f"the check cell check_{ex.id}(...) is "
                                    f"missing from the notebook; restore it (it is part of the "
                                    f"assignment, and the exercise is judged there)"))
         elif ex.id in run.verdicts:
             out.append(dict(run.verdicts[ex.id]))
         else:
-            out.append(judge.entry(ex, "not judged", f"check_{ex.id}(...) never ran: the "
+            out.append(judge.entry(ex, Status.NOT_JUDGED, f"check_{ex.id}(...) never ran: the "
                                    f"notebook stopped before it, or its cell failed first "
                                    f"(see the feedback)"))
     return out
 
 
-def _executed(nb, run: judge.Run):
+def _executed(nb, run: session.Run):
     """The notebook with the outputs of the graded run (check cells show the verdicts)."""
     import nbformat
     out = copy.deepcopy(nb)
@@ -143,51 +134,65 @@ def _executed(nb, run: judge.Run):
     return out
 
 
-def grade_notebook(path, opts: Options, content: bytes | None = None,
-                   files: list | None = None, student: str | None = None) -> dict:
-    """Grade the notebook at ``path``; ``content``: its bytes, read before any student code
-    ran (the command line reads every file first); ``files``: its helper modules;
-    ``student``: the report's student (default: the parent folder's name)."""
-    path = Path(path)
-    sandboxed = opts.sandboxed
-    if content is None and not path.is_file():
-        return notebook_report(path, None, ok=False, error="no such file", sandboxed=sandboxed,
-                       student=student)
+def _gradable(path: Path, content: bytes | None, sandboxed: bool, student: str | None):
+    """``(notebook, its course id)``, or the report of a notebook that cannot be run."""
+    def report(nid, entries=(), feedback=(), **kw):
+        return notebook_report(path, nid, entries, feedback=feedback, sandboxed=sandboxed,
+                               student=student, **kw)
+
+    if content is None and not (path.is_file() or path.is_symlink()):
+        return report(None, ok=False, error="no such file")
     nb, why = _read(path, content)
-    guess = course.identify({}, path)[0]
     if nb is None:
-        return notebook_report(path, guess, _zero(guess, "unreadable", why), feedback=[why],
-                       sandboxed=sandboxed, student=student)
+        guess = course.identify({}, path)[0]
+        return report(guess, _zero(guess, Status.UNREADABLE, why), [why])
     notebook_id, how = course.identify(nb, path)
     if notebook_id is None:
         msg = f"cannot tell which course notebook this is: {how}; it scores 0"
-        return notebook_report(path, None, _zero(None, "unknown notebook", msg), feedback=[msg],
-                       sandboxed=sandboxed, student=student)
+        return report(None, _zero(None, Status.UNKNOWN_NOTEBOOK, msg), [msg])
     problem = course.language_problem(nb)
     if problem:
-        return notebook_report(path, notebook_id, _zero(notebook_id, "not python", problem),
-                       feedback=[problem], sandboxed=sandboxed, student=student)
+        return report(notebook_id, _zero(notebook_id, Status.NOT_PYTHON, problem), [problem])
     if not course.exercises(notebook_id):
-        return notebook_report(path, notebook_id, feedback=[f"{notebook_id} has no exercises to grade"],
-                       sandboxed=sandboxed, student=student)
+        return report(notebook_id, feedback=[f"{notebook_id} has no exercises to grade"])
+    return nb, notebook_id
 
+
+def grade_notebook(path, opts: Options, content: bytes | None = None,
+                   files: Helpers | list | None = None, student: str | None = None) -> dict:
+    """Grade the notebook at ``path``; ``content``: its bytes, read before any student code
+    ran (the command line reads every file first); ``files``: its helper modules
+    (:class:`Helpers`, or ``(name, text)`` pairs; default: the files beside it, see
+    :func:`helper_files`); ``student``: the report's student (default: the parent folder's
+    name)."""
+    path = Path(path)
+    sandboxed = opts.sandboxed
+    got = _gradable(path, content, sandboxed, student)
+    if isinstance(got, dict):
+        return got
+    nb, notebook_id = got
+    if opts.standin is None:
+        raise ValueError("Options.standin: give the stand-in folder (lesson10.course.grade."
+                         "standin.write) to grade a notebook")
+    helpers = files if isinstance(files, Helpers) else \
+        Helpers(list(files)) if files is not None else helper_files(path)
     import tempfile
-    settings = judge.Settings(standin=opts.standin, limits=opts.limits,
+    settings = session.Settings(standin=opts.standin, limits=opts.limits,
                               cell_timeout=opts.cell_timeout, exercise_timeout=opts.exercise_timeout,
                               sandboxed=sandboxed, seed=opts.seed)
     deadline = time.monotonic() + opts.notebook_timeout
     with tempfile.TemporaryDirectory(prefix="lesson10-grade-", ignore_cleanup_errors=True) as tmp:
         workdir = Path(tmp)              # used only without the sandbox (its own /tmp inside)
         try:
-            run = judge.run_notebook(course.code_cells(nb), notebook_id, settings, deadline,
-                                     workdir, files if files is not None else helper_files(path))
+            run = session.run_notebook(course.code_cells(nb), notebook_id, settings, deadline,
+                                     workdir, helpers.files)
         except judge.Failure as exc:
-            return notebook_report(path, notebook_id, _zero(notebook_id, "grader error", str(exc)),
-                           ok=False, error=str(exc), sandboxed=sandboxed, student=student)
-    entries = _entries(notebook_id, nb, run)
-    feedback = list(run.notes)
-    for i, got in sorted(run.outputs.items()):
-        err = got.get("error")
+            return notebook_report(path, notebook_id, _zero(notebook_id, Status.GRADER_ERROR,
+                                                            str(exc)),
+                                   ok=False, error=str(exc), sandboxed=sandboxed, student=student)
+    feedback = list(helpers.notes) + list(run.notes)
+    for i, out in sorted(run.outputs.items()):
+        err = out.get("error")
         if err and err["ename"] not in ("CheckFailed", "NotAvailable"):
             feedback.append(f"cell {i}: {err['ename']}: {err['evalue'][:200]}")
     if not sandboxed:
@@ -195,8 +200,8 @@ def grade_notebook(path, opts: Options, content: bytes | None = None,
     if opts.save_executed is not None:
         _save(_executed(nb, run), executed_path(opts.save_executed, student or
                                                 path.resolve().parent.name, path))
-    report = notebook_report(path, notebook_id, entries, feedback=feedback, sandboxed=sandboxed,
-                     student=student)
+    report = notebook_report(path, notebook_id, _entries(notebook_id, nb, run),
+                             feedback=feedback, sandboxed=sandboxed, student=student)
     if sandboxed:
         report["sandbox_cpu_seconds"] = round(run.sandbox_cpu, 3)
     return report
