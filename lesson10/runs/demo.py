@@ -62,10 +62,10 @@ def run_demo(seed: int = 0, e: int = 2) -> list[tuple]:
         doc_ref, _ = sim.attention(q, k, v, causal=True, doc_ids=doc)
         gqa = f" GQA g={g}" if g > 1 else ""
         for name, fn, formula in (
-                ("allgather zigzag+docs", lambda grp: sim.allgather_attention(
+                ("allgather zigzag+docs", lambda grp, shards=shards, pos=pos, doc=doc: sim.allgather_attention(
                     *shards, pos, doc_ids=doc, group=grp),
                  cost.comm_bytes("allgather", s, a * d, n, g=g, e=e)),
-                ("usp 2x2 zigzag+docs", lambda grp: sim.usp_attention(
+                ("usp 2x2 zigzag+docs", lambda grp, shards=shards, pos=pos, doc=doc: sim.usp_attention(
                     *shards, pos, 2, doc_ids=doc, group=grp),
                  cost.usp_bytes(s, a * d, 2, n // 2, g=g, e=e))):
             group = sim.SimGroup(n, e=e)

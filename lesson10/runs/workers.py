@@ -18,7 +18,8 @@ largest |reference value|}``), ``rel_err`` (``err / max(1, scale)``), ``max_rel_
 ``worst`` (the name with the largest ``rel_err``), ``tol`` (for the dtype) and ``ok``
 (``max_rel_err <= tol``: an error is judged against the size of the values, so a float32
 gradient of size 300 may be 3e-2 off, one of size 0.5 only 1e-4); ``fwd`` / ``bwd``: the
-activation bytes this rank sent (side traffic left out, see :data:`lesson10.spmd.comm.SIDE_OPS`), ``fwd_by_op`` / ``bwd_by_op``: every byte by op;
+activation bytes this rank sent (side traffic left out, see
+:data:`lesson10.spmd.comm.SIDE_OPS`), ``fwd_by_op`` / ``bwd_by_op``: every byte by op;
 ``formula_fwd``: the lesson's bytes from :mod:`lesson10.cost` with the same ``e``
 (8 for float64); ``time_s``: forward + backward of the slowest rank; plus a few
 fields of the method's own. A case the method rejects gives ``{"method", "case",
@@ -200,7 +201,8 @@ def check_sp(b: int = 2, s: int = 8, h: int = 16, ffn: int = 32, p: float = 0.1,
     ``err``: ``out``, ``dx`` and every weight gradient (``"grad <block>.<name>"``, this
     rank's shard of the reference's). The reference runs in float64 on the same (rounded)
     inputs and weights, so a float32 run is measured against the exact answer.
-    ``formula_fwd = cost.comm_bytes("sp", s, h, t, e) * b * blocks / 2``. Extras: ``tokens_per_rank`` of the LayerNorm input, ``dropped``
+    ``formula_fwd = cost.comm_bytes("sp", s, h, t, e) * b * blocks / 2``. Extras:
+    ``tokens_per_rank`` of the LayerNorm input, ``dropped``
     (the fraction of block 0's outputs its dropout zeroed, in the reference).
     """
     case = dict(locals())                                  # the arguments, as passed
