@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["TwoHosts", "NoNamespaces", "namespaces_unavailable", "TorchrunResult", "default_burst",
+           "parse_rate",
            "torchrun_argv", "torchrun_two", "ADDRS", "PREFIX"]
 
 #: the two hosts' addresses (a /24 that exists only inside the namespaces)
@@ -115,10 +116,22 @@ _UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "bps"
           "kbps": 1e3, "mbps": 1e6, "gbps": 1e9}
 
 
+def parse_rate(rate: str) -> float:
+    """``rate`` in tc's units (``"100mbit"``, ``"1gbit"``, ``"12.5mbps"``; no unit: bit/s) as
+    bytes per second; a ValueError that names the units otherwise."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([a-z]*)\s*", str(rate).lower())
+    if not m or (m.group(2) and m.group(2) not in _UNITS) or float(m.group(1)) <= 0:
+        raise ValueError(f"{rate!r} is not a rate: a number > 0 and one of tc's units "
+                         f"({', '.join(_UNITS)}), e.g. 100mbit")
+    return float(m.group(1)) * _UNITS[m.group(2) or "bit"]
+
+
 def default_burst(rate: str | None) -> str:
     """tbf's bucket for ``rate`` (tc's units, e.g. ``"100mbit"``): 10 ms of it, at least 256 KiB."""
-    m = re.fullmatch(r"\s*([\d.]+)\s*([a-z]*)\s*", (rate or "").lower())
-    per_s = float(m.group(1)) * _UNITS.get(m.group(2) or "bit", 0) if m else 0.0
+    try:
+        per_s = parse_rate(rate) if rate else 0.0
+    except ValueError:
+        per_s = 0.0
     return f"{max(256 * 1024, int(per_s / 100))}b"
 
 

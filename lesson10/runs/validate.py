@@ -28,7 +28,7 @@ from .. import cost, layouts, topology
 
 __all__ = ["Refused", "Parser", "DTYPE_NAMES", "ELEM", "positive", "check_run", "check_attention",
            "check_sp", "check_moe", "moe_case", "need_bytes", "memory_available", "check_memory",
-           "check_out", "refuse", "nodes_of", "parse_capacity_factor", "finite"]
+           "check_out", "refuse", "nodes_of", "parse_capacity_factor", "finite", "optional", "rule"]
 
 #: the dtypes of the workers and benchmarks (``lesson10.spmd.device.DTYPES``), bytes per number
 ELEM = {"float64": 8, "float32": 4, "bfloat16": 2}
@@ -61,14 +61,14 @@ def positive(flag: str, value, lo: int = 1) -> int:
     return int(value)
 
 
-def _optional(flag: str, value, lo: int = 1, meaning: str = "") -> None:
+def optional(flag: str, value, lo: int = 1, meaning: str = "") -> None:
     """``None`` (the option not given) or an integer >= ``lo``: 0 never means the default."""
     if value is not None and (isinstance(value, bool) or value < lo):
         raise Refused(f"{flag} must be an integer >= {lo}, got {value}" +
                       (f" (leave it out for {meaning})" if meaning else ""))
 
 
-def _rule(where: str, fn, *args):
+def rule(where: str, fn, *args):
     """Call one of the lesson's rules; its ValueError becomes a :class:`Refused` ``where: ...``."""
     try:
         return fn(*args)
@@ -113,10 +113,10 @@ def check_run(args, n: int, local: int | None = None) -> None:
         finite(f"--{flag.replace('_', '-')}", getattr(args, flag))
     for flag in ("seq", "heads", "dim", "batch"):
         positive(f"--{flag}", getattr(args, flag))
-    _optional("--kv-heads", args.kv_heads, meaning="as many K/V heads as query heads")
-    _optional("--node-size", args.node_size, meaning="one node, or torchrun's LOCAL_WORLD_SIZE")
-    _optional("--ulysses-size", args.ulysses_size, meaning="the ranks per node")
-    _optional("--max-nodes", args.max_nodes, meaning="no node limit")
+    optional("--kv-heads", args.kv_heads, meaning="as many K/V heads as query heads")
+    optional("--node-size", args.node_size, meaning="one node, or torchrun's LOCAL_WORLD_SIZE")
+    optional("--ulysses-size", args.ulysses_size, meaning="the ranks per node")
+    optional("--max-nodes", args.max_nodes, meaning="no node limit")
     if args.dtype not in ELEM:
         raise Refused(f"--dtype must be one of {', '.join(DTYPE_NAMES)}, got {args.dtype!r}")
     nodes_of(args, n)
@@ -135,7 +135,7 @@ def check_attention(args, n: int) -> None:
                       f"(GQA shares each K/V head among whole groups of query heads); use a "
                       f"--kv-heads that divides --heads")
     layout = args.layout or m.default_layout
-    layout = _rule(f"{m.name}: --layout", layouts.layout_name, layout)
+    layout = rule(f"{m.name}: --layout", layouts.layout_name, layout)
     if m.layouts is not None and layout not in m.layouts:
         raise Refused(f"{m.name}: --layout {layout} is not one of its layouts; use one of "
                       f"{', '.join(m.layouts)}")
@@ -156,8 +156,8 @@ def check_attention(args, n: int) -> None:
     if m.name == "usp":
         topo = nodes_of(args, n)
         u = args.ulysses_size or topology.default_ulysses_size(range(n), a_kv, topo)
-        _rule("usp: --ulysses-size", topology.check_ulysses_size, u, n)
-        _rule("usp", topology.check_heads, a, a_kv, u, n)
+        rule("usp: --ulysses-size", topology.check_ulysses_size, u, n)
+        rule("usp", topology.check_heads, a, a_kv, u, n)
 
 
 def check_sp(args, n: int) -> None:
@@ -204,12 +204,12 @@ def check_moe(args, n: int, E=None, k=None, cf=None, where: str = "moe") -> None
         raise Refused(f"{where}: --topk {k} is more than the --experts {E} there are (a token "
                       f"picks k distinct experts); use --topk <= {E}")
     if cf is not None:
-        _rule(f"{where}: --capacity-factor", cost.expert_capacity, 1, E, k, cf)
+        rule(f"{where}: --capacity-factor", cost.expert_capacity, 1, E, k, cf)
     max_nodes = getattr(args, "max_nodes", None)
     if where == "moe" and (max_nodes is not None or nodes_of(args, n).nodes > 1):
         nodes = nodes_of(args, n).nodes
         nodes = nodes if E % nodes == 0 else None
-        _rule(f"{where}: --max-nodes", topology.check_nodes, E, k, nodes, max_nodes)
+        rule(f"{where}: --max-nodes", topology.check_nodes, E, k, nodes, max_nodes)
 
 
 # ------------------------------------------------------------------------- memory
@@ -283,9 +283,9 @@ def check_out(path) -> Path:
     return out
 
 
-def finite(flag: str, value) -> float:
-    """``value`` if it is a finite number > 0 (seconds, bytes/s); :class:`Refused` else."""
+def finite(flag: str, value, unit: str = "seconds") -> float:
+    """``value`` if it is a finite number > 0 (of ``unit``); :class:`Refused` else."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or value <= 0:
-        raise Refused(f"{flag} must be a finite number > 0, got {value!r}")
+        raise Refused(f"{flag} must be a finite number of {unit} > 0, got {value!r}")
     return float(value)
