@@ -14,13 +14,13 @@ from .. import layouts, topology
 from ..runs.validate import (
     ELEM,
     Refused,
-    optional,
-    rule,
     check_memory,
     check_moe,
     check_out,
     finite,
+    optional,
     positive,
+    rule,
 )
 
 __all__ = ["check_bench", "attention_sizes", "ulysses_fits"]
