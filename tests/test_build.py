@@ -250,7 +250,8 @@ def test_pointing_at_a_fork_rewrites_all_24_addresses_and_check_notices(tmp_path
     nb = nbformat.read(root / "notebooks" / "02_ring_attention.ipynb", as_version=4)
     assert nb.cells[0].source.startswith(
         "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-        "(https://colab.research.google.com/github/someone/my-fork/blob/v2.1/notebooks/02_ring_attention.ipynb)\n\n# 02")
+        "(https://colab.research.google.com/github/someone/my-fork/blob/v2.1/notebooks/"
+        "02_ring_attention.ipynb)\n\n# 02")
 
 
 def test_hand_edited_install_cell_makes_check_fail(tmp_path, capsys):

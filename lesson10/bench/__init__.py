@@ -56,25 +56,18 @@ def main(argv=None) -> int:
         import os
         os.environ["LESSON10_NODE_SIZE"] = str(args.node_size)   # the ranks inherit it
     for what in (["ring", "ulysses", "moe", "sp"] if args.what == "all" else [args.what]):
-        if what in ("ring", "ulysses", "compare"):
-            from .attention import bench
-            bench(argparse.Namespace(**{**vars(args), "seq": args.seq or 4096}), what, out_dir)
-        elif what == "cstar":
-            from .cstar import bench
-            bench(args, out_dir)
-        elif what == "memory":
-            from .memory import bench
-            bench(args, out_dir)
-        elif what == "moe":
-            from .moe import bench
-            bench(args, out_dir)
-        elif what == "nodes":
-            from .nodes import bench
-            bench(args, out_dir)
-        else:
-            from .sp import bench
-            bench(args, out_dir)
+        _run_one(what, args, out_dir)
     return 0
+
+
+def _run_one(what: str, args, out_dir: Path) -> None:
+    """One benchmark: :mod:`.attention` for ring / ulysses / compare, else its own module."""
+    import importlib
+    if what in ("ring", "ulysses", "compare"):
+        from .attention import bench
+        bench(argparse.Namespace(**{**vars(args), "seq": args.seq or 4096}), what, out_dir)
+    else:
+        importlib.import_module(f"{__name__}.{what}").bench(args, out_dir)
 
 
 def _moe_args(p) -> None:

@@ -122,7 +122,7 @@ def cstar_sweep(a: int = 32, a_kv: int = 32, d: int = 64, dtype: str = "float32"
         for overlap in (True, False):
             comp, wait = [], []
             for _ in range(reps + 1):                         # the first run warms up
-                rounds = []
+                rounds: list[dict] = []
                 dist.barrier()
                 with ring_options(overlap=overlap, timings=rounds, bandwidth=W_set):
                     ring_attention(q, k, v, causal=causal, layout="zigzag")

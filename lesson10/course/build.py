@@ -238,7 +238,7 @@ def apply_repository(nb: dict, name: str, repository: str, ref: str, version: st
     if index < len(cells) and _is_install_cell(_source(cells[index])):
         cells[index]["source"] = install
     else:
-        cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+        cell: dict = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
                 "source": install}
         if nb.get("nbformat_minor", 0) >= 5:            # nbformat 4.5+ cells carry a unique id
             taken = {c.get("id") for c in cells}

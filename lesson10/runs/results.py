@@ -36,7 +36,10 @@ class Errors(dict):
         super().__init__()
         self.scale: dict[str, float] = {}
 
-    def tensor(self, name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    def tensor(self, name: str, got: torch.Tensor | None, want: torch.Tensor | None) -> None:
+        """``got`` against ``want`` (a gradient that autograd never filled in is an error)."""
+        if got is None or want is None:
+            raise RuntimeError(f"{name}: no tensor to compare (a gradient was never computed)")
         want = want.detach().double().cpu()
         self[name] = _err(got, want)
         self.scale[name] = float(want.abs().max()) if want.numel() else 0.0
@@ -69,7 +72,7 @@ def make_result(method, case, n, errs: Errors, fwd, bwd, formula_fwd, seconds, *
     scale = {k: both[("s", k)] for k in errs}
     rel = {k: err[k] / max(1.0, scale[k]) for k in errs}
     max_err = max(err.values()) if err else 0.0
-    worst = max(rel, key=rel.get) if rel else None
+    worst = max(rel, key=lambda name: rel[name]) if rel else None
     max_rel = rel[worst] if rel else 0.0
     tol = TOL[case["dtype"]]
     mine = torch.tensor([fwd.intra, fwd.inter, bwd.intra, bwd.inter, fwd.wire_inter,

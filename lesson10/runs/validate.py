@@ -207,9 +207,9 @@ def check_moe(args, n: int, E=None, k=None, cf=None, where: str = "moe") -> None
         rule(f"{where}: --capacity-factor", cost.expert_capacity, 1, E, k, cf)
     max_nodes = getattr(args, "max_nodes", None)
     if where == "moe" and (max_nodes is not None or nodes_of(args, n).nodes > 1):
-        nodes = nodes_of(args, n).nodes
-        nodes = nodes if E % nodes == 0 else None
-        rule(f"{where}: --max-nodes", topology.check_nodes, E, k, nodes, max_nodes)
+        count = nodes_of(args, n).nodes
+        rule(f"{where}: --max-nodes", topology.check_nodes, E, k,
+             count if E % count == 0 else None, max_nodes)
 
 
 # ------------------------------------------------------------------------- memory

@@ -111,7 +111,7 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
                          f"allgather or usp (got {docs} with {method})"}
     doc = None if docs is None else torch.as_tensor(np.repeat(np.arange(len(docs)), docs))
     o_ref, ref = _attention_reference(q, k, v, dout, causal, doc)
-    notes = []
+    notes: list[str] = []
     try:
         if method == "usp":                            # the default u comes from the topology
             ulysses_size = _ulysses_size(ulysses_size, a_kv, group, notes)
@@ -128,7 +128,7 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
     errs = Errors()
     errs.tensor("out", o, o_ref[:, pos])
     for name, mine, full in zip(("dq", "dk", "dv"), loc, ref):
-        errs.tensor(name, mine.grad, full.grad[:, pos])
+        errs.tensor(name, mine.grad, None if full.grad is None else full.grad[:, pos])
     sent_kv = math.lcm(a_kv, n) if method == "ulysses" and replicate_kv and a_kv % n else a_kv
     opts = {"ulysses_size": ulysses_size} if method == "usp" else {}
     formula = record.bytes_fwd(s, a * d, n, g=a / sent_kv, e=elem_size(dtype), **opts) * b
@@ -241,7 +241,7 @@ def check_sp(b: int = 2, s: int = 8, h: int = 16, ffn: int = 32, p: float = 0.1,
         return {"method": "sp", "case": case, "error": str(e)}
     errs = Errors()
     errs.tensor("out", y, yr[:, tok])
-    errs.tensor("dx", xl.grad, xr.grad[:, tok])
+    errs.tensor("dx", xl.grad, None if xr.grad is None else xr.grad[:, tok])
     _sp_grad_errors(errs, mods, refs64, slice(r * ffn // t, (r + 1) * ffn // t))
     formula = cost.comm_bytes("sp", s, h, t, e=elem_size(dtype)) * b * blocks / 2
     return make_result("sp", case, t, errs, fwd, bwd, formula, seconds, tokens_per_rank=xl.shape[1],
