@@ -5,7 +5,10 @@
 
 Methods: those of :data:`lesson10.runs.registry.METHODS` (``sp``: TP and TP + SP; ``ring``,
 ``ulysses``, ``allgather``, ``usp``; ``moe``: uniform routing, then a random router with
-capacity factor 1.25). Each run is a worker of
+``--capacity-factor`` (default 1.25), ``--experts E`` (default max(4, 2N)) and ``--topk k``
+(default 2)). The whole case is checked in this process before any rank starts
+(:mod:`lesson10.runs.validate`): a refusal is one line on stderr and exit status 2. Each run
+is a worker of
 :mod:`lesson10.runs.workers`: it compares outputs and gradients with a single-process
 reference and prints the time, the largest error and the bytes each rank sent next to
 the lesson's formula. An error is judged relative to the size of the values it is in
@@ -13,7 +16,7 @@ the lesson's formula. An error is judged relative to the size of the values it i
 and large gradients pass in float32 as they should.
 
 Exit status: 0 every checked run passed; 1 a run's error is above its tolerance; 2 the
-method rejected the case (the message says what and why), or the arguments are wrong.
+case was refused (the message says what and why), or the arguments are wrong.
 3: a peer stopped answering (``--peer-timeout``), 4: the run passed ``--timeout``. Under
 torchrun every rank computes the verdict and exits with the largest status of all ranks
 (only rank 0 prints the report), so ``torchrun`` fails on every node when a check fails or
