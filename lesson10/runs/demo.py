@@ -77,7 +77,12 @@ def run_demo(seed: int = 0, e: int = 2) -> list[tuple]:
             rows.append(_row(name + gqa, n, err, group.bytes_sent.max(), formula,
                              "causal + document mask"))
 
-    # Expert parallelism: dispatch + combine through all-to-alls vs the dense MoE.
+    return rows + _moe_rows(rng, e)
+
+
+def _moe_rows(rng, e: int) -> list[tuple]:
+    """Expert parallelism: dispatch + combine through all-to-alls vs the dense MoE."""
+    rows = []
     n, T, h, E, top, d_ff = 4, 64, 8, 8, 2, 16
     x = [rng.standard_normal((T, h)) for _ in range(n)]
     router_w = rng.standard_normal((h, E)) * 0.1
