@@ -26,9 +26,10 @@ import os, signal, sys, time
 pid, start, rank, grace = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
 def same():
     try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19] == start
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     except OSError:
         return False
+    return fields[19] == start and fields[0] != "Z"      # the same process, not a zombie
 end = time.monotonic() + grace
 while time.monotonic() < end and same():
     time.sleep(0.2)
