@@ -78,7 +78,8 @@ def test_a_rejected_case_fails_on_both_nodes(hosts):
     assert res.status[0] not in (0, None) and res.status[1] not in (0, None), _show(res)
     for out in res.output:
         assert out.count("refused: ulysses:") == 1 and "K/V heads" in out, _show(res)
-        assert "Traceback" not in out and REPORT not in out, _show(res)
+        # (torchrun's own ChildFailedError report is a traceback of torchrun, not of the ranks)
+        assert not re.search(r'File ".*lesson10/(runs|spmd)/', out) and REPORT not in out, _show(res)
         assert 2 in _exit_code(out) and _exit_code(out) <= {2, -signal.SIGTERM}, _show(res)
 
 
