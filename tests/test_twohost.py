@@ -31,6 +31,7 @@ def test_the_torchrun_commands_of_both_forms():
     c10d = " ".join(twohost.torchrun_argv(0, ["ring"], port=29611, rdzv="c10d"))
     assert "--rdzv-backend c10d --rdzv-endpoint 10.77.0.1:29611" in c10d
     assert "is_host=true" in c10d and "--local-addr 10.77.0.1" in c10d
+    assert "--max-restarts 0 -m lesson10.run" in c10d and "--max-restarts 0" in joined
     assert "is_host=false" in " ".join(twohost.torchrun_argv(1, ["ring"], rdzv="c10d"))
     with pytest.raises(ValueError, match="rdzv"):
         twohost.torchrun_argv(0, ["ring"], rdzv="etcd")

@@ -337,7 +337,8 @@ def torchrun_argv(i: int, run_args: list[str], nproc_per_node: int = 2, port: in
     """The command of node ``i``: ``python -m torch.distributed.run`` (that is ``torchrun``,
     from this Python) ``--nnodes 2 --nproc-per-node N`` and either the static form
     (``--node-rank i --master-addr 10.77.0.1 --master-port P``) or, ``rdzv="c10d"``, the c10d
-    rendezvous (``--rdzv-endpoint 10.77.0.1:P``, ``is_host`` on node 0, ``--local-addr``)."""
+    rendezvous (``--rdzv-endpoint 10.77.0.1:P``, ``is_host`` on node 0, ``--local-addr``);
+    both with ``--max-restarts 0``."""
     head = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
             "--nproc-per-node", str(nproc_per_node)]
     if rdzv == "static":
@@ -349,7 +350,8 @@ def torchrun_argv(i: int, run_args: list[str], nproc_per_node: int = 2, port: in
                  "--local-addr", ADDRS[i]]
     else:
         raise ValueError(f"rdzv must be 'static' or 'c10d', got {rdzv!r}")
-    return head + ["-m", module, *run_args]
+    # no restarts: a rank that lost its peer must end the job, not be started again
+    return head + ["--max-restarts", "0", "-m", module, *run_args]
 
 
 _ports = itertools.count(29500 + (os.getpid() % 400) * 10)
