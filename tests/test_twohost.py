@@ -41,3 +41,11 @@ def test_the_bucket_grows_with_the_rate():
     assert twohost.default_burst(None) == twohost.default_burst("8mbit") == f"{256 * 1024}b"
     assert twohost.default_burst("10gbit") == "12500000b"      # 10 ms of 1.25 GB/s
     assert twohost.default_burst("1gbps") == "10000000b"
+
+
+def test_a_rate_is_a_number_and_one_of_tcs_units():
+    assert twohost.parse_rate("100mbit") == 12.5e6 and twohost.parse_rate("1gbps") == 1e9
+    assert twohost.parse_rate("800") == 100.0                   # no unit: bit/s, as tc reads it
+    for bad in ("bogus", "0mbit", "-5mbit", "10 furlongs", ""):
+        with pytest.raises(ValueError, match="not a rate"):
+            twohost.parse_rate(bad)
