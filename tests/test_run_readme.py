@@ -11,7 +11,8 @@ import pytest
 from lesson10.runs import cli as run
 
 README = {"moe": ["moe"], "sp4096": ["sp", "--seq", "4096"],
-          "moe_nodes": ["moe", "--node-size", "2", "--max-nodes", "1"]}
+          "moe_nodes": ["moe", "--node-size", "2", "--max-nodes", "1"],
+          "moe_knobs": ["moe", "--experts", "8", "--topk", "3", "--capacity-factor", "1.0"]}
 
 
 def _cases(argv, n):
