@@ -41,8 +41,12 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(PIP_ENV) $(BIN)/pip install -q -c constraints.txt -e ".[spmd,lab,test,frontends,lint]"
 	touch $(STAMP)
 
+# as root (containers, cloud machines) Jupyter refuses to start without --allow-root;
+# LAB_ARGS: more options for the server (e.g. LAB_ARGS="--no-browser --port 8899")
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+LAB_ARGS ?=
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $(LAB_ROOT) $(LAB_ARGS)
 
 # ruff (the rule set and its reasons: pyproject.toml) and mypy on lesson10/
 lint: $(STAMP)

@@ -12,9 +12,15 @@
 """
 from __future__ import annotations
 
+import importlib
 import sys
 
 USAGE = __doc__
+
+#: each command's function, by import path (relative to this package)
+COMMANDS = {"demo": ".runs.demo:main", "run": ".runs.cli:main", "bench": ".bench:main",
+            "grade": ".course.grade:main", "gradescope": ".course.grade.gradescope:main_bundle",
+            "release": ".course.release:main", "build": ".course.build:main"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,23 +29,11 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     cmd, rest = argv[0], argv[1:]
-    if cmd == "demo":
-        from .runs.demo import main as run
-    elif cmd == "run":
-        from .runs.cli import main as run
-    elif cmd == "bench":
-        from .bench import main as run
-    elif cmd == "grade":
-        from .course.grade import main as run
-    elif cmd == "gradescope":
-        from .course.grade.gradescope import main_bundle as run
-    elif cmd == "release":
-        from .course.release import main as run
-    elif cmd == "build":
-        from .course.build import main as run
-    else:
+    if cmd not in COMMANDS:
         print(f"unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
         return 2
+    module, name = COMMANDS[cmd].split(":")
+    run = getattr(importlib.import_module(module, __package__), name)
     try:
         return run(rest) or 0
     except ModuleNotFoundError as exc:     # run / bench without the spmd extra

@@ -154,8 +154,9 @@ def test_cli_dispatches_build_grade_run_and_bench(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:                    # reaches run's own parser
         cli.main(["run", "no-such-method"])
     assert info.value.code == 2 and "invalid choice" in capsys.readouterr().err
-    with pytest.raises(SystemExit):                            # reaches the benchmark parser
-        cli.main(["bench", "moe", "--tokens", "0", "--out", str(tmp_path)])
+    # reaches the benchmark's checks, which refuse in one line before any rank starts
+    assert cli.main(["bench", "moe", "--tokens", "0", "--out", str(tmp_path)]) == 2
+    assert "--tokens must be an integer >= 1" in capsys.readouterr().err
 
 
 def test_cli_bench_sim_writes_its_table_where_told(tmp_path, capsys):

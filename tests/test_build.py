@@ -1,4 +1,5 @@
 """`python -m lesson10 build`: notebooks/ is generated from solutions/, and --check notices."""
+import os
 import re
 import shutil
 import subprocess
@@ -249,7 +250,8 @@ def test_pointing_at_a_fork_rewrites_all_24_addresses_and_check_notices(tmp_path
     nb = nbformat.read(root / "notebooks" / "02_ring_attention.ipynb", as_version=4)
     assert nb.cells[0].source.startswith(
         "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-        "(https://colab.research.google.com/github/someone/my-fork/blob/v2.1/notebooks/02_ring_attention.ipynb)\n\n# 02")
+        "(https://colab.research.google.com/github/someone/my-fork/blob/v2.1/notebooks/"
+        "02_ring_attention.ipynb)\n\n# 02")
 
 
 def test_hand_edited_install_cell_makes_check_fail(tmp_path, capsys):
@@ -323,6 +325,7 @@ def find_spec(name, *a):
 def run(cmd, **kw):
     calls.append({"cmd": cmd, "kw": kw})
     state["have"] = "0.2.0"
+    return types.SimpleNamespace(returncode=0)
 
 importlib.metadata.version, importlib.util.find_spec, subprocess.run = version, find_spec, run
 out = []
@@ -358,7 +361,7 @@ def test_install_cell_installs_where_missing_or_older_and_nowhere_else():
     for have in older:
         result, printed = next(runs)
         (call,) = result["calls"]
-        assert call["cmd"][1:] == ["-m", "pip", "install", "-q", url] and call["kw"] == {"check": True}
+        assert call["cmd"][1:] == ["-m", "pip", "install", "-q", url] and call["kw"] == {}
         assert result["purged"], "an older lesson10 imported earlier must not shadow the new one"
         assert "installed lesson10 0.2.0" in printed and (have is None or f"(was {have})" in printed)
     for have in current:
@@ -403,3 +406,25 @@ def test_build_check_runs_with_the_standard_library_only():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "up to date" in proc.stdout
+
+
+def test_install_cell_offline_says_how_to_install_from_a_local_copy(tmp_path):
+    """The real cell in a fresh Python without lesson10 (``-I``: no site, no checkout on the
+    path), with pip pointed at an index and a URL nothing answers on: one sentence on what
+    failed and how to install from a local copy, no traceback, and the cell returns."""
+    for extra in (None, "spmd"):
+        cell = build.install_cell_source("o/n", "v9.9.9", "9.9.9", extra)
+        cell = cell.replace("git+https://github.com/o/n@v9.9.9", "http://127.0.0.1:9/lesson10.zip")
+        env = dict(os.environ, PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_NO_INPUT="1",
+                   PIP_RETRIES="0", PIP_TIMEOUT="2", PIP_DISABLE_PIP_VERSION_CHECK="1",
+                   PIP_FIND_LINKS="", PIP_NO_CACHE_DIR="1")
+        code = cell
+        proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True,
+                              timeout=120, env=env, cwd=tmp_path)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0 and "Traceback" not in out, out
+        assert "CalledProcessError" not in out, out
+        said = [ln for ln in proc.stdout.splitlines() if ln.startswith("pip could not install")]
+        assert len(said) == 1 and "pip install -e" in said[0] and "wheel" in said[0], proc.stdout
+        assert said[0].count(". ") == 0 and said[0].endswith("run this cell again."), said
+        assert ("[spmd]" in said[0]) == (extra is not None), said

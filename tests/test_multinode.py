@@ -71,30 +71,37 @@ def test_every_method_passes_across_two_hosts(hosts, method):
 
 
 def test_a_rejected_case_fails_on_both_nodes(hosts):
-    # Ulysses cuts heads over the 4 ranks: 2 query heads cannot be cut 4 ways
+    # Ulysses cuts heads over the 4 ranks: 2 query heads cannot be cut 4 ways. Every rank
+    # checks the case before it joins the process group (nothing hangs, nothing starts):
+    # the first rank of each node says why in one line, every worker exits with status 2
     res = torchrun_two(hosts, ["ulysses", *SMALL, "--heads", "2", "--kv-heads", "1"], timeout=240)
     assert res.status[0] not in (0, None) and res.status[1] not in (0, None), _show(res)
-    node0, node1 = res.output
-    assert "REJECTED" in node0 and "query heads" in node0, _show(res)
-    assert "REJECTED" not in node1, _show(res)
-    # the workers of both nodes exit with run's status 2, not only rank 0 (torchrun may end
-    # a node's other worker with SIGTERM once the first has failed)
     for out in res.output:
+        assert out.count("refused: ulysses:") == 1 and "K/V heads" in out, _show(res)
+        # (torchrun's own ChildFailedError report is a traceback of torchrun, not of the ranks)
+        assert not re.search(r'File ".*lesson10/(runs|spmd)/', out) and REPORT not in out, _show(res)
         assert 2 in _exit_code(out) and _exit_code(out) <= {2, -signal.SIGTERM}, _show(res)
 
 
-def _stop_node_1(record: dict):
+def _stop_node(record: dict, node: int = 1, match: str = "-u -m lesson10.run"):
     """A ``during`` for torchrun_two: once rank 0 has its process group (it prints
-    ``init_from_env``), SIGSTOP node 1's workers; ``record``: their pids and when (s after start)."""
+    ``init_from_env``), SIGSTOP the processes of ``node`` whose command line has ``match``
+    (default its workers; ``"python"``: the whole node, its torchrun too); ``record``: their
+    pids and when (s after start)."""
     start = time.monotonic()
 
     def stop(hosts, procs, paths):
         end = time.monotonic() + 120
         while b"init_from_env" not in paths[0].read_bytes() and time.monotonic() < end:
             time.sleep(0.1)
-        record["pids"] = hosts.signal(1, signal.SIGSTOP, match="-u -m lesson10.run")
+        time.sleep(0.5)
+        record["pids"] = hosts.signal(node, signal.SIGSTOP, match=match)
         record["at"] = time.monotonic() - start
     return stop
+
+
+def _stop_node_1(record: dict):
+    return _stop_node(record)
 
 
 def test_a_stopped_peer_ends_node_0_within_the_peer_timeout(hosts):
@@ -111,6 +118,31 @@ def test_a_stopped_peer_ends_node_0_within_the_peer_timeout(hosts):
     assert REPORT not in node0
     # node 1 (stopped) was killed at the end, with everything else in the namespaces
     assert not hosts.pids(0) and not hosts.pids(1)
+
+
+#: sizes at which what a run sends (MB) dwarfs its start-up and bookkeeping (about 160 kB
+#: over the veth: the rendezvous, gloo's connections, the checks' own all-gathers)
+WIRE = ["--seq", "2048", "--heads", "4", "--dim", "32", "--peer-timeout", "60", "--timeout", "240"]
+
+
+def _on_the_wire(node0: str) -> int:
+    """The sum over ranks, checked runs, forward and backward of what ``run`` says went on the
+    wire across nodes."""
+    lines = re.findall(r"on the wire across nodes: \[([\d, ]+)\] / \[([\d, ]+)\]", node0)
+    assert lines, node0
+    return sum(int(v.replace(",", "")) for pair in lines for part in pair for v in part.split(", "))
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_the_bytes_said_to_cross_are_what_the_veth_carried(hosts, method):
+    """The kernel's counters of the veth (everything that crossed, both ways, the whole run)
+    against the sum of run's "on the wire across nodes" (gloo's algorithms): within 5%."""
+    res = torchrun_two(hosts, [method, *WIRE, *(["--seq", "4096"] if method == "moe" else [])],
+                       timeout=300)
+    assert res.status == (0, 0), _show(res)
+    said = _on_the_wire(res.output[0])
+    assert "gloo's algorithms" in res.output[0] and "model:" not in res.output[0]
+    assert abs(res.link_bytes / said - 1) < 0.05, (method, res.link_bytes, said)
 
 
 def _across(node0: str) -> list[int]:
@@ -162,6 +194,25 @@ def test_the_runs_time_limit_is_enforced_in_every_rank(hosts):
     assert res.status[0] not in (0, None) and res.exit_s[0] < 60, _show(res)
     assert "did not finish within --timeout 8 s" in node0, _show(res)
     assert 4 in _exit_code(node0) and _exit_code(node0) <= {4, -signal.SIGTERM}, _show(res)
+
+
+def test_losing_the_c10d_store_host_ends_the_other_node(hosts):
+    """SIGSTOP of the whole node that hosts the c10d store (its torchrun and its ranks): node 1's
+    ranks give up within --peer-timeout (exit 3), and its torchrun, which would wait on the lost
+    store for good, is ended by the watcher they leave behind within AGENT_GRACE more."""
+    from lesson10.runs.agent import AGENT_GRACE
+    peer_timeout, slack = 6, 15
+    stopped = {}
+    res = torchrun_two(hosts, ["ring", *SMALL, "--seq", "256", "--peer-timeout", str(peer_timeout)],
+                       timeout=180, rdzv="c10d", during=_stop_node(stopped, 0, "python"), grace=5)
+    assert len(stopped["pids"]) >= 3, (stopped, _show(res))     # torchrun and its two workers
+    assert res.status[1] not in (0, None), _show(res)
+    took = res.exit_s[1] - stopped["at"]
+    assert took < peer_timeout + AGENT_GRACE + slack, (took, _show(res))
+    node1 = res.output[1]
+    assert node1.count("a peer stopped answering") == 2 and "--peer-timeout 6 s" in node1, _show(res)
+    assert "ending it with SIGKILL" in node1, _show(res)
+    assert not hosts.pids(1, match="torch.distributed.run"), "node 1's torchrun still runs"
 
 
 def test_the_c10d_rendezvous_form(hosts):

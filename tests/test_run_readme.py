@@ -11,7 +11,8 @@ import pytest
 from lesson10.runs import cli as run
 
 README = {"moe": ["moe"], "sp4096": ["sp", "--seq", "4096"],
-          "moe_nodes": ["moe", "--node-size", "2", "--max-nodes", "1"]}
+          "moe_nodes": ["moe", "--node-size", "2", "--max-nodes", "1"],
+          "moe_knobs": ["moe", "--experts", "8", "--topk", "3", "--capacity-factor", "1.0"]}
 
 
 def _cases(argv, n):
@@ -67,8 +68,8 @@ def test_rejected_case_exits_2_and_says_what(capsys, monkeypatch, rank_results):
     launch_mod = importlib.import_module("lesson10.spmd.launch")   # (the package exports launch())
     got = rank_results(2, "rejected")
     monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: got)
-    rc = run.main(["ulysses", "--nproc", "2", "--seq", "16", "--heads", "2", "--kv-heads", "1",
-                   "--dim", "4"])
+    rc = run.main(["ulysses", "--nproc", "2", "--seq", "16", "--heads", "2", "--kv-heads", "2",
+                   "--dim", "4"])        # (a case the parent lets through; the ranks' answer is faked)
     out = capsys.readouterr().out
     assert rc == 2, out
     assert "REJECTED" in out and "K/V heads" in out and "TOO LARGE" not in out

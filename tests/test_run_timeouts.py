@@ -28,9 +28,7 @@ def test_a_cancelled_watchdog_does_nothing():
 @pytest.mark.parametrize("argv", [["--peer-timeout", "0"], ["--peer-timeout", "inf"],
                                   ["--timeout", "-1"], ["--peer-timeout", "nan"]])
 def test_bad_timeouts_are_argument_errors(argv, capsys):
-    with pytest.raises(SystemExit) as info:
-        run.main(["ring", *argv])
-    assert info.value.code == 2
+    assert run.main(["ring", *argv]) == 2
     assert "must be a finite number of seconds > 0" in capsys.readouterr().err
 
 
@@ -90,3 +88,23 @@ def test_the_single_machine_form_says_which_limit_was_hit(monkeypatch, capsys):
     monkeypatch.setattr(launch_mod, "launch", bug)
     with pytest.raises(launch_mod.RankError, match="a bug"):
         run.main(argv)
+
+
+def test_the_watcher_ends_an_agent_that_outlives_its_rank_and_spares_one_that_exits():
+    """lesson10.runs.agent: a torchrun agent still running ``grace`` s after its rank lost a
+    peer is ended with SIGKILL (and the watcher says so); one that exits in time is left alone."""
+    import signal
+
+    from lesson10.runs import agent
+    hung = subprocess.Popen(["sleep", "300"])
+    quick = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    try:
+        watchers = [agent.stop_agent_later((p.pid, agent._start_time(p.pid)), 5, grace=1.0)
+                    for p in (hung, quick)]
+        assert hung.wait(30) == -signal.SIGKILL
+        assert quick.wait(30) == 0
+        assert all(w.wait(30) == 0 for w in watchers)
+    finally:
+        hung.kill()
+    assert agent.torchrun_agent() is None          # pytest's parent is no torchrun
+    assert agent.stop_agent_later(None, 0) is None

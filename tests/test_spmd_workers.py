@@ -122,7 +122,7 @@ def test_moe_bytes_and_drops(res):
         assert uni["load"] == [k * T * N // E] * E and uni["dropped"] == 0
         counts = cases["random, no capacity"]["load"]          # dropless: every copy counted
         assert sum(counts) == k * T * N and cases["random, no capacity"]["dropped"] == 0
-        for name, c in cases.items():
+        for c in cases.values():
             assert c["fwd"] == c["bwd"] == (c["remote_sent"] + c["remote_received"]) * h * E8
             assert c["dropped"] == c["ref_dropped"]
             assert c["max_err"] < TOL
@@ -132,7 +132,7 @@ def test_moe_bytes_and_drops(res):
                 assert c["capacity"] == cap
                 assert c["dropped"] == sum(max(0, n - cap) for n in counts)
                 assert c["load"] == [min(n, cap) for n in counts]
-    for i, name in enumerate(MOE_CASES):
+    for i in range(len(MOE_CASES)):
         assert sum(out[i]["dropped_mine"] for out in res["moe"]) == res["moe"][0][i]["dropped"]
 
 

@@ -31,6 +31,7 @@ def test_the_torchrun_commands_of_both_forms():
     c10d = " ".join(twohost.torchrun_argv(0, ["ring"], port=29611, rdzv="c10d"))
     assert "--rdzv-backend c10d --rdzv-endpoint 10.77.0.1:29611" in c10d
     assert "is_host=true" in c10d and "--local-addr 10.77.0.1" in c10d
+    assert "--max-restarts 0 -m lesson10.run" in c10d and "--max-restarts 0" in joined
     assert "is_host=false" in " ".join(twohost.torchrun_argv(1, ["ring"], rdzv="c10d"))
     with pytest.raises(ValueError, match="rdzv"):
         twohost.torchrun_argv(0, ["ring"], rdzv="etcd")
@@ -40,3 +41,11 @@ def test_the_bucket_grows_with_the_rate():
     assert twohost.default_burst(None) == twohost.default_burst("8mbit") == f"{256 * 1024}b"
     assert twohost.default_burst("10gbit") == "12500000b"      # 10 ms of 1.25 GB/s
     assert twohost.default_burst("1gbps") == "10000000b"
+
+
+def test_a_rate_is_a_number_and_one_of_tcs_units():
+    assert twohost.parse_rate("100mbit") == 12.5e6 and twohost.parse_rate("1gbps") == 1e9
+    assert twohost.parse_rate("800") == 100.0                   # no unit: bit/s, as tc reads it
+    for bad in ("bogus", "0mbit", "-5mbit", "10 furlongs", ""):
+        with pytest.raises(ValueError, match="not a rate"):
+            twohost.parse_rate(bad)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["TwoHosts", "NoNamespaces", "namespaces_unavailable", "TorchrunResult", "default_burst",
+           "parse_rate",
            "torchrun_argv", "torchrun_two", "ADDRS", "PREFIX"]
 
 #: the two hosts' addresses (a /24 that exists only inside the namespaces)
@@ -115,10 +116,22 @@ _UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "bps"
           "kbps": 1e3, "mbps": 1e6, "gbps": 1e9}
 
 
+def parse_rate(rate: str) -> float:
+    """``rate`` in tc's units (``"100mbit"``, ``"1gbit"``, ``"12.5mbps"``; no unit: bit/s) as
+    bytes per second; a ValueError that names the units otherwise."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([a-z]*)\s*", str(rate).lower())
+    if not m or (m.group(2) and m.group(2) not in _UNITS) or float(m.group(1)) <= 0:
+        raise ValueError(f"{rate!r} is not a rate: a number > 0 and one of tc's units "
+                         f"({', '.join(_UNITS)}), e.g. 100mbit")
+    return float(m.group(1)) * _UNITS[m.group(2) or "bit"]
+
+
 def default_burst(rate: str | None) -> str:
     """tbf's bucket for ``rate`` (tc's units, e.g. ``"100mbit"``): 10 ms of it, at least 256 KiB."""
-    m = re.fullmatch(r"\s*([\d.]+)\s*([a-z]*)\s*", (rate or "").lower())
-    per_s = float(m.group(1)) * _UNITS.get(m.group(2) or "bit", 0) if m else 0.0
+    try:
+        per_s = parse_rate(rate) if rate else 0.0
+    except ValueError:
+        per_s = 0.0
     return f"{max(256 * 1024, int(per_s / 100))}b"
 
 
@@ -324,7 +337,8 @@ def torchrun_argv(i: int, run_args: list[str], nproc_per_node: int = 2, port: in
     """The command of node ``i``: ``python -m torch.distributed.run`` (that is ``torchrun``,
     from this Python) ``--nnodes 2 --nproc-per-node N`` and either the static form
     (``--node-rank i --master-addr 10.77.0.1 --master-port P``) or, ``rdzv="c10d"``, the c10d
-    rendezvous (``--rdzv-endpoint 10.77.0.1:P``, ``is_host`` on node 0, ``--local-addr``)."""
+    rendezvous (``--rdzv-endpoint 10.77.0.1:P``, ``is_host`` on node 0, ``--local-addr``);
+    both with ``--max-restarts 0``."""
     head = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
             "--nproc-per-node", str(nproc_per_node)]
     if rdzv == "static":
@@ -336,7 +350,8 @@ def torchrun_argv(i: int, run_args: list[str], nproc_per_node: int = 2, port: in
                  "--local-addr", ADDRS[i]]
     else:
         raise ValueError(f"rdzv must be 'static' or 'c10d', got {rdzv!r}")
-    return head + ["-m", module, *run_args]
+    # no restarts: a rank that lost its peer must end the job, not be started again
+    return head + ["--max-restarts", "0", "-m", module, *run_args]
 
 
 _ports = itertools.count(29500 + (os.getpid() % 400) * 10)
@@ -356,7 +371,7 @@ def torchrun_two(hosts: TwoHosts, run_args: list[str], nproc_per_node: int = 2,
     port = next(_ports) if port is None else port
     with tempfile.TemporaryDirectory(prefix="lesson10-twohost-") as tmp:
         paths = [Path(tmp) / f"node{i}.log" for i in range(2)]
-        files = [open(p, "wb") for p in paths]
+        files = [open(p, "wb") for p in paths]  # noqa: SIM115 - closed in the finally below
         before = hosts.counters()
         start = time.monotonic()
         procs: list = []

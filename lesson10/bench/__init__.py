@@ -32,10 +32,10 @@ def main(argv=None) -> int:
         from .grade import main as grade_main
         return grade_main(argv[1:])
     from ..runs.cli import add_size_args
-    p = argparse.ArgumentParser(prog="python -m lesson10 bench",
-                                description="benchmarks of the real multi-process methods "
-                                            "('bench sim' times the NumPy simulation, 'bench "
-                                            "grade' the autograder)")
+    from ..runs.validate import Parser, Refused, refuse
+    p = Parser(prog="python -m lesson10 bench",
+               description="benchmarks of the real multi-process methods ('bench sim' times "
+                           "the NumPy simulation, 'bench grade' the autograder)")
     p.add_argument("what", choices=["ring", "ulysses", "compare", "moe", "sp", "cstar", "memory",
                                     "nodes", "all"])
     p.add_argument("--nproc", type=int, nargs="+", default=[2, 4])
@@ -44,16 +44,50 @@ def main(argv=None) -> int:
     p.add_argument("--no-plot", action="store_true")
     add_size_args(p)
     p.set_defaults(seq=None)
+    _moe_args(p)
+    _other_args(p)
+    args = p.parse_args(argv)
+    from .validate import check_bench
+    try:
+        out_dir = check_bench(args)
+    except Refused as e:
+        return refuse(p.prog, e)
+    if args.node_size is not None:
+        import os
+        os.environ["LESSON10_NODE_SIZE"] = str(args.node_size)   # the ranks inherit it
+    for what in (["ring", "ulysses", "moe", "sp"] if args.what == "all" else [args.what]):
+        _run_one(what, args, out_dir)
+    return 0
+
+
+def _run_one(what: str, args, out_dir: Path) -> None:
+    """One benchmark: :mod:`.attention` for ring / ulysses / compare, else its own module."""
+    import importlib
+    if what in ("ring", "ulysses", "compare"):
+        from .attention import bench
+        bench(argparse.Namespace(**{**vars(args), "seq": args.seq or 4096}), what, out_dir)
+    else:
+        importlib.import_module(f"{__name__}.{what}").bench(args, out_dir)
+
+
+def _moe_args(p) -> None:
     g = p.add_argument_group("moe and sp sizes")
     g.add_argument("--hidden", type=int, default=None, help="h (default: moe 256, sp 512)")
     g.add_argument("--ffn", type=int, default=None, help="d_ff (default: moe 512, sp 4h)")
     g.add_argument("--tokens", type=int, default=2048, help="moe: tokens T per rank")
-    g.add_argument("--experts", type=int, default=8, help="moe: experts E")
-    g.add_argument("--topk", type=int, default=2, help="moe: experts per token k")
+    g.add_argument("--experts", type=int, default=8, help="moe: experts E (a multiple of N_e)")
+    g.add_argument("--topk", type=int, default=2, help="moe: experts per token k (<= E)")
+    g.add_argument("--capacity-factor", nargs="+", default=["none", "1.0", "1.25"],
+                   help="moe: the capacity factors CF > 0 to time ('none': dropless; default "
+                        "none 1.0 1.25)")
+
+
+def _other_args(p) -> None:
     g = p.add_argument_group("nodes (flat vs two-level MoE dispatch on 2 nodes of 2 ranks)")
     g.add_argument("--twohost", action="store_true",
                    help="nodes: also run across two network namespaces (root; tc tbf on the link)")
-    g.add_argument("--rate", default="200mbit", help="nodes --twohost: the link's rate (tc tbf)")
+    g.add_argument("--rate", default="200mbit",
+                   help="nodes --twohost: the link's rate, tc's units (e.g. 100mbit, 1gbit)")
     g.add_argument("--node-size", type=int, default=None,
                    help="compare: pretend nodes of this many ranks; the table then shows what "
                         "crosses nodes")
@@ -70,41 +104,3 @@ def main(argv=None) -> int:
                    help="memory: tokens per rank c (fixed while N_c and s grow)")
     g.add_argument("--cstar-heads", type=int, default=32,
                    help="cstar: query heads (more heads = longer rounds, less timing noise)")
-    args = p.parse_args(argv)
-    if args.bandwidth is not None and not args.bandwidth > 0:
-        p.error(f"--bandwidth must be > 0 bytes/s, got {args.bandwidth}")
-    if args.target < 2:
-        p.error(f"--target must be at least 2 tokens, got {args.target}")
-    for name in ("seq", "hidden", "ffn", "tokens", "experts", "topk", "reps", "batch"):
-        v = getattr(args, name)
-        if v is not None and v < 1:
-            p.error(f"--{name} must be a positive integer, got {v}")
-    if any(n < 1 for n in args.nproc):
-        p.error(f"--nproc must be positive, got {args.nproc}")
-    if args.node_size is not None:
-        if args.node_size < 1:
-            p.error(f"--node-size must be a positive integer, got {args.node_size}")
-        import os
-        os.environ["LESSON10_NODE_SIZE"] = str(args.node_size)   # the ranks inherit it
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for what in (["ring", "ulysses", "moe", "sp"] if args.what == "all" else [args.what]):
-        if what in ("ring", "ulysses", "compare"):
-            from .attention import bench
-            bench(argparse.Namespace(**{**vars(args), "seq": args.seq or 4096}), what, out_dir)
-        elif what == "cstar":
-            from .cstar import bench
-            bench(args, out_dir)
-        elif what == "memory":
-            from .memory import bench
-            bench(args, out_dir)
-        elif what == "moe":
-            from .moe import bench
-            bench(args, out_dir)
-        elif what == "nodes":
-            from .nodes import bench
-            bench(args, out_dir)
-        else:
-            from .sp import bench
-            bench(args, out_dir)
-    return 0

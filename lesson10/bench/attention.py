@@ -289,7 +289,9 @@ def bench(args, what: str, out_dir):
         if what == "ring":
             configs += [{**base, "method": "ring", "layout": lay, "overlap": ov}
                         for lay, ov in (("zigzag", True), ("contiguous", True), ("zigzag", False))]
-        configs.append({**base, "method": "ulysses", "layout": "contiguous"})
+        from .validate import ulysses_fits
+        if ulysses_fits(base["a"], base["a_kv"], n):     # Ulysses needs whole heads per rank
+            configs.append({**base, "method": "ulysses", "layout": "contiguous"})
         rows += run_configs(time_attention, n, configs, args)
     text = [f"# {what} attention benchmark (gloo on CPU unless NCCL was chosen)", "",
             f"b={args.batch}, s={args.seq}, heads={args.heads}, kv heads={base['a_kv']}, "

@@ -91,7 +91,8 @@ def cstar_sweep(a: int = 32, a_kv: int = 32, d: int = 64, dtype: str = "float32"
 
     ``bandwidth``: the paced link in bytes/s; None = chosen so that the prediction is
     ``target`` tokens. ``pace=False``: no pacing, the backend's real link (NCCL between
-    GPUs); W is measured on a transfer of ``2 x target`` tokens. Returns ``{"F", "W_set", "W", "c_star", "rows": [...]}`` with one
+    GPUs); W is measured on a transfer of ``2 x target`` tokens. Returns ``{"F", "W_set",
+    "W", "c_star", "rows": [...]}`` with one
     row per block size ``c``: ``compute_s`` / ``compute_no_overlap_s`` (round 0),
     ``transfer_s`` (``B / W``), ``exposed_s`` (overlapped), ``exposed_no_overlap_s`` (the
     whole transfer); each the fastest of ``reps`` runs of the slowest rank.
@@ -121,7 +122,7 @@ def cstar_sweep(a: int = 32, a_kv: int = 32, d: int = 64, dtype: str = "float32"
         for overlap in (True, False):
             comp, wait = [], []
             for _ in range(reps + 1):                         # the first run warms up
-                rounds = []
+                rounds: list[dict] = []
                 dist.barrier()
                 with ring_options(overlap=overlap, timings=rounds, bandwidth=W_set):
                     ring_attention(q, k, v, causal=causal, layout="zigzag")

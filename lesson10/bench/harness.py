@@ -44,8 +44,8 @@ def interleaved(configs: list, step, reps: int = 5, warmup: int = 1):
     """``step(cfg, state) -> seconds or None`` run ``warmup + reps`` times per config,
     interleaved. Returns ``(times, states)``: the timed seconds per config (after the
     warm-up; ``None`` answers are not timings) and each config's ``state`` dict."""
-    states = [{} for _ in configs]
-    times = [[] for _ in configs]
+    states: list[dict] = [{} for _ in configs]
+    times: list[list] = [[] for _ in configs]
     for i in range(warmup + reps):
         for j, cfg in enumerate(configs):
             t = step(cfg, states[j])

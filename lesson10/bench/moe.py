@@ -166,13 +166,13 @@ def bench(args, out_dir):
     """Launch :func:`time_moe` for every ``--nproc``; write ``moe.md`` and ``moe.png``."""
     T, h, E, k, d_ff = args.tokens, args.hidden or 256, args.experts, args.topk, args.ffn or 512
     base = {"T": T, "h": h, "E": E, "k": k, "d_ff": d_ff, "dtype": args.dtype, "seed": 0}
-    cfs, skews = (None, 1.0, 1.25), (0.0, 1.0, 2.0)
-    bad = [n for n in args.nproc if E % n]
-    if bad:
-        raise ValueError(f"bench moe: E = {E} experts do not split over N_e = {bad} ranks; "
-                         "pass --experts a multiple of every --nproc")
-    if not 1 <= k <= E:
-        raise ValueError(f"bench moe: --topk {k} must be between 1 and --experts {E}")
+    from ..runs.validate import check_moe, parse_capacity_factor
+    cfs = tuple(parse_capacity_factor(c) for c in getattr(args, "capacity_factor",
+                                                             ["none", "1.0", "1.25"]))
+    skews = (0.0, 1.0, 2.0)
+    for n in args.nproc:                     # (python -m lesson10 bench checked these already)
+        for cf in cfs:
+            check_moe(args, n, E, k, cf, where="bench moe")
     rows = []
     for n in args.nproc:
         configs = [{**base, "method": "ep", "cf": cf, "skew": sk} for cf in cfs for sk in skews]

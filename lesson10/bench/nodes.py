@@ -21,7 +21,7 @@ import json
 import sys
 import time
 
-__all__ = ["time_dispatch", "nodes_table", "bench", "CONFIGS"]
+__all__ = ["time_dispatch", "nodes_table", "bench", "CONFIGS", "twohost_harness"]
 
 #: (dispatch, max_nodes) of the four configurations
 CONFIGS = [("flat", None), ("two_level", None), ("flat", 1), ("two_level", 1)]
@@ -126,9 +126,9 @@ def bench(args, out_dir):
     return rows
 
 
-def _twohost():
-    """``tests/twohost.py`` of the repository this package was installed from (editable)."""
-    import sys
+def twohost_harness():
+    """The module ``tests/twohost.py`` of the repository this package was installed from
+    (editable); a SystemExit that says so where there is none."""
     from pathlib import Path
     tests = Path(__file__).resolve().parents[2] / "tests"
     if not (tests / "twohost.py").is_file():
@@ -136,18 +136,18 @@ def _twohost():
                          "the repository; run it from a clone (pip install -e .)")
     if str(tests) not in sys.path:
         sys.path.insert(0, str(tests))
-    from twohost import TwoHosts, torchrun_two
-    return TwoHosts, torchrun_two
+    import twohost
+    return twohost
 
 
 def _twohost_section(configs, args) -> list[str]:
     """The same configs across two network namespaces with a ``--rate`` link (the harness
     is the tests' ``tests/twohost.py``: this needs the repository, not only the package)."""
-    TwoHosts, torchrun_two = _twohost()
+    harness = twohost_harness()
     rows, wire = [], {}
-    with TwoHosts(rate=args.rate) as hosts:
+    with harness.TwoHosts(rate=args.rate) as hosts:
         for cfg in configs:
-            res = torchrun_two(hosts, [json.dumps([cfg]), str(args.reps)], timeout=args.timeout,
+            res = harness.torchrun_two(hosts, [json.dumps([cfg]), str(args.reps)], timeout=args.timeout,
                                module="lesson10.bench.nodes")
             rows += _parse(res)
             wire[(cfg["dispatch"], cfg["max_nodes"])] = res.link_bytes / (args.reps + 1)

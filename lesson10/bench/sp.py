@@ -177,7 +177,8 @@ def bench(args, out_dir):
             "all-reduce of the LayerNorm and fc2-bias gradients shown apart). TP: one "
             "all-reduce each way; TP + SP: an all-gather and a reduce-scatter each way, the same "
             "bytes, plus in the backward the re-gather of the fc1 input ((t-1)/t of sbh e, "
-            "shown apart), the price of storing only its s/t shard. This block is half a transformer layer (no attention), so it sends half of "
+            "shown apart), the price of storing only its s/t shard. This block is half a "
+            "transformer layer (no attention), so it sends half of "
             "`cost.comm_bytes('sp', ...)`.", "",
             "Memory: the unique storages autograd keeps for the backward "
             "(`torch.autograd.graph.saved_tensors_hooks`, weights excluded), in units of "

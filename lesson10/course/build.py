@@ -187,7 +187,13 @@ def _install_lesson10(url, needs, extra=None, unless=None):
         print(f"lesson10 {{have}} is installed: nothing to do")
         return
     target = f"lesson10[{{extra}}] @ {{url}}" if missing_extra else url
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", target], check=True)
+    if subprocess.run([sys.executable, "-m", "pip", "install", "-q", target]).returncode != 0:
+        local = "/path/to/clone" + (f"[{{extra}}]" if missing_extra else "")
+        print(f"pip could not install lesson10 from {{url}} (no network here, or that address "
+              f"cannot be reached), so install it from a local copy instead: "
+              f'pip install -e "{{local}}" (a clone of the course repository) or pip install '
+              f"a lesson10 wheel, then run this cell again.")
+        return
     for name in [m for m in sys.modules if m == "lesson10" or m.startswith("lesson10.")]:
         del sys.modules[name]                # an older lesson10 imported before: the next import is the new one
     user_site = site.getusersitepackages()   # pip's --user fallback: a folder made just now is not on sys.path yet
@@ -232,7 +238,7 @@ def apply_repository(nb: dict, name: str, repository: str, ref: str, version: st
     if index < len(cells) and _is_install_cell(_source(cells[index])):
         cells[index]["source"] = install
     else:
-        cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+        cell: dict = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
                 "source": install}
         if nb.get("nbformat_minor", 0) >= 5:            # nbformat 4.5+ cells carry a unique id
             taken = {c.get("id") for c in cells}

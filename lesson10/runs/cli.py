@@ -5,7 +5,10 @@
 
 Methods: those of :data:`lesson10.runs.registry.METHODS` (``sp``: TP and TP + SP; ``ring``,
 ``ulysses``, ``allgather``, ``usp``; ``moe``: uniform routing, then a random router with
-capacity factor 1.25). Each run is a worker of
+``--capacity-factor`` (default 1.25), ``--experts E`` (default max(4, 2N)) and ``--topk k``
+(default 2)). The whole case is checked in this process before any rank starts
+(:mod:`lesson10.runs.validate`): a refusal is one line on stderr and exit status 2. Each run
+is a worker of
 :mod:`lesson10.runs.workers`: it compares outputs and gradients with a single-process
 reference and prints the time, the largest error and the bytes each rank sent next to
 the lesson's formula. An error is judged relative to the size of the values it is in
@@ -13,7 +16,7 @@ the lesson's formula. An error is judged relative to the size of the values it i
 and large gradients pass in float32 as they should.
 
 Exit status: 0 every checked run passed; 1 a run's error is above its tolerance; 2 the
-method rejected the case (the message says what and why), or the arguments are wrong.
+case was refused (the message says what and why), or the arguments are wrong.
 3: a peer stopped answering (``--peer-timeout``), 4: the run passed ``--timeout``. Under
 torchrun every rank computes the verdict and exits with the largest status of all ranks
 (only rank 0 prints the report), so ``torchrun`` fails on every node when a check fails or
@@ -33,7 +36,6 @@ Two time limits:
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import threading
@@ -47,14 +49,14 @@ METHODS = tuple(_REGISTRY)
 
 
 def add_size_args(p: argparse.ArgumentParser) -> None:
-    """The size options ``run`` and ``bench`` share."""
-    from ..spmd.device import DTYPES
+    """The size options ``run`` and ``bench`` share (parsed without importing torch)."""
+    from .validate import DTYPE_NAMES
     p.add_argument("--seq", type=int, default=4096, help="whole sequence length s")
     p.add_argument("--heads", type=int, default=8, help="query heads a")
     p.add_argument("--kv-heads", type=int, default=None, help="K/V heads (GQA); default = heads")
     p.add_argument("--dim", type=int, default=64, help="head dim d")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     p.add_argument("--timeout", type=float, default=600.0,
                    help="the run's total wall-clock limit in seconds (default 600)")
@@ -62,8 +64,8 @@ def add_size_args(p: argparse.ArgumentParser) -> None:
 
 def _parser(prog: str) -> argparse.ArgumentParser:
     listing = "; ".join(f"{m.name}: {m.summary}" for m in _REGISTRY.values())
-    p = argparse.ArgumentParser(prog=prog, description=f"one checked multi-process run. "
-                                f"Methods: {listing}")
+    from .validate import Parser, parse_capacity_factor
+    p = Parser(prog=prog, description=f"one checked multi-process run. Methods: {listing}")
     p.add_argument("method", choices=METHODS)
     p.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
     p.add_argument("--layout", default=None, help="contiguous | zigzag | striped (default: the "
@@ -80,6 +82,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--dispatch", default="auto", choices=["auto", "flat", "two_level"],
                    help="moe: flat all-to-all, or two-level (one copy per token per remote node, "
                         "then a fan-out inside the node); auto: two-level across nodes")
+    p.add_argument("--experts", type=int, default=None,
+                   help="moe: experts E, a multiple of the ranks N_e (default max(4, 2 N_e))")
+    p.add_argument("--topk", type=int, default=None,
+                   help="moe: experts per token k, 1 <= k <= E (default 2)")
+    p.add_argument("--capacity-factor", type=_capacity(parse_capacity_factor), default=1.25,
+                   help="moe: the capacity factor CF > 0 of the random-router run, or 'none' "
+                        "(dropless); the uniform-router run is dropless (default 1.25)")
     p.add_argument("--node-size", type=int, default=None,
                    help="pretend nodes of this many ranks (default: torchrun's LOCAL_WORLD_SIZE, "
                         "else one node): bytes are then split into inside / across nodes")
@@ -92,6 +101,16 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return p
 
 
+def _capacity(parse):
+    """An argparse ``type`` from a parser that raises :class:`~.validate.Refused`."""
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
+
+
 #: ``--peer-timeout``'s default, seconds; exit statuses of a torchrun rank besides 0, 1, 2
 PEER_TIMEOUT = 60.0
 PEER_LOST, TIMED_OUT = 3, 4
@@ -99,23 +118,26 @@ PEER_LOST, TIMED_OUT = 3, 4
 
 def cases(args, n: int) -> list[tuple]:
     """``(worker name, kwargs)`` for each checked run of ``args.method`` on ``n`` ranks."""
-    topo = {"node_size": args.node_size} if getattr(args, "node_size", None) else {}
+    ns = getattr(args, "node_size", None)
+    topo = {"node_size": ns} if ns is not None else {}
     if _REGISTRY[args.method].worker == "check_attention":
         extra = {"ulysses_size": args.ulysses_size} if args.method == "usp" else {}
+        a_kv = args.heads if args.kv_heads is None else args.kv_heads
         return [("check_attention", dict(
             method=args.method, b=args.batch, s=args.seq, a=args.heads,
-            a_kv=args.kv_heads or args.heads, d=args.dim, causal=not args.no_causal,
+            a_kv=a_kv, d=args.dim, causal=not args.no_causal,
             layout=args.layout, dtype=args.dtype, overlap=not args.no_overlap, **extra, **topo))]
     h = args.heads * args.dim
     if args.method == "sp":
         return [("check_sp", dict(b=args.batch, s=args.seq, h=h, ffn=4 * h, p=0.1,
                                   sequence_parallel=sp, blocks=1, dtype=args.dtype, **topo))
                 for sp in (False, True)]
-    E = max(4, 2 * n)
-    base = dict(T=max(E, args.seq // n), h=max(h, E), E=E, d_ff=2 * h, k=2, dtype=args.dtype,
+    from .validate import moe_case
+    c = moe_case(args, n)
+    base = dict(T=c["T"], h=c["h"], E=c["E"], d_ff=c["d_ff"], k=c["k"], dtype=args.dtype,
                 max_nodes=args.max_nodes, dispatch=args.dispatch, **topo)
     return [("check_moe", dict(base, routing="uniform")),
-            ("check_moe", dict(base, routing="random", capacity_factor=1.25))]
+            ("check_moe", dict(base, routing="random", capacity_factor=c["cf"]))]
 
 
 def _case(res: dict) -> str:
@@ -164,7 +186,11 @@ def _link_lines(res: dict) -> list[str]:
         lines.append(f"  on {res['nodes']} nodes of {res['node_size']} ranks, bytes each rank sent "
                      f"(forward / backward):")
         lines.append(f"    inside its node: {_ints(by['fwd_intra'])} / {_ints(by['bwd_intra'])}")
-        lines.append(f"    across nodes:    {_ints(by['fwd_inter'])} / {_ints(by['bwd_inter'])}")
+        lines.append(f"    across nodes:    {_ints(by['fwd_inter'])} / {_ints(by['bwd_inter'])}"
+                     "  (activations, the lesson's ring model)")
+        if "fwd_wire_inter" in by:
+            lines.append(f"    on the wire across nodes: {_ints(by['fwd_wire_inter'])} / "
+                         f"{_ints(by['bwd_wire_inter'])}  ({_wire_note(res)})")
         want = res.get("link_expected")
         if want:
             lines.append(f"    {res.get('dispatch', '')} dispatch, rank 0 from the routing: inside "
@@ -172,23 +198,35 @@ def _link_lines(res: dict) -> list[str]:
     return lines
 
 
+def _wire_note(res: dict) -> str:
+    """What the "on the wire" figure is: gloo's algorithms, or the model (NCCL's unknown)."""
+    if res.get("wire_model"):
+        return (f"model: {res.get('backend') or 'the backend'} picks its algorithm at run time; "
+                "side traffic included")
+    return ("gloo's algorithms: its reduce-scatter is an all-reduce; side traffic included; "
+            "the kernel's counters agree within 5%")
+
+
 def main(argv=None) -> int:
     """``python -m lesson10 run METHOD --nproc N [sizes]``; under torchrun the same, one rank
     per process (see :func:`lesson10.spmd.launch.init_from_env`): every rank returns the
-    largest exit status of all ranks, only rank 0 prints."""
-    from ..spmd.launch import is_torchrun, launch
-    from .workers import run_checks
-    torchrun = is_torchrun()
-    p = _parser("torchrun ... -m lesson10.run" if torchrun else "python -m lesson10 run")
-    args = p.parse_args(argv)
-    for name in ("timeout", "peer_timeout"):
-        value = getattr(args, name)
-        if not (value > 0 and math.isfinite(value)):
-            p.error(f"--{name.replace('_', '-')} must be a finite number of seconds > 0, "
-                    f"got {value:g}")
+    largest exit status of all ranks, only rank 0 prints. The whole case is checked first,
+    in this process, before torch is imported or any rank starts
+    (:func:`lesson10.runs.validate.check_run`): a refusal is one line and exit status 2."""
+    from .validate import Refused, check_run, refuse
+    torchrun = _is_torchrun()
+    prog = "torchrun ... -m lesson10.run" if torchrun else "python -m lesson10 run"
+    args = _parser(prog).parse_args(argv)
+    n = int(os.environ.get("WORLD_SIZE", "1")) if torchrun else args.nproc
+    try:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", n)) if torchrun else n
+        check_run(args, n, local)
+    except Refused as e:
+        return refuse(prog, e) if not torchrun or os.environ.get("LOCAL_RANK", "0") == "0" else 2
     if torchrun:
         return main_rank(args)
-    from ..spmd.launch import LaunchTimeout, RankError, is_peer_error
+    from ..spmd.launch import LaunchTimeout, RankError, is_peer_error, launch
+    from .workers import run_checks
     try:
         results = launch(run_checks, args.nproc, cases(args, args.nproc), backend=args.backend,
                          timeout=args.timeout, peer_timeout=args.peer_timeout)[0]
@@ -201,6 +239,8 @@ def main(argv=None) -> int:
             raise
         print(peer_lost_message(e.rank, args.peer_timeout, e), file=sys.stderr)
         return PEER_LOST
+    except ValueError as e:                 # e.g. NCCL asked for with too few GPUs
+        return refuse(prog, e)
     for res in results:
         print(report(res))
     line, status = verdict(results)
@@ -208,17 +248,26 @@ def main(argv=None) -> int:
     return status
 
 
+def _is_torchrun() -> bool:
+    """:func:`lesson10.spmd.launch.is_torchrun` without importing torch."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or all(
+        v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
 def main_rank(args) -> int:
     """The body of one torchrun rank: init (process-group timeout ``args.peer_timeout``), the
     checked runs, this rank's verdict, then the largest status over all ranks (one all-reduce,
     after the runs, outside their byte counts). Rank 0 prints the report. A peer that stops
-    answering ends this process at once (``os._exit``) with :data:`PEER_LOST` and a message;
-    ``args.timeout`` is enforced by :func:`start_watchdog`."""
+    answering ends this process at once (``os._exit``) with :data:`PEER_LOST` and a message,
+    and leaves :func:`lesson10.runs.agent.stop_agent_later` to end a torchrun agent that would
+    hang on a lost rendezvous store; ``args.timeout`` is enforced by :func:`start_watchdog`."""
     import torch.distributed as dist
 
     from ..spmd.launch import init_from_env, is_peer_error, shutdown
+    from .agent import stop_agent_later, torchrun_agent
     from .workers import run_checks
     rank = int(os.environ.get("RANK", "0"))
+    agent = torchrun_agent()
     watchdog = start_watchdog(args.timeout, rank)
     try:
         init_from_env(args.backend, peer_timeout=args.peer_timeout)
@@ -230,6 +279,7 @@ def main_rank(args) -> int:
             raise
         print(peer_lost_message(rank, args.peer_timeout, e), file=sys.stderr, flush=True)
         sys.stdout.flush()
+        stop_agent_later(agent, rank)
         # at once: tearing down a process group whose peer is gone can hang, or abort
         # ("terminate called without an active exception") at interpreter exit
         os._exit(PEER_LOST)

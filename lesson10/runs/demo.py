@@ -6,6 +6,9 @@ next to the lesson's closed form from :mod:`lesson10.cost`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from .. import cost, sim
@@ -47,9 +50,10 @@ def run_demo(seed: int = 0, e: int = 2) -> list[tuple]:
         for method, layout in (("ring", "zigzag"), ("ring", "contiguous"), ("ulysses", "contiguous")):
             pos = shard_positions(s, n, layout)
             group = sim.SimGroup(n, e=e)
-            fn = sim.ring_attention if method == "ring" else sim.ulysses_attention
-            out = fn([q[p] for p in pos], [k[p] for p in pos], [v[p] for p in pos], pos,
-                     causal=True, group=group)
+            attend: Callable[..., Any] = (sim.ring_attention if method == "ring"
+                                          else sim.ulysses_attention)
+            out = attend([q[p] for p in pos], [k[p] for p in pos], [v[p] for p in pos], pos,
+                         causal=True, group=group)
             err = max(float(np.abs(o - ref[p]).max()) for o, p in zip(out, pos))
             formula = cost.comm_bytes(method, s, a * d, n, g=g, e=e)
             name = f"{method} {layout}" + (f" GQA g={g}" if g > 1 else "")
@@ -61,38 +65,42 @@ def run_demo(seed: int = 0, e: int = 2) -> list[tuple]:
         shards = [[x[p] for p in pos] for x in (q, k, v)]
         doc_ref, _ = sim.attention(q, k, v, causal=True, doc_ids=doc)
         gqa = f" GQA g={g}" if g > 1 else ""
-        for name, fn, formula in (
-                ("allgather zigzag+docs", lambda grp: sim.allgather_attention(
-                    *shards, pos, doc_ids=doc, group=grp),
-                 cost.comm_bytes("allgather", s, a * d, n, g=g, e=e)),
-                ("usp 2x2 zigzag+docs", lambda grp: sim.usp_attention(
-                    *shards, pos, 2, doc_ids=doc, group=grp),
-                 cost.usp_bytes(s, a * d, 2, n // 2, g=g, e=e))):
+        combos: list[tuple[str, Callable[..., Any], tuple, float]] = [
+            ("allgather zigzag+docs", sim.allgather_attention, (),
+             cost.comm_bytes("allgather", s, a * d, n, g=g, e=e)),
+            ("usp 2x2 zigzag+docs", sim.usp_attention, (2,),
+             cost.usp_bytes(s, a * d, 2, n // 2, g=g, e=e))]
+        for name, combo, more, formula in combos:
             group = sim.SimGroup(n, e=e)
-            out = fn(group)
+            out = combo(*shards, pos, *more, doc_ids=doc, group=group)
             err = max(float(np.abs(o - doc_ref[p]).max()) for o, p in zip(out, pos))
             rows.append(_row(name + gqa, n, err, group.bytes_sent.max(), formula,
                              "causal + document mask"))
 
-    # Expert parallelism: dispatch + combine through all-to-alls vs the dense MoE.
-    n, T, h, E, k, d_ff = 4, 64, 8, 8, 2, 16
+    return rows + _moe_rows(rng, e)
+
+
+def _moe_rows(rng, e: int) -> list[tuple]:
+    """Expert parallelism: dispatch + combine through all-to-alls vs the dense MoE."""
+    rows = []
+    n, T, h, E, top, d_ff = 4, 64, 8, 8, 2, 16
     x = [rng.standard_normal((T, h)) for _ in range(n)]
     router_w = rng.standard_normal((h, E)) * 0.1
     experts = [(rng.standard_normal((h, d_ff)) / np.sqrt(h), rng.standard_normal((d_ff, h)) / np.sqrt(d_ff))
                for _ in range(E)]
     for cf in (None, 1.0):
         group = sim.SimGroup(n, e=e)
-        y = sim.moe_layer(x, router_w, experts, k, capacity_factor=cf, group=group)
-        ref = sim.moe_reference(np.concatenate(x), router_w, experts, k, capacity_factor=cf)
+        y = sim.moe_layer(x, router_w, experts, top, capacity_factor=cf, group=group)
+        ref = sim.moe_reference(np.concatenate(x), router_w, experts, top, capacity_factor=cf)
         err = float(np.abs(np.concatenate(y) - ref).max())
-        rows.append(_row(f"MoE top-{k} CF={cf}", n, err, group.bytes_sent.mean(),
-                         cost.moe_a2a_bytes(k, T, h, n, e=e), "mean bytes; formula = uniform routing"))
+        rows.append(_row(f"MoE top-{top} CF={cf}", n, err, group.bytes_sent.mean(),
+                         cost.moe_a2a_bytes(top, T, h, n, e=e), "mean bytes; formula = uniform routing"))
     # Node-limited routing (DeepSeek-V3): 4 GPUs as 2 nodes, each token on at most 1 node.
     group = sim.SimGroup(n, e=e)
-    y = sim.moe_layer(x, router_w, experts, k, group=group, nodes=2, max_nodes=1)
-    ref = sim.moe_reference(np.concatenate(x), router_w, experts, k, nodes=2, max_nodes=1)
-    rows.append(_row(f"MoE top-{k} max_nodes=1 of 2", n, float(np.abs(np.concatenate(y) - ref).max()),
-                     group.bytes_sent.mean(), cost.moe_a2a_bytes(k, T, h, n, e=e),
+    y = sim.moe_layer(x, router_w, experts, top, group=group, nodes=2, max_nodes=1)
+    ref = sim.moe_reference(np.concatenate(x), router_w, experts, top, nodes=2, max_nodes=1)
+    rows.append(_row(f"MoE top-{top} max_nodes=1 of 2", n, float(np.abs(np.concatenate(y) - ref).max()),
+                     group.bytes_sent.mean(), cost.moe_a2a_bytes(top, T, h, n, e=e),
                      "mean bytes; formula = uniform routing"))
     return rows
 

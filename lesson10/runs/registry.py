@@ -28,7 +28,8 @@ class Method:
     accepts (``None``: any positions, ``()``: it has no sequence layout); ``default_layout``;
     ``options``: its extra keyword arguments beyond the shared ones; ``bytes_fwd(s, h, n,
     g=1, e=2, **options)``: the lesson's forward bytes per rank (b = 1), from
-    :mod:`lesson10.cost`.
+    :mod:`lesson10.cost`; ``check``: the import path of ``check(args, n)``, which refuses a
+    ``run`` case on ``n`` ranks before any rank starts (:mod:`lesson10.runs.validate`).
     """
     name: str
     summary: str
@@ -39,6 +40,12 @@ class Method:
     layouts: tuple | None = ()
     default_layout: str | None = None
     options: tuple = field(default_factory=tuple)
+    check: str = "lesson10.runs.validate:check_attention"
+
+    def validate(self, args, n: int) -> None:
+        """Refuse ``args`` (``run``'s options) on ``n`` ranks by this method's rules: a
+        :class:`lesson10.runs.validate.Refused` with one line (no torch, no rank started)."""
+        _load(self.check)(args, n)
 
     def spmd_function(self):
         """The ``lesson10.spmd`` function (imports torch)."""
@@ -67,7 +74,8 @@ _ANY = None               # the method takes any positions (a layout name or a p
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("sp", "Megatron sequence parallelism (TP and TP + SP)",
            "lesson10.spmd.sp:SequenceParallelBlock", "lesson10.sim.sp:sp_forward", "check_sp",
-           lambda s, h, n, g=1, e=2: cost.comm_bytes("sp", s, h, n, g=g, e=e)),
+           lambda s, h, n, g=1, e=2: cost.comm_bytes("sp", s, h, n, g=g, e=e),
+           check="lesson10.runs.validate:check_sp"),
     Method("ring", "ring attention (context parallelism)",
            "lesson10.spmd.ring:ring_attention", "lesson10.sim.ring:ring_attention",
            "check_attention", lambda s, h, n, g=1, e=2: cost.comm_bytes("ring", s, h, n, g=g, e=e),
@@ -88,7 +96,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            ("ulysses_size", "doc_ids", "impl")),
     Method("moe", "MoE expert parallelism (top-k, capacity factor)",
            "lesson10.spmd.moe:ExpertParallelMoE", "lesson10.sim.moe:moe_layer", "check_moe",
-           _moe_bytes, (), None, ("capacity_factor", "nodes", "max_nodes")),
+           _moe_bytes, (), None, ("capacity_factor", "nodes", "max_nodes"),
+           check="lesson10.runs.validate:check_moe"),
 )}
 
 

@@ -36,7 +36,10 @@ class Errors(dict):
         super().__init__()
         self.scale: dict[str, float] = {}
 
-    def tensor(self, name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    def tensor(self, name: str, got: torch.Tensor | None, want: torch.Tensor | None) -> None:
+        """``got`` against ``want`` (a gradient that autograd never filled in is an error)."""
+        if got is None or want is None:
+            raise RuntimeError(f"{name}: no tensor to compare (a gradient was never computed)")
         want = want.detach().double().cpu()
         self[name] = _err(got, want)
         self.scale[name] = float(want.abs().max()) if want.numel() else 0.0
@@ -69,14 +72,14 @@ def make_result(method, case, n, errs: Errors, fwd, bwd, formula_fwd, seconds, *
     scale = {k: both[("s", k)] for k in errs}
     rel = {k: err[k] / max(1.0, scale[k]) for k in errs}
     max_err = max(err.values()) if err else 0.0
-    worst = max(rel, key=rel.get) if rel else None
+    worst = max(rel, key=lambda name: rel[name]) if rel else None
     max_rel = rel[worst] if rel else 0.0
     tol = TOL[case["dtype"]]
-    mine = torch.tensor([fwd.intra, fwd.inter, bwd.intra, bwd.inter], dtype=torch.int64,
-                        device=current_device())
+    mine = torch.tensor([fwd.intra, fwd.inter, bwd.intra, bwd.inter, fwd.wire_inter,
+                         bwd.wire_inter], dtype=torch.int64, device=current_device())
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)                       # bookkeeping: outside any byte counter
-    links = torch.stack(every).cpu().T.tolist()        # (4, world)
+    links = torch.stack(every).cpu().T.tolist()        # (6, world)
     return {"method": method, "case": case, "n": n, "rank": dist.get_rank(),
             "err": err, "max_err": max_err, "scale": scale, "rel_err": rel, "max_rel_err": max_rel,
             "worst": worst, "tol": tol, "ok": bool(max_rel <= tol),
@@ -84,7 +87,9 @@ def make_result(method, case, n, errs: Errors, fwd, bwd, formula_fwd, seconds, *
             "fwd_by_op": dict(fwd.by_op), "bwd_by_op": dict(bwd.by_op),
             "fwd_link": {"intra": fwd.intra, "inter": fwd.inter}, "fwd_by_link": dict(fwd.by_link),
             "bwd_link": {"intra": bwd.intra, "inter": bwd.inter},
-            "link_by_rank": dict(zip(("fwd_intra", "fwd_inter", "bwd_intra", "bwd_inter"), links)),
+            "link_by_rank": dict(zip(("fwd_intra", "fwd_inter", "bwd_intra", "bwd_inter",
+                                      "fwd_wire_inter", "bwd_wire_inter"), links)),
+            "wire_model": bool(fwd.wire_model or bwd.wire_model), "backend": dist.get_backend(),
             "formula_fwd": formula_fwd, "time_s": seconds, **extra}
 
 

@@ -18,7 +18,8 @@ largest |reference value|}``), ``rel_err`` (``err / max(1, scale)``), ``max_rel_
 ``worst`` (the name with the largest ``rel_err``), ``tol`` (for the dtype) and ``ok``
 (``max_rel_err <= tol``: an error is judged against the size of the values, so a float32
 gradient of size 300 may be 3e-2 off, one of size 0.5 only 1e-4); ``fwd`` / ``bwd``: the
-activation bytes this rank sent (side traffic left out, see :data:`lesson10.spmd.comm.SIDE_OPS`), ``fwd_by_op`` / ``bwd_by_op``: every byte by op;
+activation bytes this rank sent (side traffic left out, see
+:data:`lesson10.spmd.comm.SIDE_OPS`), ``fwd_by_op`` / ``bwd_by_op``: every byte by op;
 ``formula_fwd``: the lesson's bytes from :mod:`lesson10.cost` with the same ``e``
 (8 for float64); ``time_s``: forward + backward of the slowest rank; plus a few
 fields of the method's own. A case the method rejects gives ``{"method", "case",
@@ -110,7 +111,7 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
                          f"allgather or usp (got {docs} with {method})"}
     doc = None if docs is None else torch.as_tensor(np.repeat(np.arange(len(docs)), docs))
     o_ref, ref = _attention_reference(q, k, v, dout, causal, doc)
-    notes = []
+    notes: list[str] = []
     try:
         if method == "usp":                            # the default u comes from the topology
             ulysses_size = _ulysses_size(ulysses_size, a_kv, group, notes)
@@ -127,7 +128,7 @@ def check_attention(method: str = "ring", b: int = 1, s: int = 32, a: int = 4, a
     errs = Errors()
     errs.tensor("out", o, o_ref[:, pos])
     for name, mine, full in zip(("dq", "dk", "dv"), loc, ref):
-        errs.tensor(name, mine.grad, full.grad[:, pos])
+        errs.tensor(name, mine.grad, None if full.grad is None else full.grad[:, pos])
     sent_kv = math.lcm(a_kv, n) if method == "ulysses" and replicate_kv and a_kv % n else a_kv
     opts = {"ulysses_size": ulysses_size} if method == "usp" else {}
     formula = record.bytes_fwd(s, a * d, n, g=a / sent_kv, e=elem_size(dtype), **opts) * b
@@ -200,7 +201,8 @@ def check_sp(b: int = 2, s: int = 8, h: int = 16, ffn: int = 32, p: float = 0.1,
     ``err``: ``out``, ``dx`` and every weight gradient (``"grad <block>.<name>"``, this
     rank's shard of the reference's). The reference runs in float64 on the same (rounded)
     inputs and weights, so a float32 run is measured against the exact answer.
-    ``formula_fwd = cost.comm_bytes("sp", s, h, t, e) * b * blocks / 2``. Extras: ``tokens_per_rank`` of the LayerNorm input, ``dropped``
+    ``formula_fwd = cost.comm_bytes("sp", s, h, t, e) * b * blocks / 2``. Extras:
+    ``tokens_per_rank`` of the LayerNorm input, ``dropped``
     (the fraction of block 0's outputs its dropout zeroed, in the reference).
     """
     case = dict(locals())                                  # the arguments, as passed
@@ -239,7 +241,7 @@ def check_sp(b: int = 2, s: int = 8, h: int = 16, ffn: int = 32, p: float = 0.1,
         return {"method": "sp", "case": case, "error": str(e)}
     errs = Errors()
     errs.tensor("out", y, yr[:, tok])
-    errs.tensor("dx", xl.grad, xr.grad[:, tok])
+    errs.tensor("dx", xl.grad, None if xr.grad is None else xr.grad[:, tok])
     _sp_grad_errors(errs, mods, refs64, slice(r * ffn // t, (r + 1) * ffn // t))
     formula = cost.comm_bytes("sp", s, h, t, e=elem_size(dtype)) * b * blocks / 2
     return make_result("sp", case, t, errs, fwd, bwd, formula, seconds, tokens_per_rank=xl.shape[1],

@@ -1,7 +1,9 @@
 """The collectives of the methods: each wrapper is the ``torch.distributed`` call plus its
 bytes at ring-algorithm cost, recorded with :func:`lesson10.spmd.bytecount.record` (all-reduce
 2(n-1)/n of the tensor, all-gather and reduce-scatter (n-1)/n of the full tensor, all-to-all
-the blocks that leave the rank). They work on plain tensors (no autograd); the autograd
+the blocks that leave the rank), and, beside them, what the backend puts on the wire
+(:func:`lesson10.spmd.bytecount.wire_factor`: gloo's reduce-scatter is an all-reduce). They
+work on plain tensors (no autograd); the autograd
 Functions of sp.py, ulysses.py and moe.py call them in their forward and backward. The byte
 counter (``count_bytes``, ``record``, ``SIDE_OPS``) lives in :mod:`lesson10.spmd.bytecount`
 and is re-exported here::
@@ -18,7 +20,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from .bytecount import SIDE_OPS, ByteCounter, count_bytes, record  # noqa: F401  (re-exported)
+from .bytecount import SIDE_OPS, ByteCounter, count_bytes, record, wire_factor  # noqa: F401
 
 
 def group_size(group=None) -> int:
@@ -56,7 +58,7 @@ def all_reduce(x: torch.Tensor, group=None, op: str = "all_reduce") -> torch.Ten
     """
     n = group_size(group)
     if n > 1:
-        record(op, 2 * (n - 1) * _nbytes(x) // n, to=ring_next(group))
+        record(op, 2 * (n - 1) * _nbytes(x) // n, to=ring_next(group), kind="all_reduce")
         dist.all_reduce(x, group=group)
     return x
 
@@ -73,7 +75,7 @@ def all_gather(x: torch.Tensor, dim: int = 0, group=None, op: str = "all_gather"
         return x
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(n)]
-    record(op, (n - 1) * _nbytes(x), to=ring_next(group))
+    record(op, (n - 1) * _nbytes(x), to=ring_next(group), kind="all_gather")
     dist.all_gather(parts, x, group=group)
     return torch.cat(parts, dim=dim)
 
@@ -92,7 +94,7 @@ def reduce_scatter(x: torch.Tensor, dim: int = 0, group=None, op: str = "reduce_
         return x
     chunks = [c.contiguous() for c in x.chunk(n, dim=dim)]
     out = torch.empty_like(chunks[0])
-    record(op, (n - 1) * _nbytes(x) // n, to=ring_next(group))
+    record(op, (n - 1) * _nbytes(x) // n, to=ring_next(group), kind="reduce_scatter")
     try:
         dist.reduce_scatter(out, chunks, group=group)
     except RuntimeError as e:  # old gloo builds have no reduce_scatter: same sum, via all_reduce
@@ -136,7 +138,8 @@ def all_to_all_single(x: torch.Tensor, output_split_sizes=None, input_split_size
     output_split_sizes = _split_sizes(output_split_sizes, rows, n, "output_split_sizes")
     row_bytes = math.prod(x.shape[1:]) * x.element_size()
     record(op, (rows - input_split_sizes[r]) * row_bytes,
-           to={global_rank(j, group): b * row_bytes for j, b in enumerate(input_split_sizes) if j != r})
+           to={global_rank(j, group): b * row_bytes for j, b in enumerate(input_split_sizes) if j != r},
+           kind="all_to_all")
     x = x.contiguous()
     out = x.new_empty((sum(output_split_sizes), *x.shape[1:]))
     if n == 1:

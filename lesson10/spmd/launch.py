@@ -97,8 +97,8 @@ def _children_import_this_lesson10():
     package as its parent even when something put another ``lesson10`` earlier on the path
     (the grader's stand-in package, a folder of that name in the working directory)."""
     pkg = sys.modules.get("lesson10")
-    home = os.path.dirname(os.path.dirname(os.path.abspath(pkg.__file__))) \
-        if pkg is not None and getattr(pkg, "__file__", None) else None
+    where = getattr(pkg, "__file__", None)
+    home = os.path.dirname(os.path.dirname(os.path.abspath(where))) if where else None
     if home is None or (sys.path and sys.path[0] == home):
         yield
         return
@@ -123,12 +123,12 @@ def _main_without_missing_file():
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     hide = path is not None and not os.path.exists(path)
-    if hide:
+    if hide and main is not None:
         del main.__file__
     try:
         yield
     finally:
-        if hide:
+        if hide and main is not None:
             main.__file__ = path
 
 # --------------------------------------------------------------------- helpers

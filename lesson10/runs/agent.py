@@ -1,0 +1,76 @@
+"""A torchrun agent that outlives its ranks, ended from the rank that lost its peer.
+
+With the c10d rendezvous the store lives inside one node's ``torchrun`` (``is_host=true``).
+When that node is lost (killed, stopped, cut off), the ranks of the other nodes notice within
+``--peer-timeout`` and exit 3, but their own ``torchrun`` then tries to close the rendezvous on
+the lost store and can wait there for good. So a rank that gives up on a peer first leaves a
+small watcher behind (a fresh Python in its own session, so the agent's clean-up of its
+workers does not reach it): if the agent is still running :data:`AGENT_GRACE` seconds later,
+the watcher says so on stderr and ends it with SIGKILL. An agent that exits by itself in time
+(the static rendezvous always does, with its failure report and status 1) is left alone.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["AGENT_GRACE", "torchrun_agent", "stop_agent_later"]
+
+#: seconds a torchrun agent may run on after one of its ranks lost a peer
+AGENT_GRACE = 20.0
+
+_WATCHER = """
+import os, signal, sys, time
+pid, start, rank, grace = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+def same():
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[19] == start and fields[0] != "Z"      # the same process, not a zombie
+end = time.monotonic() + grace
+while time.monotonic() < end and same():
+    time.sleep(0.2)
+if same():
+    print(f"rank {rank}: its torchrun agent (pid {pid}) was still running {grace:g} s after the "
+          "rank lost its peer (with the c10d rendezvous it waits on the lost store): ending it "
+          "with SIGKILL", file=sys.stderr, flush=True)
+    os.kill(pid, signal.SIGKILL)
+"""
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of ``/proc/PID/stat`` (when the process started), ``None`` if unreadable."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def torchrun_agent() -> tuple[int, str] | None:
+    """``(pid, start time)`` of this process's parent when it is a torchrun agent (its command
+    line runs ``torch.distributed.run`` or ``torchrun``), else ``None`` (Linux only)."""
+    pid = os.getppid()
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    start = _start_time(pid)
+    if pid <= 1 or start is None or not ("torch.distributed.run" in cmd or "torchrun" in cmd):
+        return None
+    return pid, start
+
+
+def stop_agent_later(agent: tuple[int, str] | None, rank: int, grace: float = AGENT_GRACE):
+    """Leave the watcher of the module docstring behind for ``agent`` (from
+    :func:`torchrun_agent`); returns its Popen, or ``None`` when there is no agent."""
+    if agent is None:
+        return None
+    try:
+        return subprocess.Popen([sys.executable, "-c", _WATCHER, str(agent[0]), agent[1],
+                                 str(rank), str(grace)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    except OSError:
+        return None
