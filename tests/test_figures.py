@@ -13,7 +13,7 @@ from lesson10.figures import COLORS
 
 def _patches_of(ax, color):
     want = to_rgba(COLORS[color])
-    return [p for p in ax.patches if p.get_fill() and np.allclose(p.get_facecolor(), want)]
+    return [p for p in ax.patches if p.get_visible() and p.get_fill() and np.allclose(p.get_facecolor(), want)]
 
 
 # ---------------------------------------------------------------- 1. ring rounds
