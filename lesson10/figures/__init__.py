@@ -75,7 +75,7 @@ def ring_rounds(n: int = 4, s: int = 16, layout: str = "contiguous"):
     lay = w.ToggleButtons(options=list(layouts.LAYOUTS), value=layouts.layout_name(layout),
                           description="layout")
     ranks = w.IntSlider(value=n, min=2, max=8, description="ranks N_c", style=_STYLE, **_RELEASE)
-    options = valid_tokens(n, layout)
+    options = valid_tokens(ranks.value, lay.value)       # the slider may have clamped n to 2..8
     tokens = w.SelectionSlider(options=options, value=s if s in options else options[0],
                                description="tokens s", style=_STYLE, **_RELEASE)
     nxt = w.Button(description="Next round", button_style="primary")
@@ -101,7 +101,7 @@ def ring_rounds(n: int = 4, s: int = 16, layout: str = "contiguous"):
     for control in (lay, ranks, tokens):
         control.observe(on_change, names="value")
     nxt.on_click(on_next)
-    view.update(s=tokens.value)
+    view.update(n=ranks.value, s=tokens.value, layout=lay.value)
     box = view.box(w.VBox([w.HBox([lay, nxt]), w.HBox([ranks, tokens])]))
     box.next_round, box.layout_toggle, box.ranks_slider, box.tokens_slider = on_next, lay, ranks, tokens
     return box
@@ -163,10 +163,11 @@ def block_size(h: int = 4096, link: str = "InfiniBand", g: int = 1, causal: bool
     # block sizes span 512 .. 131072 tokens on a log axis: a log slider (base 2, quarter steps)
     c_slider = w.FloatLogSlider(value=16_384, base=2, min=9, max=17, step=0.25, description="block c",
                                 readout_format=",.0f", style=_STYLE, **_RELEASE)
-    h_slider = w.Dropdown(options=[1024, 2048, 4096, 8192, 16384], value=h, description="hidden h", style=_STYLE)
+    h_slider = w.Dropdown(options=sorted({1024, 2048, 4096, 8192, 16384, h}), value=h, description="hidden h",
+                          style=_STYLE)
     link_toggle = w.ToggleButtons(options=[k for k, v in cost.HARDWARE.items() if v["kind"] == "link"],
                                   value=link, description="link")
-    g_slider = w.Dropdown(options=[1, 2, 4, 8], value=g, description="GQA g", style=_STYLE)
+    g_slider = w.Dropdown(options=sorted({1, 2, 4, 8, g}), value=g, description="GQA g", style=_STYLE)
     causal_box = w.Checkbox(value=causal, description="causal mask")
     peak = round(cost.peak_flops("H100") / 1e12)
     f_slider = w.IntSlider(value=peak, min=50, max=peak, step=1, description="F (TFLOP/s)", style=_STYLE,

@@ -90,7 +90,6 @@ class Parts:
         self.dynamic: dict = {}
         self.background = None              # (width, height, BufferRegion) once rendered
         self.stamps: dict = {}              # the pixels of texts and legends (see _stamp)
-        self.scratch = None                 # the transparent canvas stamps are cut from
         self.__dict__.update(named)
 
     def __getattr__(self, name: str) -> Any:       # the named parts (typed loosely for mypy)
@@ -157,15 +156,20 @@ def _stamp(artist, renderer, parts: Parts) -> None:
         gc.restore()
 
 
+#: (width, height, dpi) -> the transparent canvas stamps are cut from
+_SCRATCH: dict = {}
+
+
 def _make_stamp(artist, renderer, parts: Parts):
     """``(x, y, pixels)``: the artist's pixels (rows bottom-up, as ``draw_image`` takes them)
     and their lower-left corner on the canvas; pixels None when it draws nothing."""
     import numpy as np
     from matplotlib.backends.backend_agg import RendererAgg
     width, height = int(renderer.width), int(renderer.height)
-    scratch = parts.scratch
-    if scratch is None or (scratch.width, scratch.height) != (width, height):
-        scratch = parts.scratch = RendererAgg(width, height, renderer.dpi)
+    scratch = _SCRATCH.get((width, height, renderer.dpi))
+    if scratch is None:
+        _SCRATCH.clear()                                # one figure size at a time is enough
+        scratch = _SCRATCH[width, height, renderer.dpi] = RendererAgg(width, height, renderer.dpi)
     scratch.clear()
     artist.draw(scratch)
     box = artist.get_window_extent(scratch)
@@ -245,7 +249,7 @@ class View:
     key for the last ``keep`` keys (``fig``: the one shown), so a redraw updates a built
     figure whenever it can."""
 
-    def __init__(self, draw, state, size, structure=None, keep: int = 6):
+    def __init__(self, draw, state, size, structure=None, keep: int = 8):
         w = widgets()
         self.draw, self.state, self.size = draw, dict(state), size
         self.structure, self.keep = structure, keep
@@ -266,6 +270,10 @@ class View:
                 FigureCanvasAgg(fig)
         self.figs[key] = fig
         return fig
+
+    def forget(self) -> None:
+        """Drop every kept figure: the next redraw builds from scratch (what a first visit costs)."""
+        self.figs.clear()
 
     def update(self, **changes):
         self.state.update(changes)
