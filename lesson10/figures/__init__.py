@@ -180,6 +180,7 @@ def block_size(h: int = 4096, link: str = "InfiniBand", g: int = 1, causal: bool
     view.watch((c_slider, h_slider, link_toggle, g_slider, causal_box, f_slider), on_change)
     box = view.box(w.VBox([w.HBox([c_slider, h_slider]), link_toggle, w.HBox([g_slider, causal_box]), f_slider]))
     box.f_slider, box.causal_box, box.g_dropdown, box.link_toggle = f_slider, causal_box, g_slider, link_toggle
+    box.c_slider, box.h_dropdown = c_slider, h_slider
     return box
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import textwrap
 
 import numpy as np
+from matplotlib.collections import PatchCollection
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Rectangle
 
@@ -105,15 +106,15 @@ def _ulysses_build(fig, n, s, heads, kv_heads):
     ax, kx = fig.subplots(2, 1, height_ratios=[s, 1.6])
     # the cells that change hands in an all-to-all are the same both ways
     moved = ulysses_owner(n, s, heads, "sequence") != ulysses_owner(n, s, heads, "heads")
-    cells, borders, texts = {}, {}, {}
-    for i in range(s):
-        for j in range(heads):
-            cells[i, j] = ax.add_patch(Rectangle((j, i), 1, 1, fc=kit.COLORS["empty"], ec=kit.COLORS["edge"],
-                                                 lw=0.5))
-            if moved[i, j]:
-                borders[i, j] = ax.add_patch(Rectangle((j + 0.06, i + 0.06), 0.88, 0.88, fill=False,
-                                                       ec=kit.COLORS["comm"], lw=2))
-            texts[i, j] = ax.text(j + 0.5, i + 0.5, "", ha="center", va="center", fontsize=8)
+    # one collection per layer (cells, aqua borders): one artist to add and paint, not s * heads
+    cells = ax.add_collection(PatchCollection([Rectangle((j, i), 1, 1) for i in range(s) for j in range(heads)],
+                                              facecolors=kit.COLORS["empty"], edgecolors=kit.COLORS["edge"],
+                                              linewidths=0.5))
+    borders = ax.add_collection(PatchCollection(
+        [Rectangle((j + 0.06, i + 0.06), 0.88, 0.88) for i, j in zip(*np.nonzero(moved))],
+        facecolors="none", edgecolors=kit.COLORS["comm"], linewidths=2))
+    texts = {(i, j): ax.text(j + 0.5, i + 0.5, "", ha="center", va="center", fontsize=8)
+             for i in range(s) for j in range(heads)}
     ax.set_xlim(0, heads)
     ax.set_ylim(s, 0)
     ax.set_xticks(np.arange(heads) + 0.5, range(heads))
@@ -125,8 +126,7 @@ def _ulysses_build(fig, n, s, heads, kv_heads):
     parts = kit.Parts("ulysses_grid", (n, s, heads, kv_heads), axes=[ax], ax=ax, cells=cells,
                       borders=borders, texts=texts, warning=warning, n=n, s=s, heads=heads,
                       title=ax.set_title(" ", fontsize=9, y=1.0, pad=4))
-    parts.dynamic.update(cells=list(cells.values()), borders=list(borders.values()),
-                         texts=list(texts.values()), title=parts.title, legend=None)
+    parts.dynamic.update(cells=cells, borders=borders, texts=list(texts.values()), title=parts.title, legend=None)
     return kit.keep(fig, parts)
 
 
@@ -157,14 +157,12 @@ def _kv_strip(kx, n, heads, kv_heads) -> str:
 
 
 def _ulysses_update(parts, owner, state, rank, arrived):
-    for (i, j), cell in parts.cells.items():
-        mine = owner[i, j] == rank
-        cell.set_facecolor(kit.COLORS["split"] if mine else kit.COLORS["empty"])
-        text = parts.texts[i, j]
+    mine = (owner == rank).ravel()                  # cells row by row, as in the collection
+    parts.cells.set_facecolor([kit.COLORS["split"] if m else kit.COLORS["empty"] for m in mine])
+    for (i, j), text in parts.texts.items():
         text.set_text(str(owner[i, j]))
-        text.set_color("white" if mine else "black")
-    for border in parts.borders.values():
-        border.set_visible(bool(arrived))
+        text.set_color("white" if owner[i, j] == rank else "black")
+    parts.borders.set_visible(bool(arrived))
     n = parts.n
     kept = parts.s * parts.heads // n // n
     parts.title.set_text(f"{'sequence sharding' if state == 'sequence' else 'head sharding (after all-to-all)'}: "

@@ -139,19 +139,22 @@ def _block_curves(h, link, g, causal, gpu, e, F):
     tc0, tt0 = cost.ring_round_times(cs[0], h, F, W, causal=causal, g=g, e=e)
     compute, transfer = tc0 * (cs / cs[0]) ** 2 * 1e3, tt0 * (cs / cs[0]) * 1e3
     both = np.concatenate([compute, transfer])
-    decades = (math.floor(math.log10(both.min())), math.ceil(math.log10(both.max())))
+    # one y range for every setting the controls offer (the curves move, the axes stay): wider
+    # only for settings beyond the controls
+    decades = (min(-5, math.floor(math.log10(both.min()))), max(5, math.ceil(math.log10(both.max()))))
     return F, W, c_star, cs, compute, transfer, decades
 
 
 def block_structure(h=4096, link="InfiniBand", g=1, causal=False, gpu="H100", e=2, F=None, **_):
-    """The structure of the block-size figure: the decades its y axis spans."""
+    """The structure of the block-size figure: the decades its y axis spans (1e-5 .. 1e5 ms for
+    every setting the widget offers)."""
     return _block_curves(h, link, g, causal, gpu, e, F)[-1]
 
 
 def block(fig, *, h: int, link, g: int, causal: bool, gpu, c, e: int, F):
     """Draw (or update) the block-size figure in ``fig``; returns the figure."""
     F, W, c_star, cs, compute, transfer, decades = _block_curves(h, link, g, causal, gpu, e, F)
-    parts = kit.reuse(fig, "block_size", decades)             # the y range moves by whole decades
+    parts = kit.reuse(fig, "block_size", decades)
     if parts is None:
         fig = kit.new_figure(fig, BLOCK_SIZE, "block_size")
         parts = _block_build(fig, cs, decades)
