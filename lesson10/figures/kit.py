@@ -129,10 +129,11 @@ def _encode(canvas) -> bytes:
 
 def _stamp_key(artist, renderer):
     """What the pixels of ``artist`` depend on, or None (then it is drawn, not stamped)."""
-    if isinstance(artist, Text):
+    if isinstance(artist, Text) and artist.get_bbox_patch() is None:      # a boxed text: drawn
         x, y = artist.get_transform().transform(artist.get_unitless_position())
-        return ("text", artist.get_text(), str(artist.get_color()), artist.get_fontsize(),
-                artist.get_fontweight(), artist.get_ha(), artist.get_va(), artist.get_rotation(),
+        return ("text", artist.get_text(), str(artist.get_color()), artist.get_alpha(), artist.get_fontsize(),
+                artist.get_fontweight(), artist.get_fontstyle(), tuple(artist.get_fontfamily()),
+                artist.get_ha(), artist.get_va(), artist.get_rotation(), artist.get_linespacing(),
                 round(float(x), 1), round(float(y), 1), renderer.dpi)
     key = getattr(artist, "lesson10_key", None)
     return None if key is None else ("artist", key, renderer.dpi)
@@ -179,7 +180,7 @@ def _make_stamp(artist, renderer, parts: Parts):
         return (0, 0, None)
     pixels = np.asarray(scratch.buffer_rgba())          # rows top-down
     crop = pixels[height - y1:height - y0, x0:x1][::-1].copy()
-    if len(parts.stamps) > 4000:                        # a long session: start again
+    if len(parts.stamps) > 2000:                        # a long session: start again
         parts.stamps.clear()
     return (x0, y0, crop)
 
