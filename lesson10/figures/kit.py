@@ -133,7 +133,7 @@ def _stamp_key(artist, renderer):
         x, y = artist.get_transform().transform(artist.get_unitless_position())
         return ("text", artist.get_text(), str(artist.get_color()), artist.get_alpha(), artist.get_fontsize(),
                 artist.get_fontweight(), artist.get_fontstyle(), tuple(artist.get_fontfamily()),
-                artist.get_ha(), artist.get_va(), artist.get_rotation(), artist.get_linespacing(),
+                artist.get_ha(), artist.get_va(), artist.get_rotation(), getattr(artist, "_linespacing", None),
                 round(float(x), 1), round(float(y), 1), renderer.dpi)
     key = getattr(artist, "lesson10_key", None)
     return None if key is None else ("artist", key, renderer.dpi)
