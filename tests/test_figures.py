@@ -13,7 +13,7 @@ from lesson10.figures import COLORS
 
 def _patches_of(ax, color):
     want = to_rgba(COLORS[color])
-    return [p for p in ax.patches if p.get_fill() and np.allclose(p.get_facecolor(), want)]
+    return [p for p in ax.patches if p.get_visible() and p.get_fill() and np.allclose(p.get_facecolor(), want)]
 
 
 # ---------------------------------------------------------------- 1. ring rounds
@@ -111,9 +111,12 @@ def test_ulysses_grid_owners_before_and_after(n, s, heads):
     np.testing.assert_array_equal(_cell_labels(seq.axes[0], s, heads), tok // (s // n))
     np.testing.assert_array_equal(_cell_labels(hd.axes[0], s, heads), head // (heads // n))
     # each rank keeps 1 of n blocks: (n-1)/n of the cells arrived over the network
-    arrived = [p for p in hd.axes[0].patches if not p.get_fill()]
-    assert len(arrived) == s * heads * (n - 1) // n
-    assert len(_patches_of(hd.axes[0], "split")) == s * heads // n     # rank 1's cells
+    cells, arrived = hd.axes[0].collections
+    assert arrived.get_visible() and len(arrived.get_paths()) == s * heads * (n - 1) // n
+    assert not seq.axes[0].collections[1].get_visible()                 # nothing arrived yet
+    split = np.all(np.isclose(cells.get_facecolor(), to_rgba(COLORS["split"])), axis=1)
+    assert split.sum() == s * heads // n                                # rank 1's cells
+    np.testing.assert_array_equal(split.reshape(s, heads), head // (heads // n) == 1)
     assert seq.ulysses_warning == "" and hd.ulysses_warning == ""
 
 
@@ -429,3 +432,152 @@ def test_a_bad_combination_blanks_the_picture():
 def test_ulysses_warning_says_one_rank():
     fig = figures.draw_ulysses_grid(n=4, s=8, heads=8, kv_heads=1)
     assert "scales to 1 rank;" in fig.ulysses_warning
+
+
+# ---------------------------------------------------------------- issue 25: valid values, quick redraws
+def _options(control):
+    """Every value a control offers: its options, or every step of a slider."""
+    if hasattr(control, "options"):
+        return [o[1] if isinstance(o, tuple) else o for o in control.options]
+    if type(control).__name__ == "Checkbox":
+        return [False, True]
+    if type(control).__name__ == "FloatLogSlider":
+        steps = int(round((control.max - control.min) / control.step))
+        return [control.base ** (control.min + i * control.step) for i in range(steps + 1)]
+    steps = int(round((control.max - control.min) / control.step))
+    return [control.min + i * control.step for i in range(steps + 1)]
+
+
+def _controls(box):
+    return [w for w in _walk(box) if hasattr(w, "value") and type(w).__name__ not in ("Image", "HTML")]
+
+
+def _sweep(box):
+    """Move each control of ``box`` through every value it offers (the others as they are; a
+    slider of many steps: 40 of them, evenly spread, and both ends): each one must draw (no
+    message, a real PNG)."""
+    moved = 0
+    for control in _controls(box):
+        start = control.value
+        values = _options(control)
+        for value in values[::max(1, len(values) // 40)] + values[-1:]:
+            control.value = value
+            assert box.view.message.value == "", (control.description, value, box.view.message.value)
+            assert len(box.view.image.value) > 1000, (control.description, value)
+            moved += 1
+        control.value = start
+    return moved
+
+
+def test_sp_strip_offers_only_degrees_that_split_the_layer():
+    box = figures.sp_strip()
+    degrees = list(box.degree_slider.options)
+    assert degrees == [t for t in range(1, 33) if 8192 % t == 0 and 32 % t == 0 and 4096 % t == 0]
+    assert 13 not in degrees and 3 not in degrees and 16 in degrees
+    for mode in ("TP", "TP + SP"):
+        box.mode_toggle.value = mode
+        for t in degrees:
+            box.degree_slider.value = t
+            assert box.view.message.value == "" and box.view.state["t"] == t
+            assert box.view.fig.sp_strip_bytes == pytest.approx(cost.comm_bytes("sp", 8192, 4096, t))
+    with pytest.raises(ValueError, match="does not split"):
+        figures.draw_sp_strip(t=13)
+    with pytest.raises(ValueError, match=r"\[1, 2, 4, 8, 16, 32\]"):
+        figures.sp_strip(t=3)
+
+
+@pytest.mark.parametrize("make", [figures.sp_strip, figures.block_size, figures.moe_capacity, figures.ulysses_grid,
+                                  lambda: figures.ulysses_grid(n=2, s=4, heads=6, kv_heads=6)])
+def test_every_value_of_every_control_draws(make):
+    box = make()
+    assert _sweep(box) >= 4
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+def test_ring_rounds_every_offered_pair_is_a_valid_layout(layout):
+    from lesson10.figures.data import owners
+    box = figures.ring_rounds(n=4, s=16, layout=layout)
+    for n in _options(box.ranks_slider):
+        box.ranks_slider.value = n
+        offered = list(box.tokens_slider.options)
+        for s in offered:                                   # each shards every token exactly once
+            assert sorted(np.bincount(owners(s, n, layout), minlength=n)) == [s // n] * n
+        if n not in (2, 5, 8):
+            continue
+        for s in (offered[0], offered[-1]):                 # the extremes draw, every round
+            box.tokens_slider.value = s
+            for _ in range(n):
+                box.next_round()
+                assert box.view.message.value == "", (n, s, box.view.message.value)
+
+
+def _counts(fig):
+    return [(len(ax.patches), len(ax.texts), len(ax.lines), len(ax.images), len(ax.collections)) for ax in fig.axes]
+
+
+@pytest.mark.parametrize("make,first,then", [
+    (lambda: figures.ring_rounds(n=4, s=16), lambda b: b.next_round(), lambda b: b.next_round()),
+    (figures.sp_strip, lambda b: setattr(b.degree_slider, "value", 8),
+     lambda b: setattr(b.mode_toggle, "value", "TP + SP")),
+    (figures.block_size, lambda b: setattr(b.c_slider, "value", 2 ** 12),
+     lambda b: setattr(b.c_slider, "value", 2 ** 15.5)),
+    (figures.ulysses_grid, lambda b: b.all_to_all(), lambda b: b.all_to_all()),
+    (figures.moe_capacity, lambda b: setattr(b.cf_dropdown, "value", "1.0"),
+     lambda b: setattr(b.cf_dropdown, "value", "1.1")),
+])
+def test_a_redraw_updates_the_kept_figure_instead_of_rebuilding(make, first, then, monkeypatch):
+    box = make()
+    view = box.view
+    first(box)
+    fig, axes, counts, before = view.fig, list(view.fig.axes), _counts(view.fig), view.image.value
+    key, background = view.structure(**view.state), fig.lesson10_parts.background
+    full_draws = []
+    monkeypatch.setattr(fig.canvas, "draw", lambda *a, **k: full_draws.append(1))
+    then(box)
+    assert view.structure(**view.state) == key                   # the move leaves the structure alone
+    assert view.fig is fig and list(fig.axes) == axes           # same Figure, same Axes
+    assert _counts(fig) == counts                               # no artist added or left behind
+    assert fig.lesson10_parts.background is background and full_draws == []   # only the changes painted
+    assert view.image.value != before and view.message.value == ""
+
+
+def test_the_quick_redraw_shows_what_a_full_draw_shows():
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    def pixels(png):
+        return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=int)
+
+    def skew_up(box):
+        box.skew_slider.value += 1.5
+
+    moves = [(figures.ring_rounds(n=4, s=16), lambda box: box.next_round()),
+             (figures.ulysses_grid(), lambda box: box.all_to_all()), (figures.moe_capacity(T=16), skew_up)]
+    for box, move in moves:
+        move(box)
+        move(box)
+        quick = pixels(box.view.image.value)
+        canvas = FigureCanvasAgg(box.view.fig)                   # the same figure drawn whole
+        canvas.draw()
+        whole = np.asarray(canvas.buffer_rgba())[..., :3].astype(int)
+        assert quick.shape == whole.shape
+        assert np.abs(quick - whole).max() <= 8, type(box.view.draw)
+
+
+def test_views_keep_recent_structures_and_rebuild_a_changed_one():
+    box = figures.ring_rounds(n=4, s=16, layout="contiguous")
+    view = box.view
+    contiguous = view.fig
+    box.layout_toggle.value = "zigzag"
+    assert view.fig is not contiguous                           # another structure: its own figure
+    box.layout_toggle.value = "contiguous"
+    assert view.fig is contiguous and view.message.value == ""  # kept: no rebuild on the way back
+    # a draw function given a figure of another structure rebuilds it whole
+    fig = figures.draw_ring_rounds(n=4, s=16, layout="zigzag", round=1)
+    again = figures.draw_ring_rounds(fig, n=8, s=32, layout="zigzag", round=2)
+    assert again is fig and len(fig.axes) == 2
+    work = layouts.causal_work(8, "zigzag", s=32)
+    np.testing.assert_array_equal([p.get_height() for p in fig.axes[1].containers[0]], work[2])
+    assert len(fig.axes[1].patches) == 2 * 8

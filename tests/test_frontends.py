@@ -91,8 +91,9 @@ def _expected_figures(path: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def browser():
     if not Path(CHROMIUM).exists():
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"no Chromium at {CHROMIUM}: `sudo apt-get install chromium` (Debian/Ubuntu) or set "
-                    f"LESSON10_CHROMIUM=/path/to/chrome; .ci/run installs it")
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(
+            f"no Chromium at {CHROMIUM}: `sudo apt-get install chromium` (Debian/Ubuntu) or set "
+            f"LESSON10_CHROMIUM=/path/to/chrome; .ci/run installs it")
     try:
         from playwright import sync_api
     except ImportError:
@@ -144,7 +145,7 @@ def server(request, tmp_path_factory):
     cmd = [str(python), "-m", "jupyter", spec["app"], "--no-browser", "--allow-root", f"--{prefix}.ip=127.0.0.1",
            f"--{prefix}.port={port}", f"--{prefix}.port_retries=0", f"--{prefix}.token={token}",
            f"--{prefix}.{'root_dir' if spec['app'] == 'lab' else 'notebook_dir'}={work}"]
-    log = open(home / "server.log", "w")
+    log = open(home / "server.log", "w")        # noqa: SIM115 - the server writes it until teardown closes it
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work)
     base = f"http://127.0.0.1:{port}"
     try:

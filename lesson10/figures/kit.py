@@ -1,14 +1,27 @@
 """What the interactive figures share: colours, fixed margins, the PNG view of a figure and
-its controls (:class:`View`). The figures themselves are in :mod:`lesson10.figures`.
+its controls (:class:`View`), and the redraw machinery that keeps it quick (:class:`Parts`,
+:func:`render`). The figures themselves are in :mod:`lesson10.figures`.
+
+A redraw draws less than the whole figure: each figure is built once per *structure* (the
+parameters that move axes, ticks or the number of boxes, e.g. ``(n, s, layout)`` of the ring
+figure), and a control that leaves the structure alone only updates the artists it changes
+(an image's data, bar heights, colours, a title). :func:`render` keeps the picture of the
+rest (the background: axes, ticks, labels, fixed legends) and paints the changed artists on
+a copy of it before encoding the PNG. :class:`View` also keeps the last few structures'
+figures, so going back to a layout seen before costs no rebuild either.
 """
 from __future__ import annotations
 
 import io
+from collections import OrderedDict
+from typing import Any
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
-__all__ = ["COLORS", "MARGINS", "BLANK", "RELEASE", "STYLE", "new_figure", "legend", "png",
-           "widgets", "View"]
+__all__ = ["COLORS", "MARGINS", "BLANK", "RELEASE", "STYLE", "DPI", "new_figure", "legend", "png",
+           "widgets", "fixed", "Parts", "reuse", "keep", "render", "View"]
 
 COLORS = {
     "computed": "#2f6fdb",    # blue
@@ -23,6 +36,8 @@ COLORS = {
 COLORS["replicated"] = COLORS["idle"]
 COLORS["dropped"] = COLORS["split"]
 
+#: dots per inch of the PNG a view shows
+DPI = 90
 
 #: fixed margins of each figure (fractions of the figure): a layout engine ("constrained")
 #: re-solves the layout at every redraw and costs more than the drawing itself
@@ -41,6 +56,7 @@ def new_figure(fig, size, name: str):
         fig = Figure(figsize=size)
     else:
         fig.clear()
+    fig.lesson10_parts = None               # whatever was kept for the old picture is gone
     fig.subplots_adjust(**MARGINS[name])
     return fig
 
@@ -49,13 +65,160 @@ def legend(ax, entries, **kw):
     """A legend of coloured boxes: ``entries`` = [(COLORS key or colour, label), ...]."""
     from matplotlib.patches import Patch
     handles = [Patch(fc=COLORS.get(c, c), ec=COLORS["edge"], lw=0.5, label=label) for c, label in entries]
-    return ax.legend(handles=handles, **{"fontsize": 8, **kw})
+    box = ax.legend(handles=handles, **{"fontsize": 8, **kw})
+    box.lesson10_key = (id(ax), tuple(entries), repr(sorted(kw.items())))   # its pixels depend on these
+    return box
+
+
+def fixed(artist, *content):
+    """``artist`` marked as drawn the same whenever ``content`` is: :func:`render` stamps it."""
+    artist.lesson10_key = (id(artist.axes), type(artist).__name__, content or id(artist))
+    return artist
+
+
+class Parts:
+    """What a built figure keeps between redraws.
+
+    ``name``, ``key``: the figure and its structure (a redraw with another key rebuilds).
+    ``dynamic``: name -> artist or list of artists that a redraw may change, painted in this
+    order over the background; ``axes``: whose spines are painted again on top (bars and
+    images reach the frame). Other keyword arguments are kept as attributes for the update
+    step (artists, cached numbers)."""
+
+    def __init__(self, name: str, key, axes=(), **named):
+        self.name, self.key, self.axes = name, key, list(axes)
+        self.dynamic: dict = {}
+        self.background = None              # (width, height, BufferRegion) once rendered
+        self.stamps: dict = {}              # the pixels of texts and legends (see _stamp)
+        self.__dict__.update(named)
+
+    def __getattr__(self, name: str) -> Any:       # the named parts (typed loosely for mypy)
+        raise AttributeError(f"{type(self).__name__} has no part {name!r}")
+
+    def artists(self) -> list:
+        out: list = []
+        for item in self.dynamic.values():
+            out.extend(item if isinstance(item, (list, tuple)) else [item])
+        for ax in self.axes:
+            out.extend(ax.spines.values())
+        return [a for a in out if a is not None]
+
+
+def reuse(fig, name: str, key) -> Parts | None:
+    """The kept parts of ``fig`` if it shows figure ``name`` with structure ``key``, else None."""
+    parts = getattr(fig, "lesson10_parts", None)
+    if parts is not None and parts.name == name and parts.key == key:
+        return parts
+    return None
+
+
+def keep(fig, parts: Parts) -> Parts:
+    """Attach ``parts`` to ``fig`` (after building it): later redraws may reuse them."""
+    fig.lesson10_parts = parts
+    return parts
+
+
+def _encode(canvas) -> bytes:
+    from PIL import Image
+    width, height = canvas.get_width_height(physical=True)
+    image = Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format="png", compress_level=1)
+    return buf.getvalue()
+
+
+def _stamp_key(artist, renderer):
+    """What the pixels of ``artist`` depend on, or None (then it is drawn, not stamped)."""
+    if isinstance(artist, Text) and artist.get_bbox_patch() is None:      # a boxed text: drawn
+        x, y = artist.get_transform().transform(artist.get_unitless_position())
+        return ("text", artist.get_text(), str(artist.get_color()), artist.get_alpha(), artist.get_fontsize(),
+                artist.get_fontweight(), artist.get_fontstyle(), tuple(artist.get_fontfamily()),
+                artist.get_ha(), artist.get_va(), artist.get_rotation(), getattr(artist, "_linespacing", None),
+                round(float(x), 1), round(float(y), 1), renderer.dpi)
+    key = getattr(artist, "lesson10_key", None)
+    return None if key is None else ("artist", key, renderer.dpi)
+
+
+def _stamp(artist, renderer, parts: Parts) -> None:
+    """Draw ``artist`` from its cached pixels (a stamp): text layout and glyph rendering cost
+    far more than copying the few hundred pixels they make. A stamp is made by drawing the
+    artist alone on a transparent scratch canvas of the figure's size and cutting out its box."""
+    key = _stamp_key(artist, renderer)
+    if key is None:
+        artist.draw(renderer)
+        return
+    stamp = parts.stamps.get(key)
+    if stamp is None:
+        stamp = parts.stamps[key] = _make_stamp(artist, renderer, parts)
+    x, y, crop = stamp
+    if crop is not None:
+        gc = renderer.new_gc()
+        renderer.draw_image(gc, x, y, crop)
+        gc.restore()
+
+
+#: (width, height, dpi) -> the transparent canvas stamps are cut from
+_SCRATCH: dict = {}
+
+
+def _make_stamp(artist, renderer, parts: Parts):
+    """``(x, y, pixels)``: the artist's pixels (rows bottom-up, as ``draw_image`` takes them)
+    and their lower-left corner on the canvas; pixels None when it draws nothing."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import RendererAgg
+    width, height = int(renderer.width), int(renderer.height)
+    scratch = _SCRATCH.get((width, height, renderer.dpi))
+    if scratch is None:
+        _SCRATCH.clear()                                # one figure size at a time is enough
+        scratch = _SCRATCH[width, height, renderer.dpi] = RendererAgg(width, height, renderer.dpi)
+    scratch.clear()
+    artist.draw(scratch)
+    box = artist.get_window_extent(scratch)
+    x0, x1 = max(int(box.x0) - 2, 0), min(int(np.ceil(box.x1)) + 2, width)
+    y0, y1 = max(int(box.y0) - 2, 0), min(int(np.ceil(box.y1)) + 2, height)
+    if x1 <= x0 or y1 <= y0:
+        return (0, 0, None)
+    pixels = np.asarray(scratch.buffer_rgba())          # rows top-down
+    crop = pixels[height - y1:height - y0, x0:x1][::-1].copy()
+    if len(parts.stamps) > 2000:                        # a long session: start again
+        parts.stamps.clear()
+    return (x0, y0, crop)
+
+
+def render(fig) -> bytes:
+    """The figure as PNG bytes at its own dpi. A figure with :class:`Parts` paints only its
+    dynamic artists over its kept background (drawn once, with them hidden); texts and legends
+    are painted from stamps (:func:`_stamp`)."""
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    parts = getattr(fig, "lesson10_parts", None)
+    if parts is None:
+        canvas.draw()
+        return _encode(canvas)
+    artists = parts.artists()
+    size = canvas.get_width_height(physical=True)
+    if parts.background is None or parts.background[:2] != size:
+        shown = [a.get_visible() for a in artists]
+        for a in artists:
+            a.set_visible(False)
+        try:
+            canvas.draw()
+        finally:
+            for a, was in zip(artists, shown):
+                a.set_visible(was)
+        parts.background = (*size, canvas.copy_from_bbox(fig.bbox))
+    else:
+        canvas.restore_region(parts.background[2])
+    renderer = canvas.get_renderer()
+    for a in artists:
+        if a.get_visible():
+            _stamp(a, renderer, parts)
+    return _encode(canvas)
 
 
 def png(fig) -> bytes:
-    """The figure as PNG bytes (90 dpi)."""
+    """The figure as PNG bytes (90 dpi), drawn whole."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=DPI)
     return buf.getvalue()
 
 
@@ -81,25 +244,49 @@ def widgets():
 
 
 class View:
-    """Glue for one interactive figure: an Image showing ``draw(fig, **state)`` and a message line."""
+    """Glue for one interactive figure: an Image showing ``draw(fig, **state)`` and a message line.
 
-    def __init__(self, draw, state, size):
+    ``structure(**state)``: the key of the figure's structure; the view keeps one Figure per
+    key for the last ``keep`` keys (``fig``: the one shown), so a redraw updates a built
+    figure whenever it can."""
+
+    def __init__(self, draw, state, size, structure=None, keep: int = 8):
         w = widgets()
-        self.draw, self.state = draw, dict(state)
-        self.fig = Figure(figsize=size)
+        self.draw, self.state, self.size = draw, dict(state), size
+        self.structure, self.keep = structure, keep
+        self.figs: OrderedDict = OrderedDict()
+        self.fig = self._figure()
         self.image = w.Image(format="png")
         self.message = w.HTML()
+
+    def _figure(self) -> Figure:
+        """The kept Figure of the current structure (the oldest one recycled when full)."""
+        key = self.structure(**self.state) if self.structure else None
+        fig = self.figs.pop(key, None)
+        if fig is None:
+            if len(self.figs) >= self.keep:
+                fig = self.figs.popitem(last=False)[1]
+            else:
+                fig = Figure(figsize=self.size, dpi=DPI)
+                FigureCanvasAgg(fig)
+        self.figs[key] = fig
+        return fig
+
+    def forget(self) -> None:
+        """Drop every kept figure: the next redraw builds from scratch (what a first visit costs)."""
+        self.figs.clear()
 
     def update(self, **changes):
         self.state.update(changes)
         try:
+            self.fig = self._figure()
             self.draw(self.fig, **self.state)
         except ValueError as exc:          # bad combination of controls: say why, show no stale picture
             self.message.value = f"<span style='color:{COLORS['split']}'>{exc}</span>"
             self.image.value = BLANK
             return False
         self.message.value = ""
-        self.image.value = png(self.fig)
+        self.image.value = render(self.fig)
         return True
 
     def watch(self, controls, on_change) -> None:
