@@ -211,7 +211,7 @@ def _stub_module(rel: Path, tree: ast.Module, alias: dict[str, str]) -> str:
                     continue
                 for name in names:
                     lines.append(f"{name} = {value!r}")
-            elif isinstance(node, ast.If) or isinstance(node, ast.Try):
+            elif isinstance(node, (ast.If, ast.Try)):
                 walk(node.body)
 
     walk(tree.body)
@@ -225,6 +225,22 @@ def _checks_module() -> str:
                     "title": ex.title, "function": ex.function} for ex in EXERCISES.values()}
     defs = "\n".join(f"check_{ex} = _check({ex!r})" for ex in EXERCISES)
     return _CHECKS.replace("@EXERCISES@", repr(info)).replace("@CHECK_DEFS@", defs)
+
+
+#: the folder of :func:`write_all` whose stand-in has no course code at all
+GENERAL = "general"
+
+
+def folder_for(notebook: str | None) -> str:
+    """The folder of :func:`write_all` for a course notebook (GENERAL for None)."""
+    return GENERAL
+
+
+def write_all(folder: Path, source: Path | None = None) -> Path:
+    """The stand-ins of every course notebook, ``folder/<notebook id>``, and the general one
+    (``folder/general``)."""
+    write(Path(folder) / GENERAL, source)
+    return Path(folder)
 
 
 def write(folder: Path, source: Path | None = None) -> Path:
