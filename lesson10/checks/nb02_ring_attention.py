@@ -14,6 +14,7 @@ from .core import (
     run_student,
 )
 from .network import Referee, RingNetwork, served_call, substituted
+from .parts import in_part, note_mistake
 
 NB02 = "02_ring_attention"
 
@@ -179,6 +180,7 @@ def diagnose(exercise, out, candidates: dict, where: str) -> None:
         return
     for name, (cand, hint) in candidates.items():
         if mistakes.same(yours, cand):
+            note_mistake(f"{exercise}: {name}", hint)
             fail_check(exercise, where, f"your output equals {name}", show=False, hint=hint)
 
 
@@ -256,7 +258,8 @@ def _ring_cases(rng, n_random=6):
 _RING_CALL = "ring_attention(q_shards, k_shards, v_shards, positions[, causal], group=network)"
 
 
-@register_exercise("ring_attention", NB02, 2, "the ring loop")
+@register_exercise("ring_attention", NB02, 2, "the ring loop",
+                   parts=(("non-causal", 1), ("causal", 1)))
 def check_ring_attention(ring_attention, rng):
     """``ring_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None) ->
     list`` of output shards; ``positions[r]`` are the global token ids of rank r. The check
@@ -271,6 +274,8 @@ def check_ring_attention(ring_attention, rng):
     err, n_swapped = 0.0, 0
     cases = _ring_cases(rng)
     for layout, causal, n, s, swap in cases:
+        if not in_part("non-causal" if causal is False else "causal"):
+            continue
         a, d = int(rng.integers(1, 4)), int(rng.integers(1, 5))
         q, k, v = draw_qkv(rng, s, a, d, scale=1.5)
         pos = shard_positions(s, n, layout)

@@ -25,6 +25,7 @@ from .network import (
     substituted,
     tokens,
 )
+from .parts import in_part
 
 NB04 = "04_ulysses"
 
@@ -239,7 +240,8 @@ def _ulysses_case(rng, referee, qs, ks, vs, swap):
     return net, kernel
 
 
-@register_exercise("ulysses_attention", NB04, 2, "Ulysses attention")
+@register_exercise("ulysses_attention", NB04, 2, "Ulysses attention",
+                   parts=(("non-causal", 1), ("causal", 1)))
 def check_ulysses_attention(ulysses_attention, rng):
     """``ulysses_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None,
     attention=None) -> list`` of sequence-sharded outputs; K/V may have fewer heads than Q
@@ -255,6 +257,8 @@ def check_ulysses_attention(ulysses_attention, rng):
     err, n_swapped = 0.0, 0
     cases = _ulysses_cases(rng)
     for layout, causal, n, c, a, a_kv, swap in cases:
+        if not in_part("non-causal" if causal is False else "causal"):
+            continue
         s, d = n * c, int(rng.integers(1, 4))
         q, k, v = draw_qkv(rng, s, a, d, a_kv=a_kv, scale=1.5)
         pos = shard_positions(s, n, layout)

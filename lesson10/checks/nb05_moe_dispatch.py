@@ -18,6 +18,7 @@ from .core import (
     register_exercise,
     run_student,
 )
+from .parts import in_part, recognised
 
 NB05 = "05_moe_dispatch"
 
@@ -66,6 +67,7 @@ def _softmax_rows(z):
     return w / w.sum(axis=1, keepdims=True)
 
 
+@recognised
 def _route_mistake(logits, k, experts, gates):
     """The known mistake that this (experts, gates) answer looks like, or None."""
     z = np.asarray(logits, dtype=float)
@@ -200,6 +202,7 @@ def capacities(N: int, E: int, k: int, cf) -> set:
     return exact | {math.ceil(p) for p in _float_products(cf, k, N, E)}
 
 
+@recognised
 def _capacity_mistake(yours, experts, E, k, N, cf, kept, C):
     """Which known mistake the kept copies look like (a text), or None."""
     from fractions import Fraction
@@ -233,7 +236,8 @@ def _capacity_mistake(yours, experts, E, k, N, cf, kept, C):
     return None
 
 
-@register_exercise("capacity", NB05, 2, "capacity factor: which copies are dropped", "capacity_keep")
+@register_exercise("capacity", NB05, 2, "capacity factor: which copies are dropped", "capacity_keep",
+                   parts=(("without drops", 1), ("with drops", 1)))
 def check_capacity(capacity_keep, rng):
     """``capacity_keep(experts, E, capacity_factor) -> bool (N, k)``: every expert accepts at
     most ``C = ceil(capacity_factor * k * N / E)`` copies, first come first served in token
@@ -247,6 +251,8 @@ def check_capacity(capacity_keep, rng):
         C = expert_capacity(N, E, k, cf)
         allowed = [None] if cf is None else sorted(capacities(N, E, k, cf))
         targets = [ref_keep(experts, E, c) for c in allowed]
+        if not in_part("without drops" if all(t.all() for t in targets) else "with drops"):
+            continue
         out = run_student("capacity", capacity_keep, ("experts",), experts, E, cf)
         shown_c = C if len(allowed) == 1 else f"{C} (or {', '.join(str(c) for c in allowed if c != C)} " \
                                               f"with a float product)"
@@ -300,7 +306,8 @@ def _moe_case(rng, Ne, E, k, T, h, cf, e, logits=None):
     return chosen, keep, group.bytes_sent.copy(), stats
 
 
-@register_exercise("moe_stats", NB05, 2, "drops, all-to-all bytes and load per GPU", "moe_stats")
+@register_exercise("moe_stats", NB05, 2, "drops, all-to-all bytes and load per GPU", "moe_stats",
+                   parts=(("drops and load", 1), ("all-to-all bytes", 1)))
 def check_moe_stats(moe_stats, rng):
     """``moe_stats(experts, keep, Ne, E, h, e=2) -> dict`` with ``drop_rate`` (fraction of
     the ``N k`` copies dropped), ``bytes_per_gpu`` (array ``(Ne,)``: bytes each GPU sends in
@@ -334,13 +341,17 @@ def check_moe_stats(moe_stats, rng):
 
         def hint(key, general, _out=out, _args=(chosen, keep, Ne, E, h, e, e_passed)):
             return lambda: mistakes.moe_stats_mistake(key, _out[key], *_args) or general
-        close_number("moe_stats", out["drop_rate"], stats.dropped / (Ne * T * k), where=where,
-                      what="drop_rate", hint=hint("drop_rate", "the fraction of all copies that "
-                                                               "were dropped"))
-        compare_arrays("moe_stats", out["load_per_gpu"], stats.load_per_gpu, where=where,
-                 what="load_per_gpu", axes=("GPU",),
-                 hint=hint("load_per_gpu", "the load of a GPU is the number of kept copies its "
-                                           "experts compute; expert i lives on GPU i // (E/Ne)"))
+        if in_part("drops and load"):
+            close_number("moe_stats", out["drop_rate"], stats.dropped / (Ne * T * k), where=where,
+                         what="drop_rate", hint=hint("drop_rate", "the fraction of all copies "
+                                                                  "that were dropped"))
+            compare_arrays("moe_stats", out["load_per_gpu"], stats.load_per_gpu, where=where,
+                           what="load_per_gpu", axes=("GPU",),
+                           hint=hint("load_per_gpu", "the load of a GPU is the number of kept "
+                                                     "copies its experts compute; expert i "
+                                                     "lives on GPU i // (E/Ne)"))
+        if not in_part("all-to-all bytes"):
+            continue
         compare_arrays("moe_stats", out["bytes_per_gpu"], ledger, where=where, what="bytes_per_gpu",
                  axes=("GPU",),
                  hint=hint("bytes_per_gpu", "a GPU sends h e bytes for each kept copy of its own "
