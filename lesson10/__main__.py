@@ -1,4 +1,4 @@
-"""Command line: ``python -m lesson10 {demo,run,bench,grade,gradescope,release,build}``.
+"""Command line: ``python -m lesson10 {demo,run,bench,grade,gradescope,release,report,build}``.
 
     demo                      every simulated method on a small case: error and bytes vs. the lesson
     run METHOD --nproc N      one real multi-process run on gloo/NCCL; METHOD one of
@@ -8,6 +8,7 @@
     grade NOTEBOOK...         instructors: score submitted notebooks with a judge (see README)
     gradescope OUT.zip        instructors: write a Gradescope autograder (setup.sh, run_autograder)
     release DIR               instructors: write the student repository (no solutions/)
+    report RESULTS            instructors: the class report (HTML with plots, Markdown) of a graded class
     build [--check]           write notebooks/ from solutions/ (or check it is up to date)
 """
 from __future__ import annotations
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         from .course.grade.gradescope import main_bundle as run
     elif cmd == "release":
         from .course.release import main as run
+    elif cmd == "report":
+        from .course.report import main as run
     elif cmd == "build":
         from .course.build import main as run
     else:
