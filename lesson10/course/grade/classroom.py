@@ -56,9 +56,9 @@ def one_point_tests(e: dict) -> list[tuple[str, dict]]:
             names = [f"point {i + 1}" for i in range(e["max_points"])]
         if not names:
             return [(base, e)]
-        share = e["points"] // len(names)
-        parts = [{"part": n, "status": e["status"], "passed": e["passed"], "points": share,
-                  "max_points": 1, "message": e["message"]} for n in names]
+        parts = [{"part": n, "status": e["status"] if i >= e["points"] else "passed",
+                  "passed": i < e["points"], "points": int(i < e["points"]), "max_points": 1,
+                  "message": e["message"]} for i, n in enumerate(names)]
     return [(f"{base} ({p['part']})", p) for p in parts]
 
 

@@ -300,13 +300,9 @@ def _grade(args, plan, contents, helpers, keys, box, seed) -> list[dict]:
             _remove(box_dir)
     out = []
     for it in plan.graded:
-        rep = dict(stored[it.path] or fresh[it.path])
-        rep.update(student=it.student, notebook=str(it.path), seed=seed)
-        others = [str(p) for p, chosen in plan.ignored.items() if chosen is it]
-        rep.pop("ignored_copies", None)
-        if others:                  # the rows, the feedback and Gradescope's output say so
-            rep["ignored_copies"] = others
-        out.append(rep)
+        copies = [p for p, chosen in plan.ignored.items() if chosen is it]
+        out.append(store.finish(stored[it.path] or fresh[it.path], it.student, str(it.path),
+                                seed, copies))
     if box is not None:
         print(f"grade: results in {box.folder} (the same command, or --resume "
               f"{box.folder}, grades only what is not there)", file=sys.stderr)

@@ -145,6 +145,16 @@ def merge(old: dict | None, new: dict) -> dict:
             "class_not_graded": new["class_not_graded"] or old.get("class_not_graded", [])}
 
 
+def finish(rep: dict, student: str, path: str, seed, copies) -> dict:
+    """A stored report as this batch reports it: its student, its path, the seed, the
+    copies of it that were not graded."""
+    out = {k: v for k, v in rep.items() if k != "ignored_copies"}
+    out.update(student=student, notebook=str(path), seed=seed)
+    if copies:                  # the rows, the feedback and Gradescope's output say so
+        out["ignored_copies"] = [str(c) for c in copies]
+    return out
+
+
 def load(doc: dict, store: Store):
     """``(reports, plan)`` of the whole class in ``doc`` (``class.json``): the stored report
     of every graded file, with its student and path, and a plan for the gradebook rows.
@@ -159,8 +169,8 @@ def load(doc: dict, store: Store):
                 rep = notebook_report(Path(g["path"]), g.get("notebook"), ok=False,
                                       error=f"no stored result (key {g['key']}) in {store.folder}:"
                                             f" grade this student again", student=name)
-            rep = {**rep, "student": name, "notebook": g["path"]}
-            reports.append(rep)
+            copies = [i["path"] for i in part["ignored"] if i["graded"] == g["path"]]
+            reports.append(finish(rep, name, g["path"], doc.get("seed"), copies))
             items[g["path"]] = Item(Path(g["path"]), name, g.get("notebook"))
     ignored = {Path(i["path"]): items.get(i["graded"], Item(Path(i["graded"]), name, None))
                for name, part in doc["students"].items() for i in part["ignored"]}
