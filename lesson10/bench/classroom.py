@@ -53,7 +53,8 @@ def make_class(folder: Path, students: int, seed: int = 0) -> int:
             source = _ROOT / ("notebooks" if kind == "blank" else "solutions") / f"{nid}.ipynb"
             text = source.read_text(encoding="utf-8")
             if kind == "wrong" and nid in WRONG:
-                text = text.replace(*(json.dumps(w)[1:-1] for w in WRONG[nid]))
+                old, new = (json.dumps(w)[1:-1] for w in WRONG[nid])
+                text = text.replace(old, new)
             target = who / ("lesson10-main/notebooks" if kind == "nested" else "") / f"{nid}.ipynb"
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")

@@ -66,6 +66,30 @@ def _parser() -> argparse.ArgumentParser:
     who.add_argument("--roster", type=Path, default=None, metavar="FILE",
                      help="the class: a CSV with a 'student' column, or one name a line. A "
                           "student on it with no notebook gets a row of 'missing'")
+    _output_args(p)
+    p.add_argument("--fail-under", type=float, default=None, metavar="PCT",
+                   help="exit 0 when the score is at least PCT %% of the maximum, else 1")
+    p.add_argument("-j", "--jobs", type=int, default=1, help="notebooks graded in parallel")
+    p.add_argument("--timeout", type=float, default=120,
+                   help="seconds allowed per cell (default 120)")
+    p.add_argument("--exercise-timeout", type=float, default=30,
+                   help="seconds allowed per exercise while judged (default 30)")
+    p.add_argument("--notebook-timeout", type=float, default=600,
+                   help="seconds allowed per notebook, running and judging (default 600)")
+    p.add_argument("--memory", type=float, default=4,
+                   help="GiB of address space for each process that runs student code "
+                        "(default 4)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the hidden cases (default: a secret one, written into every "
+                        "report as 'seed'; pass it again to replay a grading run exactly)")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="grade where bubblewrap cannot run (macOS, no user namespaces): the "
+                        "cells then run as a plain child process, and every report says "
+                        "'not sandboxed'")
+    return p
+
+
+def _output_args(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("outputs")
     out.add_argument("--json", action="store_true", help="print the report as JSON")
     out.add_argument("--output", type=Path, help="also write the JSON report to this file")
@@ -99,26 +123,6 @@ def _parser() -> argparse.ArgumentParser:
                           "written from the folder alone")
     res.add_argument("--no-results", action="store_true",
                      help="keep no results folder (grade everything, keep nothing)")
-    p.add_argument("--fail-under", type=float, default=None, metavar="PCT",
-                   help="exit 0 when the score is at least PCT %% of the maximum, else 1")
-    p.add_argument("-j", "--jobs", type=int, default=1, help="notebooks graded in parallel")
-    p.add_argument("--timeout", type=float, default=120,
-                   help="seconds allowed per cell (default 120)")
-    p.add_argument("--exercise-timeout", type=float, default=30,
-                   help="seconds allowed per exercise while judged (default 30)")
-    p.add_argument("--notebook-timeout", type=float, default=600,
-                   help="seconds allowed per notebook, running and judging (default 600)")
-    p.add_argument("--memory", type=float, default=4,
-                   help="GiB of address space for each process that runs student code "
-                        "(default 4)")
-    p.add_argument("--seed", type=int, default=None,
-                   help="seed of the hidden cases (default: a secret one, written into every "
-                        "report as 'seed'; pass it again to replay a grading run exactly)")
-    p.add_argument("--no-sandbox", action="store_true",
-                   help="grade where bubblewrap cannot run (macOS, no user namespaces): the "
-                        "cells then run as a plain child process, and every report says "
-                        "'not sandboxed'")
-    return p
 
 
 def _fail(message: str) -> int:
@@ -203,23 +207,9 @@ def main(argv: list[str] | None = None) -> int:
             contents[path] = None
         helpers[path] = helper_files(path) if contents[path] is not None else []
     try:
-        roster = gradebook.read_roster(args.roster) if args.roster else None
-        if roster is None and old is not None and args.student is None:
-            roster = old.get("roster")
-        plan = gradebook.plan(paths, contents, student=args.student,
-                              student_from=args.student_from, roster=roster, others=others,
-                              base=old.get("root") if old is not None else None)
+        plan = _plan(args, paths, contents, others, old)
     except (gradebook.PlanError, OSError) as exc:
         return _fail(str(exc))
-    for name in plan.not_on_roster():
-        print(f"grade: warning: {name} is not on the roster", file=sys.stderr)
-    for option in ("gradescope", "classroom"):
-        if getattr(args, option) and len(plan.students) != 1:
-            names = ", ".join(plan.students[:5]) + (", ..." if len(plan.students) > 5 else "")
-            return _fail(f"--{option} writes one student's results, and this batch has "
-                         f"{len(plan.students)} students ({names}); grade each student's "
-                         f"notebooks on their own, or give --student NAME if they are one "
-                         f"student's")
     keys = {it.path: store.key(contents[it.path], helpers[it.path], seed=seed,
                                notebook=it.notebook) for it in plan.graded}
     sandboxed = not args.no_sandbox
@@ -236,6 +226,27 @@ def main(argv: list[str] | None = None) -> int:
     reports_all, plan_all = store.load(doc, box)
     rows = outputs.write(args, plan_all, reports_all, seed, sandboxed, batch=(plan, results))
     return exit_status(reports_all, args.fail_under, students=rows)
+
+
+def _plan(args, paths, contents, others, old) -> gradebook.Plan:
+    """Who handed in what (a results folder's roster and class folder where it has them);
+    raises PlanError for a batch that cannot be graded as asked."""
+    roster = gradebook.read_roster(args.roster) if args.roster else None
+    if roster is None and old is not None and args.student is None:
+        roster = old.get("roster")
+    plan = gradebook.plan(paths, contents, student=args.student,
+                          student_from=args.student_from, roster=roster, others=others,
+                          base=old.get("root") if old is not None else None)
+    for name in plan.not_on_roster():
+        print(f"grade: warning: {name} is not on the roster", file=sys.stderr)
+    for option in ("gradescope", "classroom"):
+        if getattr(args, option) and len(plan.students) != 1:
+            names = ", ".join(plan.students[:5]) + (", ..." if len(plan.students) > 5 else "")
+            raise gradebook.PlanError(
+                f"--{option} writes one student's results, and this batch has "
+                f"{len(plan.students)} students ({names}); grade each student's notebooks on "
+                f"their own, or give --student NAME if they are one student's")
+    return plan
 
 
 def _root(paths, others, old) -> str:

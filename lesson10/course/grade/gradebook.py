@@ -168,7 +168,7 @@ def student_keys(paths: list[Path], student: str | None = None,
         for p in paths:
             m = rx.search(_posix(p))
             name = (m.group("student") or "").strip() if m else ""
-            if not name:
+            if m is None or not name:
                 raise PlanError(f"--student-from {student_from!r} finds no student in "
                                 f"{_posix(p)!r}")
             keys[p] = (name, _posix(p)[:m.end("student")])
@@ -418,10 +418,11 @@ def rows(reports: list[dict], the_plan: Plan | None = None) -> list[dict]:
                 handed[rep["course_notebook"]] = rep
         entries = []
         for ex in EXERCISES.values():
-            rep = handed.get(ex.notebook)
-            if rep is None:
+            got_rep: dict | None = handed.get(ex.notebook)
+            if got_rep is None:
                 entries.append(_missing_entry(ex, ex.notebook))
                 continue
+            rep = got_rep
             got = next((e for e in rep["exercises"] if e["exercise"] == ex.id), None)
             if got is None:
                 why = rep.get("error") or "the grader gave this exercise no verdict"

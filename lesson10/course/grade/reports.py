@@ -226,7 +226,7 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
     report has them, else an equal share of its notebook's); a lost exercise is a
     ``<failure>``, a grader error an ``<error>``, and ``failures``/``errors`` count exactly
     those. The attributes and elements are those the common JUnit schemas ask for."""
-    suites = []
+    suites: list[tuple] = []
     for rep in reports:
         cases = [(e, None) for e in rep["exercises"]]
         if not cases and not rep["ok"]:

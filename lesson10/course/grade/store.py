@@ -125,6 +125,7 @@ def class_doc(the_plan, keys: dict, *, seed: int, root: str) -> dict:
             students[who]["not_graded"] = list(files)
     return {"format": FORMAT, "version": lesson10.__version__, "seed": seed, "root": root,
             "roster": the_plan.roster, "students": students,
+            "order": [str(it.path) for it in the_plan.graded],
             "class_not_graded": list(the_plan.not_graded.get(None, []))}
 
 
@@ -141,7 +142,11 @@ def merge(old: dict | None, new: dict) -> dict:
     for name in roster or []:
         students.setdefault(name, {"graded": [], "ignored": [], "not_graded": []})
     order = list(roster or []) + sorted(n for n in students if n not in (roster or []))
+    kept = {g["path"] for n, part in students.items() if part is not new["students"].get(n)
+            for g in part["graded"]}
+    files = new["order"] + [f for f in old.get("order", []) if f in kept]
     return {**new, "roster": roster, "students": {n: students[n] for n in order},
+            "order": files,
             "class_not_graded": new["class_not_graded"] or old.get("class_not_graded", [])}
 
 
@@ -157,7 +162,8 @@ def finish(rep: dict, student: str, path: str, seed, copies) -> dict:
 
 def load(doc: dict, store: Store):
     """``(reports, plan)`` of the whole class in ``doc`` (``class.json``): the stored report
-    of every graded file, with its student and path, and a plan for the gradebook rows.
+    of every graded file, with its student and path, in the order the files were given (the
+    newest batch's first), and a plan for the gradebook rows.
     A report the folder lacks is a grader error of that notebook (never a silent 0)."""
     from .gradebook import Item, Plan
     reports, items = [], {}
@@ -178,6 +184,8 @@ def load(doc: dict, store: Store):
                         if part["not_graded"]}
     if doc.get("class_not_graded"):
         not_graded[None] = doc["class_not_graded"]
+    rank = {path: i for i, path in enumerate(doc.get("order", []))}
+    reports.sort(key=lambda r: rank.get(r["notebook"], len(rank)))        # the batch's order
     the_plan = Plan(graded=list(items.values()), ignored=ignored,
                     students=list(doc["students"]), roster=doc.get("roster"),
                     not_graded=not_graded)
