@@ -250,8 +250,10 @@ def _ring_cases(rng, n_random=6):
     for i in range(n_random):
         layout = str(rng.choice(["contiguous", "zigzag", "striped"]))
         n = int(rng.integers(3 if i in swapped else 2, 6))   # N_c >= 3: a block is passed on
-        cases.append((layout, bool(rng.random() < 0.7), n, 2 * n * int(rng.integers(1, 3)),
-                      i in swapped))
+        causal = bool(rng.random() < 0.7)
+        if i in swapped:             # both parts (non-causal, causal) get substituted cases
+            causal = sorted(swapped).index(i) % 2 == 1
+        cases.append((layout, causal, n, 2 * n * int(rng.integers(1, 3)), i in swapped))
     return cases
 
 

@@ -197,9 +197,11 @@ def _ulysses_cases(rng, n_random=6):
     for i in range(n_random):
         n = int(rng.integers(2, 5))
         a_kv = n * int(rng.integers(1, 3))
-        cases.append((str(rng.choice(["contiguous", "zigzag", "striped"])), bool(rng.random() < 0.7),
-                      n, 2 * int(rng.integers(1, 3)), a_kv * int(rng.integers(1, 3)), a_kv,
-                      i in swapped))
+        layout, causal = str(rng.choice(["contiguous", "zigzag", "striped"])), bool(rng.random() < 0.7)
+        if i in swapped:             # both parts (non-causal, causal) get substituted cases
+            causal = sorted(swapped).index(i) % 2 == 1
+        cases.append((layout, causal, n, 2 * int(rng.integers(1, 3)), a_kv * int(rng.integers(1, 3)),
+                      a_kv, i in swapped))
     return cases
 
 
