@@ -35,16 +35,22 @@ from .grade import measure
 _ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ("01_sequence_parallel", "02_ring_attention", "03_load_balance", "04_ulysses",
              "05_moe_dispatch")
-#: one wrong answer per notebook: (text in the solution, what replaces it)
-WRONG = {"03_load_balance": ("return np.asarray(work).max(axis=1).sum()",
-                             "return np.asarray(work).sum(axis=0).max()"),
-         "02_ring_attention": ("positions[r], k_pos, causal)", "positions[r], k_pos, False)")}
+
+
+def _wrong() -> dict:
+    """One wrong answer per notebook: (text in the solution, what replaces it). A function,
+    not a module constant: the grader's stand-in keeps a module's literals, and these quote
+    a solution."""
+    return {"03_load_balance": ("return np.asarray(work).max(axis=1).sum()",
+                                "return np.asarray(work).sum(axis=0).max()"),
+            "02_ring_attention": ("positions[r], k_pos, causal)", "positions[r], k_pos, False)")}
 
 
 def make_class(folder: Path, students: int, seed: int = 0) -> int:
     """Write ``students`` folders of five notebooks each under ``folder``; returns the
     number of notebooks written."""
     rng = np.random.default_rng(seed)
+    wrong = _wrong()
     n = 0
     for s in range(students):
         who = folder / f"student{s:03d}"
@@ -52,8 +58,8 @@ def make_class(folder: Path, students: int, seed: int = 0) -> int:
             kind = rng.choice(["solved", "solved", "blank", "wrong", "nested"])
             source = _ROOT / ("notebooks" if kind == "blank" else "solutions") / f"{nid}.ipynb"
             text = source.read_text(encoding="utf-8")
-            if kind == "wrong" and nid in WRONG:
-                old, new = (json.dumps(w)[1:-1] for w in WRONG[nid])
+            if kind == "wrong" and nid in wrong:
+                old, new = (json.dumps(w)[1:-1] for w in wrong[nid])
                 text = text.replace(old, new)
             target = who / ("lesson10-main/notebooks" if kind == "nested" else "") / f"{nid}.ipynb"
             target.parent.mkdir(parents=True, exist_ok=True)

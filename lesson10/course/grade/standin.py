@@ -102,6 +102,8 @@ def _student(name, what):
         _BUSY.add(name)
         try:
             return fn(*args, **kwargs)
+        except NotImplementedError:       # not written yet: the course's stays withheld
+            _refuse(what)
         finally:
             _BUSY.discard(name)
     return call
