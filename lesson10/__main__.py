@@ -1,4 +1,4 @@
-"""Command line: ``python -m lesson10 {demo,run,bench,grade,gradescope,release,build}``.
+"""Command line: ``python -m lesson10 {demo,run,bench,grade,gradescope,release,report,build}``.
 
     demo                      every simulated method on a small case: error and bytes vs. the lesson
     run METHOD --nproc N      one real multi-process run on gloo/NCCL; METHOD one of
@@ -8,6 +8,7 @@
     grade NOTEBOOK...         instructors: score submitted notebooks with a judge (see README)
     gradescope OUT.zip        instructors: write a Gradescope autograder (setup.sh, run_autograder)
     release DIR               instructors: write the student repository (no solutions/)
+    report RESULTS            instructors: the class report (HTML with plots, Markdown) of a graded class
     build [--check]           write notebooks/ from solutions/ (or check it is up to date)
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ USAGE = __doc__
 #: each command's function, by import path (relative to this package)
 COMMANDS = {"demo": ".runs.demo:main", "run": ".runs.cli:main", "bench": ".bench:main",
             "grade": ".course.grade:main", "gradescope": ".course.grade.gradescope:main_bundle",
-            "release": ".course.release:main", "build": ".course.build:main"}
+            "release": ".course.release:main", "report": ".course.report:main",
+            "build": ".course.build:main"}
 
 
 def main(argv: list[str] | None = None) -> int:

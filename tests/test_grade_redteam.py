@@ -145,8 +145,15 @@ case("nb03_reference_calls", "course code",
      edited(defs={B.function_of(ex): C.call_reference(B.header(NB03, B.function_of(ex)),
                                                       C.NB03_REF[ex], how)
                   for ex, how in zip(ALL03, ("direct", "thread", "try_except"))}),
-     lost=lose(*ALL03), why="causal_work through sim.ring_attention's stats")
-case("code_object_copies", "course code", edited(defs=C.code_copies()), lost=lose(*ALL03))
+     # notebook 03's sandbox holds the real sim.attention (no exercise of 03 asks for it):
+     # counting visible keys with its lse, round k against block (r - k) mod N_c, is the
+     # student's own causal_work, as np.sum of a mask would be; the references stay out
+     lost=lose("zigzag_positions", "ring_time"),
+     why="zigzag_positions and ring_time through their references")
+# causal_work's copy of sim.attention (real in 03's sandbox) only counts visible keys: the
+# rounds are the student's own (see nb03_reference_calls); the references stay out
+case("code_object_copies", "course code", edited(defs=C.code_copies()),
+     lost=lose("zigzag_positions", "ring_time"))
 case("patched_in_place", "course code", edited(defs=C.patches()), lost=lose(*ALL03))
 case("source_from_disk_a", "course code", edited(
     defs={"ring_time": C.stolen("ring_time", "standin"),
@@ -700,6 +707,11 @@ def world(tmp_path_factory):
 
 
 # ------------------------------------------------------------------ the verdicts
+#: points a lost exercise keeps from a part it gets right (partial credit, issue 24): plain
+#: TP gives SP's output (its "output" part), not op on s/t tokens
+PARTLY = {"sp_op_on_the_whole_sequence": {"sp_forward": 1}}
+
+
 def _expected(c: Case) -> dict:
     """exercise -> max points for the notebook the case is graded as."""
     if c.notebook is None:
@@ -734,12 +746,14 @@ def test_case_scores_what_it_should(world, name):
         e = got[ex]
         assert e["max_points"] == full, why
         if ex in c.lost:
-            assert e["points"] == 0 and not e["passed"], why
+            assert e["points"] == PARTLY.get(c.name, {}).get(ex, 0) and not e["passed"], why
             assert c.lost[ex] is ANY or e["status"] in c.lost[ex], why
         else:
             assert e["passed"] and e["points"] == full and e["status"] == "passed", why
+    kept = sum(PARTLY.get(c.name, {}).values())
     assert (rep["points"], rep["max_points"]) == (sum(full for ex, full in want.items()
-                                                      if ex not in c.lost), sum(want.values())), why
+                                                      if ex not in c.lost) + kept,
+                                                  sum(want.values())), why
 
 
 def test_the_batch_finishes_in_time_with_exit_status_1(world):

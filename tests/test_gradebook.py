@@ -238,7 +238,12 @@ def test_classroom_runner_results():
         classroom.runner_results([ALICE, BOB])
     doc = classroom.runner_results([ALICE], seed=5)
     assert doc["version"] == 1 and doc["status"] == "fail" and doc["max_score"] == COURSE_MAX
-    assert doc["seed"] == 5 and len(doc["tests"]) == len(EXERCISES)
+    # one point per test (a test per part of a multi-point exercise): the reporter's log,
+    # (tests passed / tests) x max, is then Classroom's points
+    assert doc["seed"] == 5 and len(doc["tests"]) == COURSE_MAX
+    assert all(t["max_score"] == 1 for t in doc["tests"])
+    passed = sum(t["status"] == "pass" for t in doc["tests"])
+    assert passed / len(doc["tests"]) * doc["max_score"] == sum(t["score"] for t in doc["tests"])
     for t in doc["tests"]:
         assert set(t) >= {"name", "status", "score", "max_score", "message"}
         assert t["status"] in ("pass", "fail", "error")
@@ -253,7 +258,7 @@ def test_classroom_runner_results():
     assert classroom.runner_results([_fake("x", "03_load_balance", [], ok=False)])["status"] == "error"
     err = classroom.error_results("no kernel")
     assert err["status"] == "error" and err["max_score"] == COURSE_MAX
-    assert {t["status"] for t in err["tests"]} == {"error"}
+    assert {t["status"] for t in err["tests"]} == {"error"} and len(err["tests"]) == COURSE_MAX
 
 
 # ------------------------------------------------------------------ JUnit and Markdown

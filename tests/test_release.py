@@ -98,3 +98,24 @@ def test_writing_over_an_earlier_release_keeps_git_and_refuses_other_folders(tmp
     assert not (other / "thesis.tex").exists() and (other / "notebooks").is_dir()
     with pytest.raises(release.ReleaseError, match="inside the course repository"):
         release.release(ROOT / "build" / "release")
+
+
+def test_release_warns_while_the_repository_and_ref_are_the_defaults(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "lesson10", "release", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    repository, ref = repository_setting(ROOT)
+    said = [line for line in proc.stderr.splitlines() if line.startswith("release: warning:")]
+    expected = release.default_warnings(repository, ref)
+    assert len(said) == len(expected)
+    if repository == release.DEFAULT_REPOSITORY:
+        assert any("repository is still the default" in line for line in said)
+    assert release.default_warnings("my-school/lesson10-2026", "fall-2026") == []
+    assert len(release.default_warnings(release.DEFAULT_REPOSITORY, "main")) == 2
+
+
+def test_the_released_fallback_names_the_course_maximum(released):
+    from lesson10.course.grade.gradebook import course_max
+    text = (released / ".github" / "workflows" / "classroom.yml").read_text()
+    fallback = next(line for line in text.splitlines() if "printf" in line)
+    assert f'"max_score": {course_max()}' in fallback and '"max_score": 0' not in fallback

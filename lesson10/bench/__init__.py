@@ -31,6 +31,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["grade"]:
         from .grade import main as grade_main
         return grade_main(argv[1:])
+    if argv[:1] == ["class"]:
+        from .classroom import main as class_main
+        return class_main(argv[1:])
     from ..runs.cli import add_size_args
     from ..runs.validate import Parser, Refused, refuse
     p = Parser(prog="python -m lesson10 bench",

@@ -4,7 +4,7 @@ Two commands on the same notebooks (default: the five solution notebooks and the
 exercise notebooks, ``solutions/0[1-5]*.ipynb`` and ``notebooks/0[1-5]*.ipynb``), each run
 as a subprocess:
 
-* **grade**: ``python -m lesson10 grade NB... --json -j 1`` (the sandbox, the cells, the
+* **grade**: ``python -m lesson10 grade NB... --json --timings -j 1`` (the sandbox, the cells, the
   judge);
 * **nbclient**: every notebook executed once by nbclient in a fresh ``python3`` kernel,
   as ``jupyter nbconvert --execute`` does, one driver process for all of them.
@@ -149,8 +149,8 @@ def measure(cmd: list[str], env: dict, cwd: Path, timeout: float, cgroup: bool =
 
 
 def _grade_cmd(paths, jobs: int, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "lesson10", "grade", *map(str, paths), "--json", "-j", str(jobs),
-            *extra]
+    return [sys.executable, "-m", "lesson10", "grade", *map(str, paths), "--json", "--timings",
+            "--no-results", "-j", str(jobs), *extra]
 
 
 def _grade_result(run: dict) -> str:

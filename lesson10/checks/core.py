@@ -89,6 +89,8 @@ class Exercise:
     body: object = None
     #: the name of the function the student writes (what ``summary()`` prints)
     function: str = ""
+    #: ``((part, points), ...)`` of an exercise scored per part (see :mod:`.parts`)
+    parts: tuple = ()
 
 
 #: exercise id -> Exercise, filled by the ``@register_exercise`` decorator below
@@ -175,11 +177,18 @@ def seed_of(exercise: str) -> int:
     return zlib.crc32(f"lesson10.checks.{exercise}".encode())
 
 
-def register_exercise(exercise: str, notebook: str, points: int, title: str, function: str = ""):
-    """Turn ``body(student_fn, rng) -> success text`` into a public check function."""
+def register_exercise(exercise: str, notebook: str, points: int, title: str, function: str = "",
+                      parts: tuple = ()):
+    """Turn ``body(student_fn, rng) -> success text`` into a public check function.
+    ``parts``: ``((name, points), ...)`` summing to ``points``, the parts the grader scores
+    on their own (the body asks :func:`lesson10.checks.parts.in_part` of each case)."""
+    if parts and sum(p for _, p in parts) != points:
+        raise ValueError(f"the parts of {exercise} add up to {sum(p for _, p in parts)} "
+                         f"points, not {points}")
+
     def decorate(body):
         EXERCISES[exercise] = Exercise(exercise, notebook, points, title, body,
-                                       function or exercise)
+                                       function or exercise, tuple(parts))
 
         @functools.wraps(body)
         def check(student_fn, *, seed: int | None = None) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .diagnosis import Diagnosis
+from .parts import recognised
 from .precision import tolerance
 
 
@@ -434,3 +435,9 @@ def aux_loss_mistake(probs, experts, alpha, yours, alpha_passed) -> Diagnosis | 
         cands += [("alpha was not passed here: its default is 1e-2", alpha_ * E * float(f @ P))
                   for alpha_ in (1e-3, 0.1, 1.0)]
     return first(yours, unless_right(cands, right))
+
+
+# every hint function above notes the mistake it recognised (see lesson10.checks.parts)
+for _name in [n for n in list(globals()) if n.endswith("_mistake")]:
+    globals()[_name] = recognised(globals()[_name])
+del _name

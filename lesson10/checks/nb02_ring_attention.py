@@ -16,6 +16,7 @@ from .core import (
     run_student,
 )
 from .network import Referee, RingNetwork, ServedBlockAttention, ServedMerge, served_call, substituted
+from .parts import in_part, note_mistake
 
 NB02 = "02_ring_attention"
 
@@ -184,6 +185,7 @@ def diagnose(exercise, out, candidates: dict, where: str) -> None:
         return
     for name, (cand, hint) in candidates.items():
         if mistakes.same(yours, cand):
+            note_mistake(f"{exercise}: {name}", hint)
             fail_check(exercise, where, f"your output equals {name}", show=False, hint=hint)
 
 
@@ -255,8 +257,10 @@ def _ring_cases(rng, n_random=6):
     for i in range(n_random):
         layout = str(rng.choice(["contiguous", "zigzag", "striped"]))
         n = int(rng.integers(3 if i in swapped else 2, 6))   # N_c >= 3: a block is passed on
-        cases.append((layout, bool(rng.random() < 0.7), n, 2 * n * int(rng.integers(1, 3)),
-                      i in swapped, False))
+        causal = bool(rng.random() < 0.7)
+        if i in swapped:             # both parts (non-causal, causal) get substituted cases
+            causal = sorted(swapped).index(i) % 2 == 1
+        cases.append((layout, causal, n, 2 * n * int(rng.integers(1, 3)), i in swapped, False))
     return cases
 
 
@@ -289,7 +293,8 @@ def _ring_case(rng, layout, causal, n, s, swap, large):
     return (q, k, v, pos), (qs, ks, vs, [p.copy() for p in pos]), where, referee, net, kernel
 
 
-@register_exercise("ring_attention", NB02, 2, "the ring loop")
+@register_exercise("ring_attention", NB02, 2, "the ring loop",
+                   parts=(("non-causal", 1), ("causal", 1)))
 def check_ring_attention(ring_attention, rng):
     """``ring_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None,
     block_attention=..., merge=...) -> list`` of output shards; ``positions[r]`` are the
@@ -306,6 +311,8 @@ def check_ring_attention(ring_attention, rng):
     for layout, causal, n, s, swap, large in cases:
         full_in, args, where, referee, net, kernel = _ring_case(rng, layout, causal, n, s, swap,
                                                                 large)
+        if not in_part("non-causal" if causal is False else "causal"):
+            continue
         n_swapped += swap
         out = served_call(referee, "ring_attention", ring_attention,
                           ("q_shards", "k_shards", "v_shards", "positions"),

@@ -25,6 +25,7 @@ from .network import (
     substituted,
     tokens,
 )
+from .parts import in_part
 
 NB04 = "04_ulysses"
 
@@ -193,9 +194,11 @@ def _ulysses_cases(rng, n_random=6):
     for i in range(n_random):
         n = int(rng.integers(2, 5))
         a_kv = n * int(rng.integers(1, 3))
-        cases.append((str(rng.choice(["contiguous", "zigzag", "striped"])), bool(rng.random() < 0.7),
-                      n, 2 * int(rng.integers(1, 3)), a_kv * int(rng.integers(1, 3)), a_kv,
-                      i in swapped))
+        layout, causal = str(rng.choice(["contiguous", "zigzag", "striped"])), bool(rng.random() < 0.7)
+        if i in swapped:             # both parts (non-causal, causal) get substituted cases
+            causal = sorted(swapped).index(i) % 2 == 1
+        cases.append((layout, causal, n, 2 * int(rng.integers(1, 3)), a_kv * int(rng.integers(1, 3)),
+                      a_kv, i in swapped))
     return cases
 
 
@@ -291,7 +294,8 @@ def _ulysses_diagnosis(out, full_in, kernel, causal_, swap, where) -> None:
                   where)
 
 
-@register_exercise("ulysses_attention", NB04, 2, "Ulysses attention")
+@register_exercise("ulysses_attention", NB04, 2, "Ulysses attention",
+                   parts=(("non-causal", 1), ("causal", 1)))
 def check_ulysses_attention(ulysses_attention, rng):
     """``ulysses_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None,
     attention=None) -> list`` of sequence-sharded outputs; K/V may have fewer heads than Q
@@ -306,6 +310,8 @@ def check_ulysses_attention(ulysses_attention, rng):
     err, n_swapped = 0.0, 0
     cases = _ulysses_cases(rng)
     for layout, causal, n, c, a, a_kv, swap in cases:
+        if not in_part("non-causal" if causal is False else "causal"):
+            continue
         s, d = n * c, int(rng.integers(1, 4))
         q, k, v = draw_qkv(rng, s, a, d, a_kv=a_kv, scale=1.5)
         pos = shard_positions(s, n, layout)

@@ -20,6 +20,7 @@ from .core import (
     register_exercise,
     run_student,
 )
+from .parts import in_part, recognised
 from .precision import plural
 
 NB05 = "05_moe_dispatch"
@@ -75,6 +76,7 @@ def _softmax_rows(z):
     return w / w.sum(axis=1, keepdims=True)
 
 
+@recognised
 def _route_mistake(logits, k, experts, gates):
     """The known mistakes that this (experts, gates) answer looks like, or None."""
     z = np.asarray(logits, dtype=float)
@@ -228,6 +230,7 @@ def capacities(N: int, E: int, k: int, cf) -> set:
     return exact | {math.ceil(p) for p in _float_products(cf, k, N, E)}
 
 
+@recognised
 def _capacity_mistake(yours, experts, E, k, N, cf, allowed, C):
     """The known mistakes the kept copies look like (a Diagnosis), or None. ``allowed``:
     the capacities the formula gives (any of them is right); ``C`` the one shown."""
@@ -263,6 +266,13 @@ def _capacity_mistake(yours, experts, E, k, N, cf, allowed, C):
                              f"order, each token's k choices together")
                 break
     return mistakes.Diagnosis(found) if found else None
+
+
+def _drops(N, E, k, cf, experts) -> bool:
+    """Whether the capacity drops a copy (for some accepted C): the part a case belongs to."""
+    from ..sim.moe import keep_within_capacity as ref_keep
+    allowed = [None] if cf is None else sorted(capacities(N, E, k, cf))
+    return any(not ref_keep(experts, E, c).all() for c in allowed)
 
 
 def _capacity_case(capacity_keep, label, N, E, k, cf, experts):
@@ -305,7 +315,8 @@ def _capacity_case(capacity_keep, label, N, E, k, cf, experts):
                              "token 1's, ...; an expert that is full drops every later copy"))
 
 
-@register_exercise("capacity", NB05, 2, "capacity factor: which copies are dropped", "capacity_keep")
+@register_exercise("capacity", NB05, 2, "capacity factor: which copies are dropped", "capacity_keep",
+                   parts=(("without drops", 1), ("with drops", 1)))
 def check_capacity(capacity_keep, rng):
     """``capacity_keep(experts, E, capacity_factor) -> bool (N, k)``: every expert accepts at
     most ``C = ceil(capacity_factor * k * N / E)`` copies, first come first served in token
@@ -315,6 +326,8 @@ def check_capacity(capacity_keep, rng):
     cases = _capacity_cases(rng)
     run = Cases("capacity")
     for label, N, E, k, cf, experts in cases:
+        if not in_part("with drops" if _drops(N, E, k, cf, experts) else "without drops"):
+            continue
         with run.case():
             _capacity_case(capacity_keep, label, N, E, k, cf, experts)
     run.verdict()
@@ -343,7 +356,8 @@ def _moe_case(rng, Ne, E, k, T, h, cf, e, logits=None):
     return chosen, keep, group.bytes_sent.copy(), stats
 
 
-@register_exercise("moe_stats", NB05, 2, "drops, all-to-all bytes and load per GPU", "moe_stats")
+@register_exercise("moe_stats", NB05, 2, "drops, all-to-all bytes and load per GPU", "moe_stats",
+                   parts=(("drops and load", 1), ("all-to-all bytes", 1)))
 def check_moe_stats(moe_stats, rng):
     """``moe_stats(experts, keep, Ne, E, h, e=2) -> dict`` with ``drop_rate`` (fraction of
     the ``N k`` copies dropped), ``bytes_per_gpu`` (array ``(Ne,)``: bytes each GPU sends in
@@ -390,6 +404,17 @@ def _moe_stats_case(moe_stats, routed, label, Ne, E, k, T, h, cf, e):
     def hint(key, general):
         return lambda: mistakes.explain(mistakes.moe_stats_mistake(
             key, out[key], chosen, keep, Ne, E, h, e, e_passed), general)
+    if in_part("drops and load"):
+        _drops_and_load(out, stats, hint, where, Ne, T, k)
+    if in_part("all-to-all bytes"):
+        compare_arrays("moe_stats", out["bytes_per_gpu"], ledger, where=where, what="bytes_per_gpu",
+                       axes=("GPU",),
+                       hint=hint("bytes_per_gpu", "a GPU sends h e bytes for each kept copy of its own "
+                                                  "tokens bound for another GPU (dispatch) and h e for "
+                                                  "each copy it computed for another GPU (combine)"))
+
+
+def _drops_and_load(out, stats, hint, where, Ne, T, k):
     close_number("moe_stats", out["drop_rate"], stats.dropped / (Ne * T * k), where=where,
                   what="drop_rate", hint=hint("drop_rate", "the fraction of all copies that "
                                                            "were dropped"))
@@ -397,11 +422,6 @@ def _moe_stats_case(moe_stats, routed, label, Ne, E, k, T, h, cf, e):
              what="load_per_gpu", axes=("GPU",),
              hint=hint("load_per_gpu", "the load of a GPU is the number of kept copies its "
                                        "experts compute; expert i lives on GPU i // (E/Ne)"))
-    compare_arrays("moe_stats", out["bytes_per_gpu"], ledger, where=where, what="bytes_per_gpu",
-             axes=("GPU",),
-             hint=hint("bytes_per_gpu", "a GPU sends h e bytes for each kept copy of its own "
-                                        "tokens bound for another GPU (dispatch) and h e for "
-                                        "each copy it computed for another GPU (combine)"))
 
 
 @register_exercise("aux_loss", NB05, 1, "the Switch load-balancing loss", "switch_aux_loss")

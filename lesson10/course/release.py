@@ -109,12 +109,42 @@ def _clear(folder: Path) -> None:
 
 
 def _workflow(root: Path, repository: str, ref: str) -> str:
+    """The template with COURSE_PACKAGE pinned to ``repository@ref`` and the last-resort
+    fallback's ``max_score`` set to the course maximum (0 would make the reporter post
+    nothing)."""
+    from .grade.gradebook import course_max
     text = (root / TEMPLATE / ".github" / "workflows" / "classroom.yml").read_text(encoding="utf-8")
     line = f'  COURSE_PACKAGE: "lesson10 @ {install_url(repository, ref)}"'
     new, n = re.subn(r'^  COURSE_PACKAGE: .*$', line, text, count=1, flags=re.MULTILINE)
     if n != 1:
         raise ReleaseError("classroom/.github/workflows/classroom.yml has no COURSE_PACKAGE line")
-    return new
+    lines = new.split("\n")
+    for i, text_line in enumerate(lines):
+        if "printf" in text_line and '"max_score"' in text_line:
+            lines[i] = re.sub(r'"max_score": \d+', f'"max_score": {course_max()}', text_line)
+    return "\n".join(lines)
+
+
+#: what ``[tool.lesson10]`` of the course's own pyproject.toml says (the project's repository)
+DEFAULT_REPOSITORY = "lesson10-course/lesson10"
+DEFAULT_REF = f"v{__version__}"
+
+
+def default_warnings(repository: str, ref: str) -> list[str]:
+    """What to tell an instructor whose ``[tool.lesson10]`` still names the defaults:
+    students would install the course package and open Colab from the course's project,
+    not from the instructor's student repository."""
+    out = []
+    if repository == DEFAULT_REPOSITORY:
+        out.append(f"[tool.lesson10] repository is still the default {DEFAULT_REPOSITORY!r}: "
+                   f"the badges, the install cells and the Classroom workflow point there, not "
+                   f"at your student repository; set repository = \"OWNER/NAME\" in "
+                   f"pyproject.toml and release again")
+    if ref in (DEFAULT_REF, "main"):
+        out.append(f"[tool.lesson10] ref is still the default {ref!r}: the workflow installs "
+                   f"the grader from that ref, so push the release and tag it, then set ref to "
+                   f"that tag (a moving branch regrades with whatever it holds later)")
+    return out
 
 
 def workflow_problem(root: Path) -> str | None:
@@ -204,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"release: {exc}", file=sys.stderr)
         return 2
     repository, ref = repository_setting((args.root or repo_root()).resolve())
+    for warning in default_warnings(repository, ref):
+        print(f"release: warning: {warning}", file=sys.stderr)
     n = sum(1 for w in written if w.suffix == ".ipynb")
     print(f"wrote {args.folder}: {n} notebooks, the lesson10 package, README.md and "
           f".github/workflows/classroom.yml (installs {install_url(repository, ref)}); "

@@ -8,9 +8,11 @@ environment variable ``<ID>_RESULTS`` (the id in upper case), base64 of this JSO
      "tests": [{"name", "status": "pass" | "fail" | "error", "score", "max_score",
                 "message", "test_code", "filename"}, ...]}
 
-and adds the tests' scores into the points of the check run named "Autograding Tests",
-which is where Classroom reads them (so the workflow's job carries that name and
-``checks: write``). ``python -m lesson10 grade ... --classroom PATH`` writes it for one
+and posts the total as a notice annotation (v1 writes annotations, no check run: the
+workflow needs no ``checks: write``), which is where Classroom reads the points. Its log
+shows ``(tests passed / tests) x max_score``: every test here is worth one point (a part of
+a multi-point exercise, see :func:`one_point_tests`), so that log and Classroom's points
+agree. ``python -m lesson10 grade ... --classroom PATH`` writes it for one
 student; the workflow (``classroom/.github/workflows/classroom.yml``) base64-encodes it into
 its step output ``result``. ``python -m lesson10.course.grade.classroom --error MESSAGE`` writes a
 runner result that says the grading itself failed (the workflow's fallback).
@@ -39,6 +41,27 @@ def _status(e: dict) -> str:
     return "error" if e["status"] == "grader error" else "fail"
 
 
+def one_point_tests(e: dict) -> list[tuple[str, dict]]:
+    """``(test name, verdict)`` of one exercise's tests, one point each: a test per part of
+    an exercise with parts (``e["parts"]``, or the course's parts of an exercise not handed
+    in), a test per point otherwise. The reporter logs ``(tests passed / tests) x max``, so
+    with one point per test its log and Classroom's points agree."""
+    from ...checks import EXERCISES
+    base = f"{e['notebook']}: {e['exercise']}"
+    parts = e.get("parts")
+    if not parts:
+        ex = EXERCISES.get(e["exercise"])
+        names = [name for name, _ in ex.parts] if ex is not None and ex.parts else []
+        if not names and e["max_points"] > 1:
+            names = [f"point {i + 1}" for i in range(e["max_points"])]
+        if not names:
+            return [(base, e)]
+        parts = [{"part": n, "status": e["status"] if i >= e["points"] else "passed",
+                  "passed": i < e["points"], "points": int(i < e["points"]), "max_points": 1,
+                  "message": e["message"]} for i, n in enumerate(names)]
+    return [(f"{base} ({p['part']})", p) for p in parts]
+
+
 def runner_results(reports: list[dict], students: list[dict] | None = None, *,
                    seed=None, sandboxed=None) -> dict:
     """The runner JSON for ONE student (ValueError for more): a test per course exercise,
@@ -50,15 +73,16 @@ def runner_results(reports: list[dict], students: list[dict] | None = None, *,
     row = rows[0]
     tests = []
     for e in row["exercises"]:
-        body, hints = gradebook.split_message(e["message"])
-        message = e["status"] + (f": {body}" if body else "")
-        message += "".join(f"\nhint: {h}" for h in hints)
-        if len(message) > MESSAGE_LIMIT:          # the reporter reads it from one env variable
-            message = message[:MESSAGE_LIMIT] + " ..."
-        tests.append({"name": f"{e['notebook']}: {e['exercise']}", "status": _status(e),
-                      "score": e["points"], "max_score": e["max_points"],
-                      "message": message, "filename": row["notebooks"].get(e["notebook"], ""),
-                      "test_code": f"checks.check_{e['exercise']}(...)", "line_no": 0})
+        for name, part in one_point_tests(e):
+            body, hints = gradebook.split_message(part["message"])
+            message = part["status"] + (f": {body}" if body else "")
+            message += "".join(f"\nhint: {h}" for h in hints)
+            if len(message) > MESSAGE_LIMIT:      # the reporter reads it from one env variable
+                message = message[:MESSAGE_LIMIT] + " ..."
+            tests.append({"name": name, "status": _status(part), "score": part["points"],
+                          "max_score": part["max_points"], "message": message,
+                          "filename": row["notebooks"].get(e["notebook"], ""),
+                          "test_code": f"checks.check_{e['exercise']}(...)", "line_no": 0})
     if not row["ok"] or any(t["status"] == "error" for t in tests):
         status = "error"
     elif all(t["status"] == "pass" for t in tests):
@@ -78,9 +102,13 @@ def error_results(message: str) -> dict:
     """A runner result that says the grading failed: every exercise at 0 with status
     ``error`` and the message (never a silent 0)."""
     from ...checks import EXERCISES
-    tests = [{"name": f"{ex.notebook}: {ex.id}", "status": "error", "score": 0,
-              "max_score": ex.points, "message": f"the grader failed: {message}"}
-             for ex in EXERCISES.values()]
+    tests = [{"name": name, "status": "error", "score": 0, "max_score": 1,
+              "message": f"the grader failed: {message}"}
+             for ex in EXERCISES.values()
+             for name, _ in one_point_tests({"notebook": ex.notebook, "exercise": ex.id,
+                                             "status": "grader error", "passed": False,
+                                             "points": 0, "max_points": ex.points,
+                                             "message": ""})]
     return {"version": 1, "status": "error", "max_score": gradebook.course_max(), "tests": tests}
 
 

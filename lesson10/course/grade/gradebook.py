@@ -4,7 +4,12 @@ and collisions, and one gradebook row per student.
 **The student of a notebook** is its folder relative to the common parent of every
 notebook's folder in the batch: ``subs/sec1/s01/a.ipynb`` and ``subs/sec2/s01/a.ipynb`` are
 the students ``sec1/s01`` and ``sec2/s01``; when every notebook sits in one folder, that
-folder's name. ``--student-from REGEX`` takes the group named ``student`` of the first match
+folder's name. A student's folder ends at the first folder that wraps notebooks rather than
+names a student (:data:`WRAPPERS`: a GitHub zip ``lesson10-main``, ``notebooks``), and a
+folder inside a student's folder is that student's: ``alice/lesson10-main/notebooks/02...``
+is alice's. With ``--roster`` the roster decides: the longest run of folder names that is a
+roster name is the student (``sec1/alice`` is ``alice`` when the roster names alice).
+``--student-from REGEX`` takes the group named ``student`` of the first match
 of REGEX in the notebook's path as given (a flat download: ``'(?P<student>[^/]+)_\\d\\d_'``),
 and ``--student NAME`` says the whole batch is one student's work (a repository, a Gradescope
 submission).
@@ -34,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...checks import EXERCISES
-from . import course
+from . import accounting, course
+from .accounting import SKIP_FOLDERS
 
 #: how one of several copies of a notebook is chosen (README "Instructors" says the same)
 COPY_RULE = ("the file with the fewest exercises left unwritten (code cells that still raise "
@@ -42,8 +48,6 @@ COPY_RULE = ("the file with the fewest exercises left unwritten (code cells that
              "without a copy's decoration ('Copy of ', '-Copy1', ' (1)'); then the shortest "
              "path, then the path in alphabetical order")
 
-#: folders a search for notebooks never enters (besides hidden ones)
-SKIP_FOLDERS = {".ipynb_checkpoints", "__MACOSX", "__pycache__", "node_modules", "site-packages"}
 
 #: the statuses an exercise can have in a row, and what each means
 STATUSES = {
@@ -84,6 +88,9 @@ class Plan:
     ignored: dict = field(default_factory=dict)  # Path of a copy not graded -> Item graded
     students: list[str] = field(default_factory=list)
     roster: list[str] | None = None
+    #: files not graded: student (None: no student's, e.g. beside the class's folders) ->
+    #: [{"path", "reason"}] (see :mod:`.accounting`)
+    not_graded: dict = field(default_factory=dict)
 
     def not_on_roster(self) -> list[str]:
         return [s for s in self.students if self.roster is not None and s not in self.roster]
@@ -138,10 +145,12 @@ def _posix(path: Path) -> str:
 
 
 def student_keys(paths: list[Path], student: str | None = None,
-                 student_from: str | None = None) -> dict[Path, tuple[str, str]]:
+                 student_from: str | None = None, roster: list[str] | None = None,
+                 base: str | None = None) -> dict[Path, tuple[str, str]]:
     """``path -> (student, where)`` (see the module's docstring). ``where`` tells apart two
-    places that give the same name: the folder (folder keys), the path up to the end of the
-    ``student`` group (``--student-from``), nothing (``--student``)."""
+    places that give the same name: the student's folder (folder keys), the path up to the
+    end of the ``student`` group (``--student-from``), nothing (``--student``). ``base``: the
+    class's folder (a results folder's), used instead of the common parent under it."""
     if student is not None:
         if not student.strip():
             raise PlanError("--student needs a name")
@@ -159,7 +168,7 @@ def student_keys(paths: list[Path], student: str | None = None,
         for p in paths:
             m = rx.search(_posix(p))
             name = (m.group("student") or "").strip() if m else ""
-            if not name:
+            if m is None or not name:
                 raise PlanError(f"--student-from {student_from!r} finds no student in "
                                 f"{_posix(p)!r}")
             keys[p] = (name, _posix(p)[:m.end("student")])
@@ -168,12 +177,52 @@ def student_keys(paths: list[Path], student: str | None = None,
     if not folders:
         return {}
     common = os.path.commonpath(list(folders.values()))
+    if base and (common == base or common.startswith(base.rstrip(os.sep) + os.sep)):
+        common = base                   # some students of a class graded again
     keys = {}
     for p, folder in folders.items():
-        rel = os.path.relpath(folder, common)
-        name = (os.path.basename(common) or "student") if rel == "." else _posix(Path(rel))
-        keys[p] = (name, folder)
-    return keys
+        keys[p] = folder_student(folder, common, roster)
+    return _merge_nested(keys, common)
+
+
+#: folder names that wrap a student's notebooks rather than name a student: a GitHub zip
+#: (``lesson10-main``, ``<repo>-master``), the course's own folders, Colab's folder
+WRAPPERS = re.compile(r"^(notebooks?|solutions|submissions?|colab notebooks|"
+                      r"lesson10([^a-z0-9].*)?|.+-(main|master))$", re.IGNORECASE)
+
+
+def folder_student(folder: str, common: str, roster=None) -> tuple[str, str]:
+    """``(student, student folder)`` of a file in ``folder``: with a roster, the longest
+    run of folder names under ``common`` that is a roster name (``sec1/alice/x`` is
+    ``alice`` when the roster says so); else the folders under ``common`` up to the first
+    wrapper (:data:`WRAPPERS`: ``alice/lesson10-main/notebooks`` is ``alice``)."""
+    rel = os.path.relpath(folder, common)
+    parts = [] if rel == "." else list(Path(rel).parts)
+    if roster:
+        names = set(roster)
+        for size in range(len(parts), 0, -1):
+            for i in range(len(parts) - size + 1):
+                name = "/".join(parts[i:i + size])
+                if name in names:
+                    return name, os.path.join(common, *parts[:i + size])
+    depth = next((i for i, part in enumerate(parts) if i and WRAPPERS.match(part)), len(parts))
+    if depth == 0:
+        return os.path.basename(common) or "student", common
+    return "/".join(parts[:depth]), os.path.join(common, *parts[:depth])
+
+
+def _merge_nested(keys: dict, common: str) -> dict:
+    """A student folder inside another student's folder is that student's (a download
+    unpacked in ``alice/``: ``alice/lesson10/...`` is alice's work, whatever its names)."""
+    places = sorted({where for _, where in keys.values() if where != common}, key=len)
+    out = {}
+    for p, (name, where) in keys.items():
+        outer = next((w for w in places if where.startswith(w + os.sep)), None)
+        if outer is not None:
+            name = next(n for n, w in keys.values() if w == outer)
+            where = outer
+        out[p] = (name, where)
+    return out
 
 
 def safe_parts(student: str) -> list[str]:
@@ -243,9 +292,18 @@ def _flat_downloads(items: list[Item]) -> list[str]:
 
 
 def plan(paths: list[Path], contents: dict, *, student: str | None = None,
-         student_from: str | None = None, roster: list[str] | None = None) -> Plan:
-    """Which file of whom to grade. ``contents``: path -> bytes (None: unreadable or absent)."""
-    keys = student_keys(paths, student, student_from)
+         student_from: str | None = None, roster: list[str] | None = None,
+         others=(), base: str | None = None) -> Plan:
+    """Which file of whom to grade. ``contents``: path -> bytes (None: unreadable or absent);
+    ``others``: the batch's files that are not notebooks (:func:`.accounting.find_others`),
+    each listed in the plan's ``not_graded`` under its student."""
+    others = list(others)
+    if student is None and student_from is None:
+        keys = student_keys(list(paths) + others, roster=roster, base=base)
+    else:
+        keys = student_keys(paths, student, student_from)
+        for o in others:
+            keys[o] = _other_key(o, student, student_from)
     items = []
     for p in paths:
         nid, stubs, readable = _look(p, contents.get(p))
@@ -282,11 +340,46 @@ def plan(paths: list[Path], contents: dict, *, student: str | None = None,
             "when all of these files are one student's.")
     graded = [it for it in items if it.path not in ignored]
     found = sorted({it.student for it in items})
+    not_graded = _not_graded(others, keys, paths, found, base)
+    found = sorted(set(found) | {s for s in not_graded if s is not None})
     names = list(roster) if roster is not None else []
     names += [s for s in found if s not in names]
     if student is not None and not names:
         names = [student.strip()]
-    return Plan(graded=graded, ignored=ignored, students=names, roster=roster)
+    return Plan(graded=graded, ignored=ignored, students=names, roster=roster,
+                not_graded=not_graded)
+
+
+def _other_key(path: Path, student: str | None, student_from: str | None):
+    """The (student, where) of a file that is not a notebook, or None (no student's)."""
+    if student is not None:
+        return (student.strip(), "")
+    m = re.search(str(student_from), _posix(path))
+    name = (m.group("student") or "").strip() if m else ""
+    return (name, _posix(path)[:m.end("student")]) if m and name else None
+
+
+def _not_graded(others, keys, paths, students, base=None) -> dict:
+    """student (or None) -> [{"path", "reason"}] of the files not graded. A file in the
+    batch's common folder itself, when the batch has several students, is no student's."""
+    if not others:
+        return {}
+    reasons = accounting.not_graded(others, paths)
+    folders = [os.path.dirname(os.path.abspath(p)) for p in list(paths) + list(others)]
+    common = os.path.commonpath(folders) if folders else ""
+    if base and (common == base or common.startswith(base.rstrip(os.sep) + os.sep)):
+        common = base
+    out: dict = {}
+    for o in others:
+        why = reasons.get(os.path.abspath(o))
+        if why is None:
+            continue
+        key = keys.get(o)
+        who = key[0] if key is not None else None
+        if key is not None and key[1] == common and len(students) > 1:
+            who = None
+        out.setdefault(who, []).append({"path": str(o), "reason": why})
+    return out
 
 
 # --------------------------------------------------------------------------- the rows
@@ -309,7 +402,8 @@ def rows(reports: list[dict], the_plan: Plan | None = None) -> list[dict]:
     """One row per student: every course exercise (``missing`` where no notebook was handed
     in), ``points``, ``max_points`` (the course's), ``notebooks`` (id -> path graded),
     ``missing`` (ids), ``ignored`` (copies not graded), ``unknown`` (files that are no course
-    notebook), ``ok`` (False: a grader error; do not trust the row)."""
+    notebook), ``not_graded`` (the other files of the submission, ``{"path", "reason"}``),
+    ``ok`` (False: a grader error; do not trust the row)."""
     by_student: dict[str, list[dict]] = {}
     for rep in reports:
         by_student.setdefault(rep["student"], []).append(rep)
@@ -324,10 +418,11 @@ def rows(reports: list[dict], the_plan: Plan | None = None) -> list[dict]:
                 handed[rep["course_notebook"]] = rep
         entries = []
         for ex in EXERCISES.values():
-            rep = handed.get(ex.notebook)
-            if rep is None:
+            got_rep: dict | None = handed.get(ex.notebook)
+            if got_rep is None:
                 entries.append(_missing_entry(ex, ex.notebook))
                 continue
+            rep = got_rep
             got = next((e for e in rep["exercises"] if e["exercise"] == ex.id), None)
             if got is None:
                 why = rep.get("error") or "the grader gave this exercise no verdict"
@@ -351,6 +446,7 @@ def rows(reports: list[dict], the_plan: Plan | None = None) -> list[dict]:
             "missing": [nid for nid in graded_notebooks() if nid not in handed],
             "ignored": ignored,
             "unknown": [rep["notebook"] for rep in reps if not rep.get("course_notebook")],
+            "not_graded": list(the_plan.not_graded.get(name, [])) if the_plan is not None else [],
             "ok": all(rep["ok"] for rep in reps),
             "on_roster": None if the_plan is None or the_plan.roster is None
             else name in the_plan.roster,

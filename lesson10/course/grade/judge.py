@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from ...checks import parts as checks_parts
 from ...checks.verdict import Status, Verdict, judge_body
 from . import course, wire
 
@@ -156,9 +157,55 @@ def entry(ex, status: str, message: str) -> dict:
 
 
 def judge_exercise(channel: Channel, ex, rng, limit: float, timeout: float) -> dict:
-    """Run the course's check of ``ex`` with ``proxy`` calling the student's function: the
-    check cell's ladder (:func:`~lesson10.checks.verdict.judge_body`), and what crosses
-    the process boundary (the fork hung or died; an error raised in the sandbox)."""
+    """Run the course's check of ``ex`` with ``proxy`` calling the student's function; an
+    exercise with parts (:mod:`lesson10.checks.parts`) is judged part by part, each on the
+    same draws, and scores the points of the parts it passes."""
+    if not getattr(ex, "parts", ()):
+        return _judge_once(channel, ex, rng, limit, timeout)
+    import copy
+    results = []
+    for part, points in ex.parts:
+        with checks_parts.judging(part) as state:
+            e = _judge_once(channel, ex, copy.deepcopy(rng), limit, timeout)
+        if e["passed"] and not state["cases"]:
+            e = entry(ex, "grader error", f"no case of the part {part!r} was drawn")
+        results.append({"part": part, "status": e["status"], "passed": e["passed"],
+                        "points": points if e["passed"] else 0, "max_points": points,
+                        "message": e["message"], **({"mistake": e["mistake"]}
+                                                    if e.get("mistake") else {})})
+    return combine_parts(ex, results)
+
+
+def combine_parts(ex, parts: list[dict]) -> dict:
+    """One exercise's entry from its parts' verdicts: the points of the parts passed, the
+    status ``passed`` when all are, else the status of the first part lost; the message
+    gives each part's verdict and message."""
+    lost = [p for p in parts if not p["passed"]]
+    e = entry(ex, lost[0]["status"] if lost else "passed", "\n".join(
+        f"{p['part']}: {p['status']} ({p['points']}/{p['max_points']})"
+        + (f"\n{p['message']}" if p["message"] else "") for p in parts))
+    e["points"] = sum(p["points"] for p in parts)
+    e["parts"] = parts
+    mistakes = [p["mistake"] for p in parts if p.get("mistake")]
+    if mistakes:
+        e["mistake"] = mistakes[0]
+    return e
+
+
+def _judge_once(channel: Channel, ex, rng, limit: float, timeout: float) -> dict:
+    with checks_parts.recording() as seen:
+        e = _judge_body(channel, ex, rng, limit, timeout)
+    if not e["passed"]:
+        found = checks_parts.mistake_in(e["message"], seen)
+        if found:
+            e["mistake"] = found
+    return e
+
+
+def _judge_body(channel: Channel, ex, rng, limit: float, timeout: float) -> dict:
+    """The check cell's ladder (:func:`~lesson10.checks.verdict.judge_body`) with ``proxy``
+    calling the student's function, and what crosses the process boundary (the fork hung or
+    died; an error raised in the sandbox)."""
     name = course.function_name(ex.id)
 
     def proxy(*args, **kwargs):

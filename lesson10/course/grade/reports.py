@@ -68,6 +68,8 @@ def table(reports: list[dict], students: list[dict] | None = None, seed=None) ->
                 notes.append(f"{len(r['ignored'])} copies not graded")
             if r["unknown"]:
                 notes.append(f"{len(r['unknown'])} unknown notebooks")
+            if r.get("not_graded"):
+                notes.append(f"{len(r['not_graded'])} files not graded")
             if r.get("on_roster") is False:
                 notes.append("not on the roster")
             if not r["ok"]:
@@ -110,6 +112,7 @@ def markdown(reports: list[dict], students: list[dict] | None = None, *, seed=No
         extra = [f"not graded: {i['path']} (another copy of {i['notebook']}; graded: "
                  f"{i['graded']})" for i in r["ignored"]]
         extra += [f"not a course notebook: {p}" for p in r["unknown"]]
+        extra += [f"not graded: {f['path']} ({f['reason']})" for f in r.get("not_graded", [])]
         if extra:
             lines += [""] + [f"- {md_cell(x)}" for x in extra]
         lines.append("")
@@ -169,7 +172,9 @@ def gradescope(reports: list[dict], students: list[dict] | None = None, *, seed=
            "output": overview(reports, row, seed=seed, sandboxed=sandboxed, notes=notes),
            "visibility": "visible", "stdout_visibility": "hidden", "tests": tests,
            "extra_data": {"seed": seed, "sandboxed": sandboxed, "student": row["student"],
-                          "notebooks": row["notebooks"], "missing": row["missing"]}}
+                          "notebooks": row["notebooks"], "missing": row["missing"],
+                          "not_graded": row.get("not_graded", []),
+                          "unknown": row["unknown"]}}
     return json.dumps(doc, indent=1) + "\n"
 
 
@@ -189,6 +194,8 @@ def overview(reports: list[dict], row: dict, *, seed=None, sandboxed=None, notes
                      f"graded is {i['graded']}, chosen as {gradebook.COPY_RULE}).")
     for p in row["unknown"]:
         lines.append(f"Not a course notebook (scores nothing): {p}.")
+    for f in row.get("not_graded", []):
+        lines.append(f"Not graded: {f['path']} ({f['reason']}).")
     if row["missing"]:
         lines.append("Missing (0 points each): " + ", ".join(row["missing"]) + ".")
     for rep in reports:
@@ -219,7 +226,7 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
     report has them, else an equal share of its notebook's); a lost exercise is a
     ``<failure>``, a grader error an ``<error>``, and ``failures``/``errors`` count exactly
     those. The attributes and elements are those the common JUnit schemas ask for."""
-    suites = []
+    suites: list[tuple] = []
     for rep in reports:
         cases = [(e, None) for e in rep["exercises"]]
         if not cases and not rep["ok"]:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import lesson10
 
+from .withheld import ADAPTERS, WITHHELD, is_real, real_module
+
 #: modules of the package that are written specially (the rest become stubs)
 _SKIP_DIRS = {"__pycache__", "grade"}
 
@@ -65,6 +67,98 @@ def reference_class(name):
     short = name.rsplit(".", 1)[-1]
     return type(short, (), {"__new__": refuse, "__module__": name.rsplit(".", 1)[0],
                             "__doc__": f"stand-in for {name} (not available while grading)"})
+
+
+def _user_ns():
+    """The notebook's namespace (IPython's user namespace, else __main__)."""
+    try:
+        from IPython import get_ipython
+        shell = get_ipython()
+        if shell is not None:
+            return shell.user_ns
+    except Exception:  # noqa: BLE001
+        pass
+    import __main__
+    return vars(__main__)
+
+
+def _has(name):
+    return callable(_user_ns().get(name))
+
+
+_BUSY = set()
+
+
+def _student(name, what):
+    """The notebook's own function ``name``, standing in for the withheld ``what`` (never
+    while an exercise is judged, never inside itself)."""
+    if JUDGING is not None:
+        _refuse(what)
+    fn = _user_ns().get(name)
+    if not callable(fn) or name in _BUSY:
+        _refuse(what)
+
+    def call(*args, **kwargs):
+        _BUSY.add(name)
+        try:
+            return fn(*args, **kwargs)
+        except NotImplementedError:       # not written yet: the course's stays withheld
+            _refuse(what)
+        finally:
+            _BUSY.discard(name)
+    return call
+
+
+def _accepted(fn, name, kwargs):
+    """The keyword arguments ``fn`` takes; ``group`` is dropped where it takes none (the
+    ledger of a simulated group is all it feeds), any other refused."""
+    import inspect
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    out = {}
+    for key, value in kwargs.items():
+        if key in params:
+            out[key] = value
+        elif key != "group" and value is not None:
+            _refuse(f"{name}({key}=...)")
+    return out
+
+
+def withheld(name, spec):
+    """The stand-in of a withheld course function: in a display-only cell, the notebook's
+    own function ``spec`` (or the adapter ``adapter:NAME``); refused while judging."""
+    if spec is None:
+        return reference(name)
+    if spec.startswith("adapter:"):
+        adapter = globals()["_adapt_" + spec[len("adapter:"):]]
+
+        def stub(*args, **kwargs):
+            if JUDGING is not None:
+                _refuse(name)
+            return adapter(*args, **kwargs)
+    else:
+        def stub(*args, **kwargs):
+            fn = _student(spec, name)
+            return fn(*args, **_accepted(_user_ns().get(spec), name, kwargs))
+    stub.__name__ = stub.__qualname__ = name.rsplit(".", 1)[-1]
+    stub.__doc__ = f"stand-in for {name} while grading: your {spec}"
+    return stub
+
+
+def withheld_method(name, spec):
+    """:func:`withheld` as a method (``self`` is not passed on to a student's function)."""
+    plain = withheld(name, spec)
+    if spec is not None and spec.startswith("adapter:"):
+        return plain
+
+    def method(self, *args, **kwargs):
+        return plain(*args, **kwargs)
+    method.__name__ = plain.__name__
+    return method
 
 
 def figure(name):
@@ -211,7 +305,7 @@ def _stub_module(rel: Path, tree: ast.Module, alias: dict[str, str]) -> str:
                     continue
                 for name in names:
                     lines.append(f"{name} = {value!r}")
-            elif isinstance(node, ast.If) or isinstance(node, ast.Try):
+            elif isinstance(node, (ast.If, ast.Try)):
                 walk(node.body)
 
     walk(tree.body)
@@ -227,9 +321,29 @@ def _checks_module() -> str:
     return _CHECKS.replace("@EXERCISES@", repr(info)).replace("@CHECK_DEFS@", defs)
 
 
-def write(folder: Path, source: Path | None = None) -> Path:
+#: the folder of :func:`write_all` whose stand-in has no course code at all
+GENERAL = "general"
+
+
+def folder_for(notebook: str | None) -> str:
+    """The folder of :func:`write_all` for a course notebook (GENERAL for None)."""
+    return notebook if notebook in WITHHELD else GENERAL
+
+
+def write_all(folder: Path, source: Path | None = None) -> Path:
+    """The stand-ins of every course notebook, ``folder/<notebook id>``, and the general one
+    (``folder/general``, no course code at all: for a notebook the grader cannot name)."""
+    write(Path(folder) / GENERAL, source)
+    for notebook in WITHHELD:
+        write(Path(folder) / notebook, source, notebook=notebook)
+    return Path(folder)
+
+
+def write(folder: Path, source: Path | None = None, notebook: str | None = None) -> Path:
     """Fill ``folder`` with the stand-in package and the sandbox's two grader files;
-    returns ``folder`` (the directory to put first on the sandbox's ``sys.path``)."""
+    returns ``folder`` (the directory to put first on the sandbox's ``sys.path``). With
+    ``notebook``, the modules of :data:`.withheld.REAL` are the real code less what that
+    notebook withholds (:mod:`.withheld`)."""
     source = Path(source or Path(lesson10.__file__).parent)
     folder = Path(folder)
     files: dict[Path, ast.Module] = {}
@@ -245,13 +359,15 @@ def write(folder: Path, source: Path | None = None) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         if rel.as_posix() == "checks/__init__.py":
             text = _checks_module()
+        elif notebook is not None and is_real(rel.as_posix()):
+            text = real_module(_module_name(rel), tree, notebook, alias)
         else:
             text = _stub_module(rel, tree, alias)
         target.write_text(text, encoding="utf-8")
     (pkg / "course" / "grade").mkdir(parents=True, exist_ok=True)
     (pkg / "course" / "grade" / "__init__.py").write_text(
         '"""The grader is not in the sandbox."""\n', encoding="utf-8")
-    (pkg / "_standin.py").write_text(_STANDIN_HELPERS, encoding="utf-8")
+    (pkg / "_standin.py").write_text(_STANDIN_HELPERS + ADAPTERS, encoding="utf-8")
     here = Path(__file__).parent
     shutil.copyfile(here / "wire.py", folder / "_lesson10_wire.py")
     shutil.copyfile(here / "runner.py", folder / "_lesson10_runner.py")

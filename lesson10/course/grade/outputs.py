@@ -1,0 +1,146 @@
+"""The grader's outputs: every path checked before the first notebook is graded, then
+every output written from the gradebook rows.
+
+:func:`check` makes each output's folder and proves it writable (a file output may not be
+a folder, a folder output may not be a file), so a long run never ends in a traceback with
+nothing written. :func:`write` writes them all; ``--json`` and ``--output`` carry no
+timings unless ``--timings`` is given, so a resumed run writes the same bytes as an
+uninterrupted one (:mod:`.store`).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import classroom, feedback, gradebook, reports
+
+#: options that name a file the grader writes, and those that name a folder
+FILE_OUTPUTS = ("output", "csv", "classroom", "gradescope", "junit", "markdown")
+FOLDER_OUTPUTS = ("feedback", "save_executed", "report")
+
+
+def _probe_file(path: Path) -> str | None:
+    if path.is_dir():
+        return f"{path} is a folder; give a file name"
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        return f"cannot write {path}: {exc.strerror or exc}"
+    if not existed:
+        path.unlink()
+    return None
+
+
+def _probe_folder(path: Path) -> str | None:
+    if path.exists() and not path.is_dir():
+        return f"{path} is a file; give a folder"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".lesson10-write-test"
+        probe.write_text("", encoding="utf-8")
+        probe.unlink()
+    except OSError as exc:
+        return f"cannot write into {path}: {exc.strerror or exc}"
+    return None
+
+
+def check(args) -> str | None:
+    """Make the folder of every output and check it can be written; the first problem as
+    one line (``--csv out/x.csv: cannot write ...``), or None."""
+    for name in FILE_OUTPUTS:
+        path = getattr(args, name, None)
+        if path is not None:
+            why = _probe_file(Path(path))
+            if why:
+                return f"--{name.replace('_', '-')} {path}: {why}"
+    for name in FOLDER_OUTPUTS:
+        path = getattr(args, name, None)
+        if path is not None:
+            why = _probe_folder(Path(path))
+            if why:
+                return f"--{name.replace('_', '-')} {path}: {why}"
+    return None
+
+
+TIMINGS = ("seconds", "sandbox_cpu_seconds")
+
+
+def without_timings(doc):
+    """``doc`` (the JSON report) without the seconds each notebook and exercise took."""
+    if isinstance(doc, dict):
+        return {k: without_timings(v) for k, v in doc.items() if k not in TIMINGS}
+    if isinstance(doc, list):
+        return [without_timings(v) for v in doc]
+    return doc
+
+
+def class_doc(results: list[dict], rows: list[dict], the_plan, *, seed, sandboxed,
+              timings: bool = False) -> dict:
+    doc = reports.summary(results, rows)
+    doc["seed"] = seed
+    doc["sandboxed"] = sandboxed
+    outside = the_plan.not_graded.get(None, []) if the_plan is not None else []
+    if outside:
+        doc["not_graded"] = outside
+    return doc if timings else without_timings(doc)
+
+
+def write(args, the_plan, results: list[dict], seed: int, sandboxed: bool, *,
+          batch: tuple | None = None) -> list[dict]:
+    """Write every output asked for; returns the gradebook rows. ``the_plan`` and
+    ``results`` are the whole class (a results folder's, see :mod:`.store`); ``batch``,
+    ``(plan, results)`` of the notebooks of this run, is what the one-student outputs
+    (``--gradescope``, ``--classroom``) are written from."""
+    rows = gradebook.rows(results, the_plan)
+    for row in rows:
+        row["seed"] = seed
+    doc = class_doc(results, rows, the_plan, seed=seed, sandboxed=sandboxed,
+                    timings=getattr(args, "timings", False))
+    text = json.dumps(doc, indent=1) + "\n"
+    notes = [] if sandboxed else ["Not sandboxed: graded with --no-sandbox."]
+    if args.output:
+        args.output.write_text(text, encoding="utf-8")
+    if args.csv:
+        args.csv.write_text(reports.class_csv(results, rows, seed=seed), encoding="utf-8")
+    b_plan, b_results = batch if batch is not None else (the_plan, results)
+    if args.gradescope or args.classroom:
+        b_rows = gradebook.rows(b_results, b_plan)
+        if args.gradescope:
+            args.gradescope.write_text(reports.gradescope(b_results, b_rows, seed=seed,
+                                                          sandboxed=sandboxed, notes=notes),
+                                       encoding="utf-8")
+        if args.classroom:
+            args.classroom.write_text(json.dumps(classroom.runner_results(
+                b_results, b_rows, seed=seed, sandboxed=sandboxed), indent=1) + "\n",
+                encoding="utf-8")
+    if args.junit:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+        args.junit.write_text(reports.junit(results, rows, seed=seed, timestamp=stamp),
+                              encoding="utf-8")
+    if args.markdown:
+        with open(args.markdown, "a", encoding="utf-8") as f:
+            f.write(reports.markdown(results, rows, seed=seed, sandboxed=sandboxed))
+    if args.feedback:
+        feedback.write(args.feedback, rows, results, seed=seed, sandboxed=sandboxed)
+    if getattr(args, "report", None):
+        from .. import report as class_report
+        class_report.write(args.report, rows, results, seed=seed)
+    print(text if args.json else reports.table(results, rows, seed=seed),
+          end="" if args.json else "\n")
+    return rows
+
+
+def annotate(folder: Path, rep: dict, seed: int) -> None:
+    """Make ``--save-executed``'s copy of a just graded notebook say what the grade says."""
+    from .notebook import executed_path
+    target = executed_path(folder, rep["student"], Path(rep["notebook"]))
+    if target.is_file() and rep["exercises"]:
+        try:
+            feedback.annotate_executed(target, rep, seed=seed)
+        except Exception as exc:  # noqa: BLE001 - the grades are written already
+            print(f"grade: warning: cannot add the grade to {target}: {exc}", file=sys.stderr)

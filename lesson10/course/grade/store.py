@@ -1,0 +1,194 @@
+"""The results folder: nothing of a long grading run is lost.
+
+Each graded notebook's report is written as soon as it is known, to
+``DIR/results/<key>.json``, where the key is the SHA-256 of the course version, the seed,
+the course notebook the file is, its bytes and its helper modules: the same submission
+graded again with the same seed and course gets the same verdicts, so a stored report is
+reused instead. ``DIR/seed`` keeps the batch's seed (a secret one too), and
+``DIR/class.json`` the class as planned (who handed in what, copies and files not graded,
+the roster). A run that stops (Ctrl-C, a killed runner, a crash) is resumed by the same
+command, or ``grade --resume DIR``: only what has no stored report is graded, and the outputs
+are those of one uninterrupted run. Grading one student again into the same folder replaces
+that student's part of ``class.json``, and the class outputs are written from all of it.
+
+Files are written to a temporary name and renamed, so a kill leaves no half-written report.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import lesson10
+
+#: the layout version of class.json and the stored reports
+FORMAT = 1
+
+
+def key(content: bytes | None, helpers, *, seed: int, notebook: str | None) -> str:
+    """The key of one notebook's result: course version, seed, course notebook, bytes and
+    helper files (``[(name, text)]``) of the submission."""
+    h = hashlib.sha256()
+    for part in (f"lesson10 {lesson10.__version__} format {FORMAT}", f"seed {seed}",
+                 f"notebook {notebook}"):
+        h.update(part.encode() + b"\0")
+    h.update(b"content\0" + (content if content is not None else b"<unreadable>") + b"\0")
+    for name, text in helpers or ():
+        h.update(f"helper {name}\0".encode() + str(text).encode("utf-8", "replace") + b"\0")
+    for note in getattr(helpers, "notes", ()):     # files refused: their reasons are in the report
+        h.update(b"refused\0" + str(note).encode("utf-8", "replace") + b"\0")
+    return h.hexdigest()[:32]
+
+
+def _write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a temporary file in the folder, renamed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class StoreError(ValueError):
+    """The results folder cannot be used as asked (another seed, not a results folder)."""
+
+
+class Store:
+    """One results folder (see the module's docstring)."""
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+
+    def prepare(self) -> None:
+        """Make the folder (and its ``results/``), or fail before any grading."""
+        if self.folder.exists() and not self.folder.is_dir():
+            raise StoreError(f"the results folder {self.folder} is a file; give a folder")
+        (self.folder / "results").mkdir(parents=True, exist_ok=True)
+        probe = self.folder / ".write-test"
+        probe.write_text("", encoding="utf-8")
+        probe.unlink()
+
+    def seed(self) -> int | None:
+        try:
+            return int((self.folder / "seed").read_text(encoding="utf-8").strip())
+        except (OSError, ValueError):
+            return None
+
+    def save_seed(self, seed: int) -> None:
+        _write(self.folder / "seed", f"{seed}\n")
+
+    def get(self, k: str) -> dict | None:
+        try:
+            doc = json.loads((self.folder / "results" / f"{k}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return doc.get("report") if isinstance(doc, dict) and doc.get("key") == k else None
+
+    def put(self, k: str, report: dict) -> None:
+        _write(self.folder / "results" / f"{k}.json",
+               json.dumps({"key": k, "report": report}, indent=1) + "\n")
+
+    def load_class(self) -> dict | None:
+        try:
+            doc = json.loads((self.folder / "class.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) and doc.get("format") == FORMAT else None
+
+    def save_class(self, doc: dict) -> None:
+        _write(self.folder / "class.json", json.dumps(doc, indent=1) + "\n")
+
+
+# --------------------------------------------------------------------------- the class
+def class_doc(the_plan, keys: dict, *, seed: int, root: str) -> dict:
+    """What ``class.json`` holds of one batch: every student, their graded files (path,
+    key), the copies not graded, the files not graded, the roster."""
+    students: dict[str, dict] = {name: {"graded": [], "ignored": [], "not_graded": []}
+                                 for name in the_plan.students}
+    for it in the_plan.graded:
+        students.setdefault(it.student, {"graded": [], "ignored": [], "not_graded": []})
+        students[it.student]["graded"].append({"path": str(it.path), "key": keys[it.path],
+                                               "notebook": it.notebook})
+    for path, chosen in the_plan.ignored.items():
+        students[chosen.student]["ignored"].append({"path": str(path),
+                                                    "graded": str(chosen.path)})
+    for who, files in the_plan.not_graded.items():
+        if who is not None:
+            students.setdefault(who, {"graded": [], "ignored": [], "not_graded": []})
+            students[who]["not_graded"] = list(files)
+    return {"format": FORMAT, "version": lesson10.__version__, "seed": seed, "root": root,
+            "roster": the_plan.roster, "students": students,
+            "order": [str(it.path) for it in the_plan.graded],
+            "class_not_graded": list(the_plan.not_graded.get(None, []))}
+
+
+def merge(old: dict | None, new: dict) -> dict:
+    """``old`` with the students of ``new`` replaced (grading some students again); the
+    roster and the class's own files are the newest batch's when it has them."""
+    if old is None:
+        return new
+    students = dict(old.get("students", {}))
+    for name, part in new["students"].items():
+        if part["graded"] or part["ignored"] or part["not_graded"] or name not in students:
+            students[name] = part
+    roster = new["roster"] if new["roster"] is not None else old.get("roster")
+    for name in roster or []:
+        students.setdefault(name, {"graded": [], "ignored": [], "not_graded": []})
+    order = list(roster or []) + sorted(n for n in students if n not in (roster or []))
+    kept = {g["path"] for n, part in students.items() if part is not new["students"].get(n)
+            for g in part["graded"]}
+    files = new["order"] + [f for f in old.get("order", []) if f in kept]
+    return {**new, "roster": roster, "students": {n: students[n] for n in order},
+            "order": files,
+            "class_not_graded": new["class_not_graded"] or old.get("class_not_graded", [])}
+
+
+def finish(rep: dict, student: str, path: str, seed, copies) -> dict:
+    """A stored report as this batch reports it: its student, its path, the seed, the
+    copies of it that were not graded."""
+    out = {k: v for k, v in rep.items() if k != "ignored_copies"}
+    out.update(student=student, notebook=str(path), seed=seed)
+    if copies:                  # the rows, the feedback and Gradescope's output say so
+        out["ignored_copies"] = [str(c) for c in copies]
+    return out
+
+
+def load(doc: dict, store: Store):
+    """``(reports, plan)`` of the whole class in ``doc`` (``class.json``): the stored report
+    of every graded file, with its student and path, in the order the files were given (the
+    newest batch's first), and a plan for the gradebook rows.
+    A report the folder lacks is a grader error of that notebook (never a silent 0)."""
+    from .gradebook import Item, Plan
+    reports, items = [], {}
+    for name, part in doc["students"].items():
+        for g in part["graded"]:
+            rep = store.get(g["key"])
+            if rep is None:
+                from .notebook import notebook_report
+                rep = notebook_report(Path(g["path"]), g.get("notebook"), ok=False,
+                                      error=f"no stored result (key {g['key']}) in {store.folder}:"
+                                            f" grade this student again", student=name)
+            copies = [i["path"] for i in part["ignored"] if i["graded"] == g["path"]]
+            reports.append(finish(rep, name, g["path"], doc.get("seed"), copies))
+            items[g["path"]] = Item(Path(g["path"]), name, g.get("notebook"))
+    ignored = {Path(i["path"]): items.get(i["graded"], Item(Path(i["graded"]), name, None))
+               for name, part in doc["students"].items() for i in part["ignored"]}
+    not_graded: dict = {name: part["not_graded"] for name, part in doc["students"].items()
+                        if part["not_graded"]}
+    if doc.get("class_not_graded"):
+        not_graded[None] = doc["class_not_graded"]
+    rank = {path: i for i, path in enumerate(doc.get("order", []))}
+    reports.sort(key=lambda r: rank.get(r["notebook"], len(rank)))        # the batch's order
+    the_plan = Plan(graded=list(items.values()), ignored=ignored,
+                    students=list(doc["students"]), roster=doc.get("roster"),
+                    not_graded=not_graded)
+    return reports, the_plan

@@ -1,0 +1,28 @@
+"""`bench class`: a generated class is graded and the rate, the CPU per notebook and the
+estimate for 200 students are written."""
+import re
+import shutil
+
+from lesson10 import bench
+from lesson10.bench import classroom
+
+
+def test_the_generated_class_has_every_shape(tmp_path):
+    n = classroom.make_class(tmp_path, 6, seed=1)
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.ipynb"))
+    assert n == len(files) == 30
+    assert any("/lesson10-main/notebooks/" in f for f in files)          # nested downloads
+    assert len({f.split("/")[0] for f in files}) == 6
+
+
+def test_bench_class_writes_the_rate_and_the_estimate(tmp_path, capsys):
+    extra = [] if shutil.which("bwrap") else ["--no-sandbox"]
+    assert bench.main(["class", "--students", "1", "--out", str(tmp_path), *extra]) == 0
+    md = (tmp_path / "class.md").read_text()
+    row = re.search(r"^\| 5 \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", md, re.M)
+    assert row, md
+    wall, rate, cpu, per = map(float, row.groups())
+    assert wall > 0 and cpu > 0 and abs(rate - 60 * 5 / wall) < 0.2 and abs(per - cpu / 5) < 0.02
+    minutes = float(re.search(r"200 students x 5 notebooks at this rate: \*\*(\d+) min\*\*", md).group(1))
+    assert abs(minutes - 1000 / rate) <= 1
+    assert "wrote" in capsys.readouterr().out
