@@ -24,6 +24,7 @@ every report says "not sandboxed".
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -63,19 +64,103 @@ def _system_binds() -> list[str]:
     return args
 
 
-def python_paths() -> list[str]:
-    """Folders this Python needs: its prefixes and every site-packages folder."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        paths.add(sysconfig.get_paths().get(key, ""))
+#: modules the runner and the course's notebooks need: where the grader can import one and
+#: the sandbox cannot, the grader refuses to start (a sandbox without matplotlib would judge
+#: nothing, and say "ok")
+NEEDS = ("numpy", "IPython", "matplotlib")
+#: places inside the sandbox that a folder of the grader's Python cannot be bound onto
+_RESERVED = ("/proc", "/dev", "/sys", MOUNT)
+
+
+class Unbindable(Exception):
+    """A folder of the grader's Python cannot be shown inside the sandbox (says why)."""
+
+
+def _under(p: str, roots) -> bool:
+    return any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _course_checkouts(entries) -> list[str]:
+    """Folders holding a real ``lesson10`` package that are not site-packages folders (a
+    checkout, an editable install's source, a PYTHONPATH copy): never bound, nor anything
+    under them but a Python's own prefix (a checkout's venv): they hold the course's source,
+    its solutions and its tests."""
+    sites = set(_site_folders())
+    roots = {str(Path(lesson10.__file__).resolve().parent.parent)}
+    roots |= {os.path.realpath(p) for p in entries
+              if p and os.path.isfile(os.path.join(p, "lesson10", "__init__.py"))}
+    return sorted(r for r in roots if r not in sites)
+
+
+def _site_folders() -> list[str]:
+    out = []
     try:
-        paths.update(site.getsitepackages())
+        out += site.getsitepackages()
     except AttributeError:
         pass
+    try:
+        out.append(site.getusersitepackages())
+    except AttributeError:
+        pass
+    return [os.path.realpath(p) for p in out if p]
+
+
+def grader_path() -> list[str]:
+    """The entries of this process's ``sys.path`` the runner gets (in order): every one
+    (what ``.pth`` files added, ``PYTHONPATH``, the user site included) but the script's or
+    working folder that Python put first (it may hold the submissions) and the course's
+    course's own source (see :func:`_course_checkouts`)."""
+    entries = list(sys.path)
+    if entries and not (getattr(sys.flags, "safe_path", False) or sys.flags.isolated):
+        entries = entries[1:]                    # the script's folder, or the working folder
+    cwd, checkouts = os.getcwd(), _course_checkouts(entries)
+    prefixes = [os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)]
     out = []
-    for p in sorted(p for p in paths if p and os.path.isdir(p)):
-        if not p.startswith(("/usr/", "/etc/")) and not any(p.startswith(q + os.sep) for q in out):
-            out.append(os.path.realpath(p) if os.path.islink(p) else p)
+    for p in entries:
+        if not p or not os.path.exists(p):
+            continue
+        real = os.path.realpath(p)
+        if real == os.path.realpath(cwd):
+            continue
+        if _under(real, checkouts) and not _under(real, prefixes):
+            continue
+        out.append(os.path.abspath(p))
+    return list(dict.fromkeys(out))
+
+
+def python_paths() -> list[str]:
+    """Folders this Python needs, bound read-only into the sandbox: its prefixes and every
+    folder of :func:`grader_path` (realpaths; a path through a symlink is bound at its
+    own name too, see :func:`python_binds`)."""
+    return sorted({src for src, _ in python_binds()})
+
+
+def python_binds() -> list[tuple[str, str]]:
+    """``(source, destination)`` of each read-only bind that makes the grader's Python whole
+    inside; raises :class:`Unbindable` for a folder that cannot be bound."""
+    cwd = os.path.realpath(os.getcwd())
+    wanted = [sys.prefix, sys.base_prefix, sys.exec_prefix,
+              os.path.dirname(os.path.realpath(sys.executable))]
+    wanted += [sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib",
+                                                           "platlib")]
+    system = ["/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
+    pairs: list[tuple[str, str]] = []
+    for p in [w for w in wanted if w and os.path.exists(w)] + grader_path():
+        real, name = os.path.realpath(p), os.path.abspath(p)
+        for dest in dict.fromkeys([real, name]):
+            if dest == "/" or _under(dest, _RESERVED):
+                raise Unbindable(f"{p} is on the grader's sys.path, but {dest} cannot be shown "
+                                 f"inside the sandbox (a reserved place)")
+            if _under(cwd, [dest]) and dest not in (os.path.realpath(q) for q in wanted):
+                raise Unbindable(f"{p} is on the grader's sys.path and holds the folder the "
+                                 f"grader runs in ({cwd}): shown inside the sandbox it would "
+                                 f"show the submissions too; grade from another folder or take "
+                                 f"{p} off PYTHONPATH")
+            pairs.append((real, dest))
+    out: list[tuple[str, str]] = []
+    for src, dest in sorted(dict.fromkeys(pairs), key=lambda x: (len(x[1]), x[1])):
+        if not _under(dest, system + [d for _, d in out]):
+            out.append((src, dest))
     return out
 
 
@@ -95,7 +180,8 @@ def bwrap_argv(standin: Path, limits: Limits, env: dict[str, str]) -> list[str]:
     ``/dev/shm`` are writable: bwrap's own root, the folders it makes for mount points,
     ``/dev`` and the covers of hidden folders are remounted read-only at the end."""
     bwrap = shutil.which("bwrap")
-    binds = python_paths()
+    pairs = python_binds()
+    binds = [dest for _, dest in pairs]
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--clearenv"]
     # the private /tmp first: a Python (a venv) that lives under the host's /tmp is bound
@@ -104,8 +190,8 @@ def bwrap_argv(standin: Path, limits: Limits, env: dict[str, str]) -> list[str]:
              "--size", str(limits.tmp), "--tmpfs", "/tmp",
              "--dir", "/tmp/work", "--dir", "/tmp/mpl"]
     argv += _system_binds()
-    for p in binds:
-        argv += ["--ro-bind", p, p]
+    for src, dest in pairs:
+        argv += ["--ro-bind", src, dest]
     argv += ["--chdir", "/tmp/work", "--ro-bind", str(standin), MOUNT]
     hidden = hidden_paths(binds)
     for p in hidden:
@@ -195,11 +281,31 @@ class Cgroups:
         self.dirs = []
 
 
-_PROBE: dict[str, str | None] = {}
+_PROBE: dict[str, str | None] = {}   # result, kind
+
+
+def needs() -> list[str]:
+    """The modules of :data:`NEEDS` this Python can import (found, not imported)."""
+    import importlib.util
+    return [m for m in NEEDS if importlib.util.find_spec(m) is not None]
+
+
+def runner_config() -> str:
+    """The runner's last argument (JSON): this Python's path (:func:`grader_path`) and the
+    modules it must find (:func:`needs`)."""
+    return json.dumps({"path": grader_path(), "needs": needs()})
+
+
+#: the probe's program: the runner's path, then every needed module found, or which not
+_PROBE_CODE = ("import sys, json, importlib.util as u; c = json.loads(sys.argv[1]); "
+               "sys.path[:] = list(dict.fromkeys(c['path'] + sys.path)); "
+               "m = [n for n in c['needs'] if u.find_spec(n) is None]; "
+               "print('missing ' + ', '.join(m) if m else 'ok')")
 
 
 def probe() -> str | None:
-    """None when bubblewrap works here, else why not (and what to do)."""
+    """None when bubblewrap works here and the sandbox's Python finds what the grader's
+    finds, else why not (and what to do)."""
     if "result" in _PROBE:
         return _PROBE["result"]
     why = None
@@ -208,18 +314,40 @@ def probe() -> str | None:
     elif shutil.which("bwrap") is None:
         why = "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
     else:
-        with tempfile.TemporaryDirectory() as tmp:
-            argv = bwrap_argv(Path(tmp), Limits(), {}) + [sys.executable, "-I", "-c", "print('ok')"]
-            try:
-                proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-                if proc.stdout.strip() != "ok":
-                    why = (f"bubblewrap cannot start a sandbox here ({proc.stderr.strip()[:300]}); "
-                           f"on Ubuntu 23.10+ allow unprivileged user namespaces: sudo sysctl -w "
-                           f"kernel.apparmor_restrict_unprivileged_userns=0")
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                why = f"bubblewrap did not start: {exc}"
+        why = _probe_bwrap()
     _PROBE["result"] = why
     return why
+
+
+def _probe_bwrap() -> str | None:
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            argv = bwrap_argv(Path(tmp), Limits(), {}) + [
+                sys.executable, "-I", "-c", _PROBE_CODE, runner_config()]
+        except Unbindable as exc:
+            _PROBE["kind"] = "python"
+            return f"the grader's Python cannot be shown inside the sandbox: {exc}"
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"bubblewrap did not start: {exc}"
+    out = proc.stdout.strip()
+    if out.startswith("missing "):
+        _PROBE["kind"] = "python"
+        return (f"inside the sandbox, Python cannot find {out[8:]}, which the grader imports "
+                f"(from {', '.join(grader_path())}): install it where the sandbox sees it")
+    if out != "ok":
+        return (f"bubblewrap cannot start a sandbox here ({proc.stderr.strip()[:300]}); "
+                f"on Ubuntu 23.10+ allow unprivileged user namespaces: sudo sysctl -w "
+                f"kernel.apparmor_restrict_unprivileged_userns=0")
+    return None
+
+
+def probe_kind() -> str | None:
+    """After :func:`probe`: ``"python"`` when bubblewrap runs but the grader's Python is not
+    whole inside (a fault of the grader's environment, not of the container), else None."""
+    probe()
+    return _PROBE.get("kind")
 
 
 def _env(tag: str) -> dict[str, str]:
@@ -246,7 +374,7 @@ class Sandbox:
             os.set_inheritable(fd, True)
         env = _env(self.tag)
         args = [str(fds[0]), ",".join(map(str, fds[1:])), str(limits.memory), str(limits.cpu),
-                str(limits.fsize), str(limits.nproc)]
+                str(limits.fsize), str(limits.nproc), runner_config()]
         self.cgroups = Cgroups(self.tag, limits.nproc, limits.memory) if sandboxed else None
         if sandboxed:
             argv = self.cgroups.wrap(bwrap_argv(standin, limits, env) + [
@@ -267,14 +395,16 @@ class Sandbox:
                 s.close()
 
     def finish(self, conn) -> float:
-        """Let the runner exit by itself; returns the CPU seconds it says it used (0 if it
-        does not say)."""
+        """Let the runner exit by itself; returns the CPU seconds (user + sys) that the
+        kernel counted for it and the forks it waited for, read from ``/proc`` while it
+        waits for this side to close (0 where it cannot be read)."""
         import time
         cpu = 0.0
         try:
             conn.send({"op": "exit"}, deadline=time.monotonic() + 5)
-            bye, _ = conn.recv(time.monotonic() + 5)
-            cpu = max(0.0, min(float(bye.get("cpu", 0.0)), 1e6))
+            conn.recv(time.monotonic() + 5)                      # "bye"
+            cpu = runner_cpu(self.proc.pid)
+            self.main.shutdown(socket.SHUT_WR)
             self.proc.wait(timeout=5)
         except Exception:  # noqa: BLE001 - kill() follows in any case
             pass
@@ -328,3 +458,36 @@ def reap(tag: str) -> int:
             except OSError:
                 pass
     return killed
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command's name (state, ppid, ...)."""
+    with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+        data = f.read()
+    return data[data.rindex(")") + 2:].split()
+
+
+def runner_cpu(top: int) -> float:
+    """CPU seconds of the runner in process ``top``'s tree (bwrap's, or the runner itself):
+    utime + stime + cutime + cstime as the kernel counts them (``/proc/PID/stat``, nothing
+    a cell can patch); the runner is the highest process of the tree whose command runs
+    ``_lesson10_runner.py``. 0.0 when there is none."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                children.setdefault(int(_proc_stat(int(name))[1]), []).append(int(name))
+            except (OSError, ValueError, IndexError):
+                pass
+    level = [top]
+    while level:                                   # breadth first: the highest one wins
+        for pid in level:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"_lesson10_runner.py" in f.read():
+                        ticks = sum(int(x) for x in _proc_stat(pid)[11:15])
+                        return ticks / os.sysconf("SC_CLK_TCK")
+            except (OSError, ValueError):
+                continue
+        level = [c for pid in level for c in children.get(pid, [])]
+    return 0.0
