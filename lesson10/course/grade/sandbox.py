@@ -179,7 +179,7 @@ def bwrap_argv(standin: Path, limits: Limits, env: dict[str, str]) -> list[str]:
     """The bwrap command line (without the command). Only ``/tmp`` (capped) and a small
     ``/dev/shm`` are writable: bwrap's own root, the folders it makes for mount points,
     ``/dev`` and the covers of hidden folders are remounted read-only at the end."""
-    bwrap = shutil.which("bwrap")
+    bwrap = shutil.which("bwrap") or "bwrap"
     pairs = python_binds()
     binds = [dest for _, dest in pairs]
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -375,21 +375,25 @@ class Sandbox:
         env = _env(self.tag)
         args = [str(fds[0]), ",".join(map(str, fds[1:])), str(limits.memory), str(limits.cpu),
                 str(limits.fsize), str(limits.nproc), runner_config()]
-        self.cgroups = Cgroups(self.tag, limits.nproc, limits.memory) if sandboxed else None
-        if sandboxed:
-            argv = self.cgroups.wrap(bwrap_argv(standin, limits, env) + [
-                sys.executable, "-I", f"{MOUNT}/_lesson10_runner.py", *args])
-            cwd = None
-        else:
-            env = dict(env, HOME=str(workdir), MPLCONFIGDIR=str(workdir / ".mpl"),
-                       TMPDIR=str(workdir))
-            argv = [sys.executable, "-I", str(standin / "_lesson10_runner.py"), *args]
-            cwd = str(workdir)
+        self.cgroups: Cgroups | None = None
+        self.proc: subprocess.Popen | None = None
         try:
+            if sandboxed:
+                self.cgroups = Cgroups(self.tag, limits.nproc, limits.memory)
+                argv = self.cgroups.wrap(bwrap_argv(standin, limits, env) + [
+                    sys.executable, "-I", f"{MOUNT}/_lesson10_runner.py", *args])
+                cwd, drop = None, {}
+            else:
+                env = dict(env, HOME=str(workdir), MPLCONFIGDIR=str(workdir / ".mpl"),
+                           TMPDIR=str(workdir))
+                argv = [sys.executable, "-I", str(standin / "_lesson10_runner.py"), *args]
+                cwd = str(workdir)
+                drop = drop_privileges(standin, workdir)
             self.proc = subprocess.Popen(argv, pass_fds=fds, cwd=cwd, env=env if not sandboxed else
                                          {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                                          start_new_session=True, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         **drop)
         finally:
             for s in inside:
                 s.close()
@@ -403,9 +407,10 @@ class Sandbox:
         try:
             conn.send({"op": "exit"}, deadline=time.monotonic() + 5)
             conn.recv(time.monotonic() + 5)                      # "bye"
-            cpu = runner_cpu(self.proc.pid)
-            self.main.shutdown(socket.SHUT_WR)
-            self.proc.wait(timeout=5)
+            if self.proc is not None:
+                cpu = runner_cpu(self.proc.pid)
+                self.main.shutdown(socket.SHUT_WR)
+                self.proc.wait(timeout=5)
         except Exception:  # noqa: BLE001 - kill() follows in any case
             pass
         return cpu
@@ -423,7 +428,7 @@ class Sandbox:
                 pass
             reap(self.tag)
             self.proc = None
-        if getattr(self, "cgroups", None) is not None:
+        if self.cgroups is not None:
             self.cgroups.kill()
             self.cgroups.remove()
         for s in [self.main] + self.channels:
@@ -470,8 +475,8 @@ def _proc_stat(pid: int) -> list[str]:
 def runner_cpu(top: int) -> float:
     """CPU seconds of the runner in process ``top``'s tree (bwrap's, or the runner itself):
     utime + stime + cutime + cstime as the kernel counts them (``/proc/PID/stat``, nothing
-    a cell can patch); the runner is the highest process of the tree whose command runs
-    ``_lesson10_runner.py``. 0.0 when there is none."""
+    a cell can patch); the runner is the highest process of the tree that runs ``python -I
+    .../_lesson10_runner.py`` (bwrap's own command line names it too). 0.0 when none does."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -484,10 +489,91 @@ def runner_cpu(top: int) -> float:
         for pid in level:
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"_lesson10_runner.py" in f.read():
-                        ticks = sum(int(x) for x in _proc_stat(pid)[11:15])
-                        return ticks / os.sysconf("SC_CLK_TCK")
+                    argv = f.read().split(b"\0")
+                if argv[1:2] == [b"-I"] and argv[2:3] and argv[2].endswith(b"/_lesson10_runner.py"):
+                    ticks = sum(int(x) for x in _proc_stat(pid)[11:15])
+                    return ticks / os.sysconf("SC_CLK_TCK")
             except (OSError, ValueError):
                 continue
         level = [c for pid in level for c in children.get(pid, [])]
     return 0.0
+
+
+# --------------------------------------------------------------------------- without bwrap
+#: who runs the notebooks when the grader runs as root without bubblewrap (Gradescope's
+#: containers): ``$LESSON10_GRADE_USER``, else this user where it exists (setup.sh makes it),
+#: else ``nobody``
+STUDENT_USER = "lesson10-student"
+
+
+class Unprotected(Exception):
+    """Without bubblewrap, the student's processes could reach what they must not."""
+
+
+def student_user() -> tuple[str, int, int]:
+    """``(name, uid, gid)`` of the unprivileged user that runs notebooks without bubblewrap."""
+    import pwd
+    for name in (os.environ.get("LESSON10_GRADE_USER"), STUDENT_USER, "nobody"):
+        if name:
+            try:
+                entry = pwd.getpwnam(name)
+            except KeyError:
+                continue
+            if entry.pw_uid != 0:
+                return name, entry.pw_uid, entry.pw_gid
+    raise Unprotected("no unprivileged user to run the notebooks as (make one: useradd "
+                      f"--system {STUDENT_USER}, or set LESSON10_GRADE_USER)")
+
+
+def others_can_read(path: Path, uid: int, gid: int, execute: bool = False) -> bool:
+    """Whether user ``uid`` (group ``gid``) may read (or ``execute``) ``path``, by the mode
+    bits: every folder above it searchable, the file itself readable (executable)."""
+    import stat
+    path = Path(path).resolve()
+    chain = [*reversed(path.parents), path]
+    for i, p in enumerate(chain):
+        st = p.stat()
+        x = i < len(chain) - 1 or execute
+        bits = (stat.S_IXUSR if x else stat.S_IRUSR, stat.S_IXGRP if x else stat.S_IRGRP,
+                stat.S_IXOTH if x else stat.S_IROTH)
+        who = bits[0] if st.st_uid == uid else bits[1] if st.st_gid == gid else bits[2]
+        if not st.st_mode & who:
+            return False
+    return True
+
+
+def drop_privileges(standin: Path, workdir: Path) -> dict:
+    """Popen's arguments that run the runner without bubblewrap. As root: as
+    :func:`student_user`, who owns ``workdir``, can reach the stand-in and must not be able
+    to read the real package. With ``$LESSON10_GRADE_USER`` set (run_autograder sets it) a
+    user that cannot be protected so is refused (:class:`Unprotected`, with what to do);
+    without it, the notebooks run as root where that user cannot even run this Python (a
+    Python under /root), as they do for anyone but root (see the README)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return {}
+    asked = bool(os.environ.get("LESSON10_GRADE_USER"))
+    try:
+        name, uid, gid = student_user()
+    except Unprotected:
+        if asked:
+            raise
+        return {}
+    if not others_can_read(Path(os.path.realpath(sys.executable)), uid, gid, execute=True) \
+            or not others_can_read(Path(os.__file__), uid, gid):
+        if asked:
+            raise Unprotected(f"user {name} cannot run this Python ({sys.executable}): install "
+                              f"it where every user can")
+        return {}
+    pkg = Path(lesson10.__file__).resolve().parent
+    for secret in (pkg / "__init__.py", pkg / "checks" / "__init__.py"):
+        if secret.exists() and others_can_read(secret, uid, gid):
+            raise Unprotected(f"user {name}, who runs the notebooks without a sandbox, can read "
+                              f"the course's package ({pkg}): chmod -R o-rwx {pkg} (run_autograder "
+                              f"does), or install bubblewrap")
+    os.chown(workdir, uid, gid)
+    os.chmod(workdir, 0o700)
+    for p in Path(standin).resolve().parents:          # the stand-in: reachable, not listable
+        st = p.stat()
+        if st.st_uid == os.geteuid() and not st.st_mode & 0o001 and str(p) != "/":
+            os.chmod(p, (st.st_mode & 0o7777) | 0o011)
+    return {"user": uid, "group": gid, "extra_groups": []}
