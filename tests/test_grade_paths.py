@@ -91,7 +91,7 @@ def test_gradescope_without_bwrap_runs_notebooks_as_an_unprivileged_user(tmp_pat
     attack = f"""
 import json, os, signal
 seen = {{}}
-for p in {[str(install / "lesson10" / "layouts.py"), str(ROOT / "lesson10" / "layouts.py")]!r}:
+for p in {[str(install / "lesson10" / "layouts.py"), str(ag / "source" / "setup.sh")]!r}:
     try:
         open(p).read(); seen.setdefault('read', []).append(p)
     except OSError as e:
