@@ -203,6 +203,7 @@ def run(root: Path, out: Path | None = None) -> int:
     argv = _argv(config, private)
     notes = []
     why = sandbox.probe()
+    user_set = "LESSON10_GRADE_USER" not in os.environ     # protect() sets it for cli.main
     if why and sandbox.probe_kind() != "python":
         argv.append("--no-sandbox")
         try:
@@ -223,6 +224,9 @@ def run(root: Path, out: Path | None = None) -> int:
             error = None if status in (0, 1) else f"the grader stopped with exit status {status}"
         except BaseException as exc:  # noqa: BLE001 - any failure must reach results.json
             error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if user_set:
+                os.environ.pop("LESSON10_GRADE_USER", None)
     try:
         doc = json.loads((private / "results.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
