@@ -201,18 +201,9 @@ def run(root: Path, out: Path | None = None) -> int:
         results.unlink()
     private = Path(tempfile.mkdtemp(prefix="lesson10-gs-"))        # 0700: only this user
     argv = _argv(config, private)
-    notes = []
     why = sandbox.probe()
     user_set = "LESSON10_GRADE_USER" not in os.environ     # protect() sets it for cli.main
-    if why and sandbox.probe_kind() != "python":
-        argv.append("--no-sandbox")
-        try:
-            who = protect(root)
-        except (sandbox.Unprotected, OSError) as exc:
-            who = f"the notebooks could not be protected ({exc})"
-        notes.append(f"Not sandboxed: bubblewrap cannot run in this container ({why}), so the "
-                     f"notebooks ran without it; each Gradescope submission runs in a "
-                     f"container of its own, and {who}.")
+    notes = _without_sandbox(root, argv, why) if why and sandbox.probe_kind() != "python" else []
     for line in notes:
         print(f"run_autograder: {line}", flush=True)
     error = None
@@ -241,6 +232,20 @@ def run(root: Path, out: Path | None = None) -> int:
     target.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(doc.get("output", ""), flush=True)
     return 0
+
+
+def _without_sandbox(root: Path, argv: list[str], why: str) -> list[str]:
+    """Grade with ``--no-sandbox``, the notebooks as an unprivileged user (:func:`protect`);
+    the summary's note."""
+    from . import sandbox
+    argv.append("--no-sandbox")
+    try:
+        who = protect(root)
+    except (sandbox.Unprotected, OSError) as exc:
+        who = f"the notebooks could not be protected ({exc})"
+    return [f"Not sandboxed: bubblewrap cannot run in this container ({why}), so the notebooks "
+            f"ran without it; each Gradescope submission runs in a container of its own, and "
+            f"{who}."]
 
 
 def _argv(config: dict, private: Path) -> list[str]:
