@@ -293,7 +293,7 @@ def _one_run(cells, exercises, settings: Settings, deadline: float, workdir, fil
                                                        "its limit; not kept]\n"}]
                 run.outputs[current] = {"outputs": outs, "error": _error(msg.get("error"))}
                 current = None
-            elif op == "check" and current is not None:
+            elif op == "check" and current is not None and wire.check_shape(msg, current):
                 try:
                     next_channel = _check(msg, conn, box, next_channel, exercises, settings,
                                           deadline, run, replay)

@@ -184,6 +184,14 @@ class Served:
         return f"<{type(self).__name__} offering {', '.join(self._names)}>"
 
 
+def check_shape(msg: dict, cell) -> bool:
+    """Whether a runner's ``check`` request has the shape the runner sends: from the cell
+    being run, a text exercise id, a bool ``callable`` (anything else was forged by a cell,
+    and is that cell's protocol error)."""
+    return (msg.get("cell") == cell and type(msg.get("cell")) is int
+            and type(msg.get("exercise")) is str and type(msg.get("callable")) is bool)
+
+
 # --------------------------------------------------------------------------- framing
 class Conn:
     """One direction pair of pipe file descriptors carrying framed messages."""
