@@ -16,7 +16,7 @@ from redteam import build as B
 
 from lesson10.course.grade import sandbox
 
-NB03 = "03_load_balance"
+NB01, NB03 = "01_sequence_parallel", "03_load_balance"
 FIRST = "causal_work"          # the first check cell of notebook 03
 needs_bwrap = pytest.mark.skipif(sandbox.probe() is not None, reason=f"no sandbox: {sandbox.probe()}")
 
@@ -64,11 +64,14 @@ class Case:
     make: object
     files: dict = field(default_factory=dict)
     cpu_positive: bool = False
+    nb: str = NB03
 
 
-def _nb(**insert):
+def _nb(nb_id=NB03, defs=None, **insert):
     def make():
-        nb = B.reduced(NB03)
+        nb = B.reduced(nb_id)
+        for fn, body in (defs or {}).items():
+            nb = B.replace_def(nb, fn, B.header(nb_id, fn) + "\n" + body)
         for where, src in insert.items():
             nb = B.insert(nb, src, **({where: True} if where == "after_imports"
                                       else {where.split("__")[0]: where.split("__")[1]}))
@@ -87,6 +90,20 @@ CASES += [Case("shadows_all_at_once", _nb(), files=dict(SHADOWS)),
           Case("module_from_pythonpath", _nb(after_imports=(
               "import l10_edges_extra\nassert l10_edges_extra.TWO == 2\n"
               "import matplotlib.pyplot as plt")))]
+# the served op called from threads of the student's own: each call gets its own reply
+_THREADED = ("    from concurrent.futures import ThreadPoolExecutor\n"
+             "    shards = reduce_scatter(partials)\n"
+             "    with ThreadPoolExecutor(len(shards)) as pool:\n"
+             "        local = list(pool.map(op, shards))\n"
+             "    return all_gather(local)\n")
+_EARLIER_POOL = ("    shards = reduce_scatter(partials)\n"
+                 "    local = list(_POOL.map(op, shards))\n"
+                 "    return all_gather(local)\n")
+CASES += [Case("op_from_a_thread_pool", _nb(NB01, {"sp_forward": _THREADED}), nb=NB01),
+          Case("op_from_an_earlier_cells_pool", _nb(NB01, {"sp_forward": _EARLIER_POOL},
+               after_imports="from concurrent.futures import ThreadPoolExecutor\n"
+                             "_POOL = ThreadPoolExecutor(8)\nlist(_POOL.map(abs, range(8)))"),
+               nb=NB01)]
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["j1", "j2"])
@@ -99,7 +116,7 @@ def graded(request, tmp_path_factory):
     (extra / "l10_edges_extra.py").write_text("TWO = 2\n")
     paths = {}
     for c in CASES:
-        paths[c.name] = B.write(tmp / "subs" / c.name, f"{NB03}.ipynb", c.make())
+        paths[c.name] = B.write(tmp / "subs" / c.name, f"{c.nb}.ipynb", c.make())
         for fname, text in c.files.items():
             (tmp / "subs" / c.name / fname).write_text(text)
     env = dict(os.environ, MPLBACKEND="Agg",
@@ -126,10 +143,10 @@ def _why(rep) -> str:
 def test_edge_case_keeps_full_marks_and_is_no_grader_error(graded, name):
     rep = graded["by"][name]
     why = _why(rep)
-    assert rep["ok"] and rep["error"] is None, why
-    assert rep["max_points"] == sum(ex.points for ex in B.exercises(NB03)), why
-    assert rep["points"] == rep["max_points"], why
     case = next(c for c in CASES if c.name == name)
+    assert rep["ok"] and rep["error"] is None, why
+    assert rep["max_points"] == sum(ex.points for ex in B.exercises(case.nb)), why
+    assert rep["points"] == rep["max_points"], why
     if case.cpu_positive:                 # the kernel's count, not the forged one
         assert 0.05 < rep["sandbox_cpu_seconds"] < 600, why
 
