@@ -20,7 +20,7 @@ import pytest
 from redteam import build as B
 
 import lesson10
-from lesson10.course.grade import sandbox
+from lesson10.course.grade import pythonpath, sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,13 +58,13 @@ def test_a_module_the_sandbox_cannot_find_makes_the_probe_refuse(monkeypatch, tm
     hidden.mkdir()
     (hidden / "l10_needed_mod.py").write_text("X = 1\n")
     monkeypatch.setattr(sys, "path", sys.path + [str(hidden)])
-    monkeypatch.setattr(sandbox, "NEEDS", sandbox.NEEDS + ("l10_needed_mod",))
-    real = sandbox.grader_path
-    monkeypatch.setattr(sandbox, "grader_path", lambda: [p for p in real() if p != str(hidden)])
+    monkeypatch.setattr(pythonpath, "NEEDS", pythonpath.NEEDS + ("l10_needed_mod",))
+    real = pythonpath.grader_path
+    monkeypatch.setattr(pythonpath, "grader_path", lambda: [p for p in real() if p != str(hidden)])
     monkeypatch.setattr(sandbox, "_PROBE", {})
     why = sandbox.probe()
     assert why and "l10_needed_mod" in why and sandbox.probe_kind() == "python"
-    monkeypatch.setattr(sandbox, "grader_path", real)     # bound: found inside
+    monkeypatch.setattr(pythonpath, "grader_path", real)     # bound: found inside
     monkeypatch.setattr(sandbox, "_PROBE", {})
     assert sandbox.probe() is None
 
