@@ -120,7 +120,8 @@ def graded(request, tmp_path_factory):
         for fname, text in c.files.items():
             (tmp / "subs" / c.name / fname).write_text(text)
     env = dict(os.environ, MPLBACKEND="Agg",
-               PYTHONPATH=os.pathsep.join([str(extra)] + [p for p in os.environ.get(
+               # the checkout on PYTHONPATH too (where lesson10 is not installed): never bound
+               PYTHONPATH=os.pathsep.join([str(extra), str(B.ROOT)] + [p for p in os.environ.get(
                    "PYTHONPATH", "").split(os.pathsep) if p]))
     cmd = [sys.executable, "-m", "lesson10", "grade", *map(str, paths.values()), "--json",
            "-j", str(request.param), "--timeout", "10", "--exercise-timeout", "5",
