@@ -34,6 +34,8 @@ def test_every_folder_on_sys_path_is_bound_but_the_checkout(monkeypatch, tmp_pat
     monkeypatch.setattr(sys, "path", [str(tmp_path / "script-dir")] + sys.path +
                         [str(overlay), str(env_module), str(checkout), str(checkout / "tests")])
     (tmp_path / "script-dir").mkdir()
+    (tmp_path / "script-dir" / "grade.py").write_text("")
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "script-dir" / "grade.py")])
     path = sandbox.grader_path()
     assert str(overlay) in path and str(env_module) in path           # .pth and PYTHONPATH
     assert str(tmp_path / "script-dir") not in path                  # sys.path[0]

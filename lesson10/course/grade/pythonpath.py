@@ -65,8 +65,10 @@ def grader_path() -> list[str]:
     working folder that Python put first (it may hold the submissions) and the course's
     course's own source (see :func:`_course_checkouts`)."""
     entries = list(sys.path)
-    if entries and not (getattr(sys.flags, "safe_path", False) or sys.flags.isolated):
-        entries = entries[1:]                    # the script's folder, or the working folder
+    script = os.path.dirname(os.path.realpath(sys.argv[0])) if sys.argv and sys.argv[0] and \
+        os.path.isfile(sys.argv[0]) else None
+    if entries and script and os.path.realpath(entries[0] or ".") == script:
+        entries = entries[1:]                    # the script's folder (the working folder: below)
     cwd, checkouts = os.getcwd(), _course_checkouts(entries)
     prefixes = [os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)]
     out = []
