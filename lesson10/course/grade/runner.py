@@ -280,12 +280,16 @@ class Forker:
             interval = sys.getswitchinterval()
             sys.setswitchinterval(1000.0)            # no thread asks for the GIL meanwhile
             imp.acquire_lock()
-            pid = fork()
-            if pid == 0:
-                after()                              # runs job() in our hook: never returns
-                os._exit(1)
-            imp.release_lock()
-            sys.setswitchinterval(interval)
+            pid = -1
+            try:
+                pid = fork()
+                if pid == 0:
+                    after()                          # runs job() in our hook: never returns
+                    os._exit(1)
+            finally:
+                if pid != 0:                         # the parent (the child never gets here)
+                    imp.release_lock()
+                    sys.setswitchinterval(interval)
             if pid < 0:
                 raise OSError(errno(), "fork failed")
             return pid
