@@ -110,7 +110,7 @@ def test_wire_sends_an_object_as_its_methods_only():
     obj = wire.decode(tree, blobs, make_fn=lambda i, n: stubs.setdefault(n, (lambda *a: calls[i](*a))))[0]
     assert obj.ring_shift([1, 2]) == [2, 1]
     with pytest.raises(AttributeError, match="offers only ring_shift"):
-        obj.secret
+        _ = obj.secret
     with pytest.raises(wire.WireError):                       # no objects without callables
         wire.encode(Net())
     back, _ = wire.encode([obj], [])                          # copied back: stays where it lives

@@ -25,7 +25,9 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -48,19 +50,27 @@ $SUDO apt-get update -qq
 # bubblewrap is the grader's sandbox; run_autograder grades without it where the container
 # has no user namespaces, and says so
 $SUDO apt-get install -y -qq python3 python3-venv python3-pip git bubblewrap
+# where bubblewrap cannot run, the notebooks run as this user, who can neither write the
+# results nor read the package (run_autograder sees to it)
+id lesson10-student >/dev/null 2>&1 || $SUDO useradd --system --no-create-home \
+  --shell /usr/sbin/nologin lesson10-student || true
 python3 -m venv "$ROOT/lesson10-venv"
 "$ROOT/lesson10-venv/bin/python" -m pip install -q --upgrade pip
 "$ROOT/lesson10-venv/bin/python" -m pip install -q {quoted}
-"$ROOT/lesson10-venv/bin/python" -c "import lesson10.course.grade, lesson10.checks; print('lesson10', lesson10.__version__)"
+"$ROOT/lesson10-venv/bin/python" -c \
+  "import lesson10.course.grade, lesson10.checks; print('lesson10', lesson10.__version__)"
 """
 
 RUN_AUTOGRADER = """\
 #!/usr/bin/env bash
 # Gradescope runs this for every submission (written by `python -m lesson10 gradescope`):
 # it grades the notebooks under $AUTOGRADER_ROOT/submission (default /autograder) and
-# writes $AUTOGRADER_ROOT/results/results.json.
+# writes $AUTOGRADER_ROOT/results/results.json itself, once the grading process has exited,
+# from what that process wrote into a folder only root can reach: nothing a notebook
+# writes, and no way it ends the grading, can stand as the result.
 ROOT="${AUTOGRADER_ROOT:-/autograder}"
 mkdir -p "$ROOT/results"
+rm -f "$ROOT/results/results.json"
 cd "$ROOT" || exit 0
 # the Python that has lesson10: $LESSON10_PYTHON if set, else setup.sh's venv, else python3 or
 # python on PATH, else the Python that wrote this bundle (a dry run on the instructor's machine)
@@ -73,14 +83,20 @@ else
   done
   [ -n "$PY" ] || PY=python3
 fi
-"$PY" -m lesson10.course.grade.gradescope run --root "$ROOT"
+PRIVATE="$(mktemp -d 2>/dev/null || echo "$ROOT/.lesson10-private")"
+mkdir -p "$PRIVATE" && chmod 700 "$PRIVATE"
+"$PY" -m lesson10.course.grade.gradescope run --root "$ROOT" --out "$PRIVATE/results.json"
 status=$?
+"$PY" -m lesson10.course.grade.gradescope finish --root "$ROOT" --out "$PRIVATE/results.json" \\
+  --status "$status"
+rm -rf "$PRIVATE"
 if [ ! -s "$ROOT/results/results.json" ]; then
   # the grader could not even start: say so rather than leave Gradescope without a result
-  cat > "$ROOT/results/results.json" <<EOF
+  cat > "$ROOT/results/results.json" <<EOF_RESULTS
 {"score": 0, "visibility": "visible", "stdout_visibility": "visible",
- "output": "GRADER ERROR: the autograder could not run (exit status $status with $PY; is lesson10 installed? see setup.sh). This is not your score: the course staff will grade it again."}
-EOF
+ "output": "GRADER ERROR: the autograder could not run (exit status $status with $PY; is lesson10 \\
+installed? see setup.sh). This is not your score: the course staff will grade it again."}
+EOF_RESULTS
 fi
 exit 0
 """
@@ -136,8 +152,37 @@ def error_results(message: str) -> dict:
             "visibility": "visible", "stdout_visibility": "visible", "tests": tests}
 
 
-def run(root: Path) -> int:
-    """Grade ``root/submission`` into ``root/results/results.json`` (see the module)."""
+def protect(root: Path) -> str:
+    """Where bubblewrap cannot run (as root): the notebooks run as an unprivileged user
+    (:func:`lesson10.course.grade.sandbox.student_user`, ``$LESSON10_GRADE_USER`` set for the
+    grader), who may not read the package nor the bundle, nor write the results folder.
+    Returns what the summary says."""
+    from . import sandbox
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return ("the notebooks ran as the grader's own user (not root, so it cannot run them as "
+                "another)")
+    name, _, _ = sandbox.student_user()
+    os.environ["LESSON10_GRADE_USER"] = name
+    pkg = Path(__file__).resolve().parents[2]
+    # an installed package only (setup.sh's venv): a checkout's modes are the instructor's
+    tops = [root / "source"] + ([pkg] if not (pkg.parent / ".git").exists() else [])
+    for top in tops:
+        if top.is_dir():
+            for p in [top, *top.rglob("*")]:
+                try:
+                    if not p.is_symlink():
+                        os.chmod(p, p.stat().st_mode & 0o7770)
+                except OSError:
+                    pass
+    os.chmod(root / "results", 0o755)
+    return f"the notebooks ran as the unprivileged user {name}"
+
+
+def run(root: Path, out: Path | None = None) -> int:
+    """Grade ``root/submission`` (see the module) into ``out``, a file of a folder only this
+    user can reach; ``run_autograder`` then calls :func:`finish`, which writes
+    ``results/results.json`` once this process has exited. Without ``out``: straight into
+    ``results/results.json`` (in-process use)."""
     from . import cli, sandbox
     root = Path(root)
     submission, results = root / "submission", root / "results" / "results.json"
@@ -145,48 +190,96 @@ def run(root: Path) -> int:
     submission.mkdir(parents=True, exist_ok=True)
     config = _config(root)
     results = results.resolve()
+    target = Path(out).resolve() if out is not None else results
     # the notebooks' paths as the student knows them; nothing of the submission (a numpy.py)
     # may shadow a module this process imports later
     here, sub = os.path.abspath(os.getcwd()), str(submission.resolve())
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here
                    and not os.path.abspath(p).startswith(sub)]
     os.chdir(submission)
-    argv = [".", "--student", "submission", "--gradescope", str(results),
-            "--output", str(results.parent / "report.json")]
+    if results.exists():
+        results.unlink()
+    private = Path(tempfile.mkdtemp(prefix="lesson10-gs-"))        # 0700: only this user
+    argv = _argv(config, private)
+    why = sandbox.probe()
+    user_set = "LESSON10_GRADE_USER" not in os.environ     # protect() sets it for cli.main
+    notes = _without_sandbox(root, argv, why) if why and sandbox.probe_kind() != "python" else []
+    for line in notes:
+        print(f"run_autograder: {line}", flush=True)
+    error = None
+    if why and sandbox.probe_kind() == "python":
+        error = f"the grader's environment is broken: {why}"
+    else:
+        try:
+            status = cli.main(argv)
+            error = None if status in (0, 1) else f"the grader stopped with exit status {status}"
+        except BaseException as exc:  # noqa: BLE001 - any failure must reach results.json
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if user_set:
+                os.environ.pop("LESSON10_GRADE_USER", None)
+    try:
+        doc = json.loads((private / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        doc = None
+    shutil.rmtree(private, ignore_errors=True)
+    if not isinstance(doc, dict):
+        doc = error_results(error or "the grader wrote no results")
+    elif error:
+        doc["output"] = f"GRADER ERROR: {error}\n" + str(doc.get("output", ""))
+    if notes:
+        doc["output"] = "\n".join(notes) + "\n" + str(doc.get("output", ""))
+    target.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(doc.get("output", ""), flush=True)
+    return 0
+
+
+def _without_sandbox(root: Path, argv: list[str], why: str) -> list[str]:
+    """Grade with ``--no-sandbox``, the notebooks as an unprivileged user (:func:`protect`);
+    the summary's note."""
+    from . import sandbox
+    argv.append("--no-sandbox")
+    try:
+        who = protect(root)
+    except (sandbox.Unprotected, OSError) as exc:
+        who = f"the notebooks could not be protected ({exc})"
+    return [f"Not sandboxed: bubblewrap cannot run in this container ({why}), so the notebooks "
+            f"ran without it; each Gradescope submission runs in a container of its own, and "
+            f"{who}."]
+
+
+def _argv(config: dict, private: Path) -> list[str]:
+    argv = [".", "--student", "submission", "--gradescope", str(private / "results.json"),
+            "--output", str(private / "report.json")]
     for key, value in (config.get("options") or {}).items():
         if key in OPTIONS:
             argv += ["-j" if key == "jobs" else "--" + key.replace("_", "-"), str(value)]
     seed = os.environ.get("LESSON10_SEED") or config.get("seed")
     if seed not in (None, ""):
         argv += ["--seed", str(int(seed))]
-    notes = []
-    why = sandbox.probe()
-    if why:
-        argv.append("--no-sandbox")
-        notes.append(f"Not sandboxed: bubblewrap cannot run in this container ({why}), so the "
-                     f"notebooks ran without it; each Gradescope submission runs in a "
-                     f"container of its own.")
-    for line in notes:
-        print(f"run_autograder: {line}", flush=True)
-    if results.exists():
-        results.unlink()
+    return argv
+
+
+def finish(root: Path, out: Path, status: int) -> int:
+    """``results/results.json`` from ``out`` (what :func:`run` wrote), written here, after the
+    grading process exited with ``status``: anything but 0, or no readable results, is a
+    grader error, whatever the results folder holds."""
+    results = Path(root) / "results" / "results.json"
+    results.parent.mkdir(parents=True, exist_ok=True)
     try:
-        status = cli.main(argv)
-        error = None if status in (0, 1) else f"the grader stopped with exit status {status}"
-    except BaseException as exc:  # noqa: BLE001 - any failure must reach results.json
-        status, error = None, f"{type(exc).__name__}: {exc}"
-    try:
-        doc = json.loads(results.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        doc = None
-    if doc is None:
-        doc = error_results(error or "the grader wrote no results")
-    elif error:
-        doc["output"] = f"GRADER ERROR: {error}\n" + doc.get("output", "")
-    if notes:
-        doc["output"] = "\n".join(notes) + "\n" + doc.get("output", "")
-    results.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    print(doc.get("output", ""), flush=True)
+        doc = json.loads(Path(out).read_text(encoding="utf-8"))
+        if not isinstance(doc, dict) or not isinstance(doc.get("tests"), list):
+            raise ValueError("not Gradescope's results")
+    except (OSError, ValueError) as exc:
+        doc = error_results(f"the grading process wrote no results ({type(exc).__name__}) and "
+                            f"exited with status {status}")
+    if status != 0:
+        doc = error_results(f"the grading process ended with exit status {status} (killed?)")
+    tmp = results.with_name(".results.json.tmp")
+    if tmp.exists() or tmp.is_symlink():
+        tmp.unlink()
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, results)
     return 0
 
 
@@ -231,14 +324,23 @@ def main_bundle(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m lesson10.course.grade.gradescope run [--root DIR]`` (what run_autograder calls)."""
+    """``python -m lesson10.course.grade.gradescope run [--root DIR] [--out FILE]`` and
+    ``... finish --out FILE --status N`` (what run_autograder calls)."""
     p = argparse.ArgumentParser(prog="python -m lesson10.course.grade.gradescope")
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="grade $AUTOGRADER_ROOT/submission into results/results.json")
-    r.add_argument("--root", type=Path,
-                   default=Path(os.environ.get("AUTOGRADER_ROOT") or "/autograder"))
+    root = Path(os.environ.get("AUTOGRADER_ROOT") or "/autograder")
+    r = sub.add_parser("run", help="grade $AUTOGRADER_ROOT/submission")
+    r.add_argument("--root", type=Path, default=root)
+    r.add_argument("--out", type=Path, default=None,
+                   help="where to write the results (default: results/results.json)")
+    f = sub.add_parser("finish", help="write results/results.json once the grading exited")
+    f.add_argument("--root", type=Path, default=root)
+    f.add_argument("--out", type=Path, required=True)
+    f.add_argument("--status", type=int, required=True)
     args = p.parse_args(argv)
-    return run(args.root)
+    if args.cmd == "finish":
+        return finish(args.root, args.out, args.status)
+    return run(args.root, args.out)
 
 
 if __name__ == "__main__":

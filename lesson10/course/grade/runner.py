@@ -20,20 +20,35 @@ clock. This file imports only the standard library, NumPy (through the wire) and
 IPython, never the course package.
 """
 import io
+import json
 import os
 import resource
 import select
 import signal
 import sys
+import threading
 import time
 import traceback
 import warnings
+from typing import Any
 
-# started with python -I (no script folder on the path): the stand-in package and the
-# wire live beside this file, first on the path (only when it runs: a test that imports
-# this file must not leave the stand-in on its own path)
+
+def _set_path() -> None:
+    """Started with ``python -I`` (no script folder, no PYTHONPATH, no user site): the
+    stand-in package and the wire live beside this file, first on the path, then every
+    folder of the grader's own ``sys.path`` that the sandbox shows (``argv[7]``, JSON:
+    ``{"path": [...]}``), so what the grader imports, this process imports too."""
+    try:
+        grader = json.loads(sys.argv[7]).get("path", []) if len(sys.argv) > 7 else []
+    except (ValueError, AttributeError):
+        grader = []
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = list(dict.fromkeys([here] + [str(p) for p in grader] + sys.path))
+
+
+# only when it runs: a test that imports this file must not change its own path
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    _set_path()
 import _lesson10_wire as wire  # noqa: E402
 
 OUTPUT_CAP = 100_000            # characters of output kept per cell
@@ -85,20 +100,23 @@ def _limits(memory: int, cpu: int, fsize: int, nproc: int) -> None:
 class Runner:
     def __init__(self, conn, channels):
         self.conn, self.channels = conn, channels
-        self.shell = None
+        self.shell: Any = None
         self.current = None                  # index of the cell being run
         self.sink = None
         self.exercise_timeout = 30.0
+        self.notes: list[str] = []           # said in the first cell's output
+        self.forker: Forker | None = None
 
     # ------------------------------------------------------------------ cells
-    def setup(self, msg):
-        for name, text in msg.get("files", []):
-            name = os.path.basename(str(name))
-            if name.endswith(".py") and not name.startswith("."):
-                with open(name, "w", encoding="utf-8") as f:
-                    f.write(str(text))
+    def setup(self, msg, needs=()):
+        """Everything the runner imports, imported before any file of the student's is
+        written or their folder goes on ``sys.path``: an ``IPython.py`` or ``lesson10.py``
+        of theirs cannot stop it (their cells see what Jupyter would show them)."""
         self.exercise_timeout = float(msg.get("exercise_timeout", 30))
-        sys.path.insert(0, os.getcwd())
+        missing = _missing(needs)
+        if missing:
+            raise SystemExit(f"ENVIRONMENT: {', '.join(missing)} cannot be imported inside the "
+                             f"sandbox although the grader can import it")
         warnings.simplefilter("ignore", DeprecationWarning)     # fork() with threads (3.12+)
         from IPython.core.interactiveshell import InteractiveShell
         from traitlets.config import Config
@@ -106,16 +124,26 @@ class Runner:
         config.HistoryManager.enabled = False        # no history thread, no sqlite file
         self.shell = InteractiveShell.instance(config=config)
         # the error of a cell is reported as data ("error" of its "done"), not as a traceback
-        self.shell.showtraceback = lambda *args, **kwargs: None
-        self.shell.showsyntaxerror = lambda *args, **kwargs: None
+        setattr(self.shell, "showtraceback", lambda *args, **kwargs: None)  # noqa: B010
+        setattr(self.shell, "showsyntaxerror", lambda *args, **kwargs: None)  # noqa: B010
         import lesson10.checks
-        lesson10.checks.hook = self.check
+        try:
+            import lesson10._standin  # noqa: F401 - imported now, used in the judged forks
+        except ImportError:
+            pass
+        setattr(lesson10.checks, "hook", self.check)  # noqa: B010 - the stand-in's
+        self.forker = Forker()
+        self.notes = _write_files(msg.get("files", []))
+        sys.path.insert(0, os.getcwd())
 
     def run_cells(self, cells):
         for index, source in cells:
             self.current = index
             self.conn.send({"op": "cell", "index": index})
             self.sink = {"outputs": [], "size": 0}
+            for note in self.notes:
+                _Capped("stderr", self.sink).write(f"[grader: {note}]\n")
+            self.notes = []
             error = None
             old = sys.stdout, sys.stderr
             sys.stdout, sys.stderr = _Capped("stdout", self.sink), _Capped("stderr", self.sink)
@@ -160,36 +188,138 @@ class Runner:
     def _fork_and_serve(self, fn, channel_fd, timeout, judging):
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             try:
-                stream.flush()
+                if stream is not None:
+                    stream.flush()
             except Exception:  # noqa: BLE001
                 pass
-        pid = os.fork()
-        if pid == 0:                                   # the child: judged, then gone
-            code = 0
-            try:
-                null = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(null, fd)
-                # every descriptor but its own channel: copies of the main socket or of
-                # other channels that a cell kept (os.dup) go too
-                os.closerange(3, channel_fd)
-                os.closerange(channel_fd + 1, _max_fd())
-                _restart_thread_pools()
-                sys.stdout = sys.stderr = io.StringIO()
-                try:
-                    import lesson10._standin as standin
-                    standin.JUDGING = judging
-                except ImportError:
-                    pass
-                Serve(wire.Conn(channel_fd, channel_fd)).serve(fn)
-            except BaseException:  # noqa: BLE001
-                code = 1
-                if os.environ.get("LESSON10_GRADE_DEBUG"):
-                    with open("/tmp/lesson10-child-error.txt", "a") as f:
-                        f.write(traceback.format_exc())
-            os._exit(code)
+        try:
+            assert self.forker is not None, "setup() first"
+            pid = self.forker.fork(lambda: _judged_child(fn, channel_fd, judging))
+        except OSError as exc:                         # no process left (RLIMIT_NPROC, pids)
+            os.close(channel_fd)
+            return f"fork failed: {exc}"
         os.close(channel_fd)                           # the judge sees EOF when the child ends
         return _wait(pid, timeout)
+
+
+def _missing(needs) -> list[str]:
+    """The modules of ``needs`` that cannot be found here (nothing is imported)."""
+    import importlib.util
+    out = []
+    for name in needs:
+        try:
+            if importlib.util.find_spec(str(name)) is None:
+                out.append(str(name))
+        except (ImportError, ValueError):
+            out.append(str(name))
+    return out
+
+
+def _write_files(files) -> list[str]:
+    """Write the student's helper modules into the working folder; what could not be
+    written is said (a note), never an error of the runner."""
+    notes = []
+    for item in files if isinstance(files, list) else []:
+        try:
+            name, text = item
+            name = os.path.basename(str(name))
+            if name.endswith(".py") and not name.startswith("."):
+                with open(name, "w", encoding="utf-8") as f:
+                    f.write(str(text))
+        except Exception as exc:  # noqa: BLE001 - a full /tmp, a name the system refuses
+            notes.append(f"your file {str(item[0] if isinstance(item, (list, tuple)) and item else item)[:80]!r} "
+                         f"could not be copied into the working folder ({type(exc).__name__}: "
+                         f"{str(exc)[:120]})")
+    return notes
+
+
+class Forker:
+    """``fork()`` for the judged child without the at-fork hooks a cell registered
+    (``os.register_at_fork``: a ``before`` hook that sleeps would hang the runner, an
+    ``after_in_child`` one every judged child).
+
+    On CPython the C library's ``fork`` is called through ctypes with the GIL and the
+    import lock held, as ``os.fork`` does, but without the ``before`` hooks; the child then
+    runs Python's own after-fork work (``PyOS_AfterFork_Child``), whose hooks run in the
+    order they were registered: this runner's hook, registered before any cell ran, comes
+    before every hook of the student's and runs the judged child to its end (``os._exit``),
+    so theirs never run. Elsewhere, or if ctypes is missing: ``os.fork`` (the student's
+    ``before`` hooks run)."""
+
+    def __init__(self):
+        self.job = None
+        self.raw = None
+        if sys.implementation.name == "cpython":
+            try:
+                import _imp
+                import ctypes
+                fork = ctypes.PyDLL(None, use_errno=True).fork
+                fork.restype, fork.argtypes = ctypes.c_int, []
+                after = ctypes.pythonapi.PyOS_AfterFork_Child
+                after.restype, after.argtypes = None, []
+                self.raw = (fork, after, _imp, ctypes.get_errno)
+            except (ImportError, AttributeError, OSError):
+                self.raw = None
+        os.register_at_fork(after_in_child=self._child)
+
+    def _child(self):
+        job, self.job = self.job, None
+        if job is not None:
+            job()                                    # ends the process (os._exit)
+
+    def fork(self, job) -> int:
+        """Start a child that runs ``job()`` (which must end with ``os._exit``); its pid."""
+        self.job = job
+        try:
+            if self.raw is None:
+                pid = os.fork()
+                if pid == 0:                         # our hook ran job() already
+                    os._exit(1)
+                return pid
+            fork, after, imp, errno = self.raw
+            interval = sys.getswitchinterval()
+            sys.setswitchinterval(1000.0)            # no thread asks for the GIL meanwhile
+            imp.acquire_lock()
+            pid = -1
+            try:
+                pid = fork()
+                if pid == 0:
+                    after()                          # runs job() in our hook: never returns
+                    os._exit(1)
+            finally:
+                if pid != 0:                         # the parent (the child never gets here)
+                    imp.release_lock()
+                    sys.setswitchinterval(interval)
+            if pid < 0:
+                raise OSError(errno(), "fork failed")
+            return pid
+        finally:
+            self.job = None
+
+
+def _judged_child(fn, channel_fd, judging) -> None:
+    """The judged child: serve ``fn`` on its channel, then exit (never returns)."""
+    code = 0
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        # every descriptor but its own channel: copies of the main socket or of
+        # other channels that a cell kept (os.dup) go too
+        os.closerange(3, channel_fd)
+        os.closerange(channel_fd + 1, _max_fd())
+        _restart_thread_pools()
+        sys.stdout = sys.stderr = io.StringIO()
+        standin = sys.modules.get("lesson10._standin")
+        if standin is not None:
+            setattr(standin, "JUDGING", judging)  # noqa: B010
+        Serve(wire.Conn(channel_fd, channel_fd)).serve(fn)
+    except BaseException:  # noqa: BLE001
+        code = 1
+        if os.environ.get("LESSON10_GRADE_DEBUG"):
+            with open("/tmp/lesson10-child-error.txt", "a") as f:
+                f.write(traceback.format_exc())
+    os._exit(code)
 
 
 def _max_fd() -> int:
@@ -243,14 +373,18 @@ class Serve:
 
     def __init__(self, conn):
         self.conn = conn
+        # one callback on the channel at a time: threads of the judged function (a
+        # ThreadPoolExecutor's ranks) each get their own reply
+        self.lock = threading.Lock()
 
     def _stub(self, fid: int, name: str):
-        conn = self.conn
+        conn, lock = self.conn, self.lock
 
         def stub(*args, **kwargs):
             tree, blobs = wire.encode([list(args), dict(kwargs)], [])
-            conn.send({"op": "callback", "id": fid, "args": tree}, blobs)
-            msg, blobs = conn.recv()
+            with lock:
+                conn.send({"op": "callback", "id": fid, "args": tree}, blobs)
+                msg, blobs = conn.recv()
             if msg.get("op") == "return":
                 return wire.decode(msg["value"], blobs)
             raise _remote(str(msg.get("type", "Error")), str(msg.get("message", "")))
@@ -300,6 +434,10 @@ def main():
     main_fd = int(sys.argv[1])
     channels = [int(x) for x in sys.argv[2].split(",") if x]
     memory, cpu, fsize, nproc = (int(x) for x in sys.argv[3:7])
+    try:
+        needs = json.loads(sys.argv[7]).get("needs", []) if len(sys.argv) > 7 else []
+    except (ValueError, AttributeError):
+        needs = []
     _limits(memory, cpu, fsize, nproc)
     conn = wire.Conn(main_fd, main_fd)
     runner = Runner(conn, channels)
@@ -308,19 +446,20 @@ def main():
         msg, _ = conn.recv()
         if msg.get("op") != "setup":
             os._exit(3)
-        runner.setup(msg)
+        runner.setup(msg, needs)
         conn.send({"op": "ready"})
         runner.run_cells([(int(i), str(src)) for i, src in msg.get("cells", [])])
         conn.recv()                                    # "exit", or the judge closes
-        # CPU seconds of this process and its waited forks: in a PID namespace they are
-        # not added to the grader's own rusage (bench grade adds them up)
-        cpu = sum(getattr(resource.getrusage(who), f) for who in
-                  (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) for f in ("ru_utime", "ru_stime"))
-        conn.send({"op": "bye", "cpu": cpu})
-    except BaseException:  # noqa: BLE001 - tell the judge, then go
+        conn.send({"op": "bye"})
+        try:                 # the judge reads this process's CPU time from outside (the
+            conn.recv()      # kernel's count, not one a cell could forge), then closes
+        except (wire.Closed, wire.WireError):
+            pass
+    except BaseException as exc:  # noqa: BLE001 - tell the judge, then go
         try:
             conn.send({"op": "fatal", "cell": runner.current,
-                       "message": traceback.format_exc()[-2000:]})
+                       "message": (f"{type(exc).__name__}: {str(exc)[:300]}\n"
+                                   + traceback.format_exc()[-1700:])})
         except BaseException:  # noqa: BLE001
             pass
     os._exit(0)

@@ -225,8 +225,8 @@ class _Session:
         return self._end(None)
 
     def _on_check(self, msg: dict) -> bool:
-        if self.current is None:
-            return self._out_of_turn("check")
+        if self.current is None or not wire.check_shape(msg, self.current):
+            return self._out_of_turn("check")      # a forged check is its cell's protocol error
         try:
             ended = self._answer_check(msg, (self.current, self.checks_in_cell))
         except (wire.Timeout, wire.Closed, wire.WireError):

@@ -30,6 +30,7 @@ import numpy as np
 MAX_DEPTH = 32
 MAX_BYTES = 64 * 2**20
 MAX_HEADER = 8 * 2**20        # the JSON part (the arrays travel as raw blobs)
+MAX_BLOBS = 100_000           # raw blobs in one message
 _DTYPE_KINDS = "biufcUS"     # bool, int, uint, float, complex, text, bytes
 
 
@@ -110,8 +111,14 @@ def _enc(x, blobs, callables, depth):
 
 def decode(tree, blobs, make_fn=None):
     """The value of ``(tree, blobs)``; ``make_fn(id, name)`` builds a stand-in for a sent
-    callable (without it, a callable is refused)."""
-    return _dec(tree, blobs, make_fn, 0)
+    callable (without it, a callable is refused). Whatever the tree holds, the only error
+    raised is :class:`WireError`."""
+    try:
+        return _dec(tree, blobs, make_fn, 0)
+    except WireError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any malformed tree is the sender's fault
+        raise WireError(f"malformed value: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
 def _dec(t, blobs, make_fn, depth):
@@ -150,7 +157,7 @@ def _dec(t, blobs, make_fn, depth):
                 raise WireError(f"unhashable dict key of type {type(key).__name__}") from None
         return out
     if kind == "fn" and make_fn is not None:
-        return make_fn(int(t["id"]), str(t.get("name", "fn")))
+        return make_fn(int(t["id"]), str(t.get("name", "fn"))[:100])
     if kind == "obj" and make_fn is not None:
         try:
             methods = {str(name): make_fn(int(i), str(name)) for name, i in t["methods"]}
@@ -175,6 +182,14 @@ class Served:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} offering {', '.join(self._names)}>"
+
+
+def check_shape(msg: dict, cell) -> bool:
+    """Whether a runner's ``check`` request has the shape the runner sends: from the cell
+    being run, a text exercise id, a bool ``callable`` (anything else was forged by a cell,
+    and is that cell's protocol error)."""
+    return (msg.get("cell") == cell and type(msg.get("cell")) is int
+            and type(msg.get("exercise")) is str and type(msg.get("callable")) is bool)
 
 
 # --------------------------------------------------------------------------- framing
@@ -240,16 +255,36 @@ class Conn:
         return data
 
     def recv(self, deadline: float | None = None):
-        """``(msg, blobs)`` of the next message."""
+        """``(msg, blobs)`` of the next message: ``msg`` is always a ``dict`` with string
+        keys. Any bytes that are not such a message raise :class:`WireError` (the stream is
+        then out of step: the caller drops the connection); a closed pipe :class:`Closed`,
+        the deadline :class:`Timeout`."""
         (n,) = struct.unpack(">Q", self._read(8, deadline))
         if n > MAX_HEADER:
             raise WireError(f"message header of {n} bytes is over the limit")
-        try:
-            head = json.loads(self._read(n, deadline))
-            sizes = [int(s) for s in head["blobs"]]
-            msg = head["msg"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise WireError(f"malformed message: {exc}") from None
-        if sum(sizes) + n > MAX_BYTES or min(sizes, default=0) < 0:
+        raw = self._read(n, deadline)
+        msg, sizes = _header(raw)
+        if sum(sizes) + n > MAX_BYTES:
             raise WireError("message over the size limit")
         return msg, [self._read(s, deadline) for s in sizes]
+
+
+def _header(raw: bytes) -> tuple[dict, list[int]]:
+    """``(msg, blob sizes)`` of a JSON header, its shape checked: ``{"msg": {str: ...},
+    "blobs": [int >= 0, ...]}``. Deep nesting, a non-object, wrong types: :class:`WireError`."""
+    try:
+        head = json.loads(raw)
+    except RecursionError:
+        raise WireError("malformed message: nested too deeply") from None
+    except Exception as exc:  # noqa: BLE001 - bad UTF-8, bad JSON, numbers too large ...
+        raise WireError(f"malformed message: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if not isinstance(head, dict) or not isinstance(head.get("msg"), dict) \
+            or not isinstance(head.get("blobs"), list):
+        raise WireError("malformed message: not {\"msg\": {...}, \"blobs\": [...]}")
+    msg, sizes = head["msg"], head["blobs"]
+    if len(sizes) > MAX_BLOBS or not all(type(s) is int and 0 <= s <= MAX_BYTES for s in sizes):
+        raise WireError("malformed message: blob sizes must be at most "
+                        f"{MAX_BLOBS} whole numbers from 0 to {MAX_BYTES}")
+    if not all(type(k) is str for k in msg):
+        raise WireError("malformed message: its keys must be strings")
+    return msg, sizes
