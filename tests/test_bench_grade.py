@@ -20,7 +20,8 @@ def test_bench_grade_writes_the_table_and_the_csv(tmp_path, capsys):
     assert grade and run, md
     assert float(grade.group(1)) > 0 and float(run.group(1)) > 0          # CPU seconds
     assert re.search(r"CPU ratio grade / nbclient: \*\*[\d.]+\*\* \(target <= 1.2: (yes|no)\)", md)
-    rows = list(csv.DictReader(open(tmp_path / "grade.csv")))
+    with open(tmp_path / "grade.csv") as f:
+        rows = list(csv.DictReader(f))
     assert sorted(r["command"] for r in rows) == ["grade", "nbclient"]
     assert all(float(r["cpu_s"]) >= float(r["user_s"]) for r in rows)
     assert "wrote" in capsys.readouterr().out

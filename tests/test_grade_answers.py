@@ -80,7 +80,7 @@ def graded(tmp_path_factory):
 def test_every_answer_gets_its_check_cells_verdict_from_the_grader(graded):
     reports, plan = graded
     wrong_verdicts = []
-    for fname, (nb_id, chosen) in plan.items():
+    for fname, (_nb_id, chosen) in plan.items():
         rep = reports[fname]
         assert rep["ok"], rep
         by = {e["exercise"]: e for e in rep["exercises"]}

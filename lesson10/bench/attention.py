@@ -133,11 +133,16 @@ def time_attention(configs: list[dict], reps: int = 5, warmup: int = 1) -> list[
 def ring_table(rows: list[dict]) -> str:
     """Markdown for questions 1-4 from :func:`time_attention` rows (the ``"sdpa"`` rows
     are the single-process references of the same launch)."""
-    out = []
     by = {(r["method"], r["n"], r.get("layout"), r.get("overlap", True)): r for r in rows
           if r["method"] != "sdpa"}
     single = {(r["n"], r["threads"]): r["median_s"] for r in rows if r["method"] == "sdpa"}
     ns = sorted({r["n"] for r in rows})
+    out = _layout_section(by, ns) + _overlap_section(by, ns) + _efficiency_section(rows, single)
+    return "\n".join(out + _target_section(by, single))
+
+
+def _layout_section(by: dict, ns: list) -> list[str]:
+    """1. Causal ring attention, contiguous vs zig-zag."""
     t1 = []
     for n in ns:
         z, c = by.get(("ring", n, "zigzag", True)), by.get(("ring", n, "contiguous", True))
@@ -147,13 +152,18 @@ def ring_table(rows: list[dict]) -> str:
             t1.append([n, z["s"], ms(c["median_s"]), ms(z["median_s"]),
                        f"{c['median_s'] / z['median_s']:.2f}", f"{ring_c / ring_z:.2f}",
                        f"{(n - 0.5) / (n / 2):.2f}"])
-    if t1:
-        out += ["## 1. Causal ring attention: contiguous vs zig-zag (fwd+bwd)", "",
-                md_table(["N_c", "s", "contiguous ms", "zig-zag ms", "measured ratio",
-                          "ratio of sum_k max_r compute", "lesson (N_c-1/2)/(N_c/2)"], t1), "",
-                "The lesson's ratio assumes one core per rank. With fewer free cores than "
-                "ranks, an idle rank hands its core to a busy one, and the measured ratio "
-                "moves towards 1 (the total work of both layouts is the same).", ""]
+    if not t1:
+        return []
+    return ["## 1. Causal ring attention: contiguous vs zig-zag (fwd+bwd)", "",
+            md_table(["N_c", "s", "contiguous ms", "zig-zag ms", "measured ratio",
+                      "ratio of sum_k max_r compute", "lesson (N_c-1/2)/(N_c/2)"], t1), "",
+            "The lesson's ratio assumes one core per rank. With fewer free cores than "
+            "ranks, an idle rank hands its core to a busy one, and the measured ratio "
+            "moves towards 1 (the total work of both layouts is the same).", ""]
+
+
+def _overlap_section(by: dict, ns: list) -> list[str]:
+    """2. Overlap: transfer before compute vs overlapped, with the per-round waits."""
     t2, t2r = [], []
     for n in ns:
         on, off = by.get(("ring", n, "zigzag", True)), by.get(("ring", n, "zigzag", False))
@@ -165,13 +175,18 @@ def ring_table(rows: list[dict]) -> str:
             for a_, b_ in zip(off["per_round"], on["per_round"]):
                 t2r.append([n, a_["phase"], a_["round"], ms(b_["compute_s"]), ms(a_["wait_s"]),
                             ms(b_["wait_s"])])
-    if t2:
-        out += ["## 2. Overlap: transfer before compute vs overlapped (causal zig-zag, fwd+bwd)", "",
-                md_table(["N_c", "no overlap ms", "overlap ms", "speed-up",
-                          "exposed comm, no overlap ms", "exposed comm, overlap ms"], t2), "",
-                "Per round (slowest rank; waiting time = communication not hidden):", "",
-                md_table(["N_c", "phase", "round", "compute ms", "wait ms, no overlap",
-                          "wait ms, overlap"], t2r), ""]
+    if not t2:
+        return []
+    return ["## 2. Overlap: transfer before compute vs overlapped (causal zig-zag, fwd+bwd)", "",
+            md_table(["N_c", "no overlap ms", "overlap ms", "speed-up",
+                      "exposed comm, no overlap ms", "exposed comm, overlap ms"], t2), "",
+            "Per round (slowest rank; waiting time = communication not hidden):", "",
+            md_table(["N_c", "phase", "round", "compute ms", "wait ms, no overlap",
+                      "wait ms, overlap"], t2r), ""]
+
+
+def _efficiency_section(rows: list[dict], single: dict) -> list[str]:
+    """3. Parallel efficiency against one process over the whole sequence."""
     t3 = []
     for r in rows:
         t_one = single.get((r["n"], 1))
@@ -180,18 +195,23 @@ def ring_table(rows: list[dict]) -> str:
         if r.get("overlap", True) and (r["method"] == "ulysses" or r.get("layout") == "zigzag"):
             t3.append([r["method"], r["n"], r.get("layout"), ms(r["median_s"]), ms(t_one),
                        f"{t_one / r['median_s']:.2f}", f"{t_one / (r['n'] * r['median_s']):.0%}"])
-    if t3:
-        out += ["## 3. Parallel efficiency vs one process over the whole sequence (1 thread)", "",
-                md_table(["method", "N_c", "layout", "parallel ms", "single ms", "speed-up",
-                          "efficiency = T_1/(N_c T_N)"], t3), ""]
+    if not t3:
+        return []
+    return ["## 3. Parallel efficiency vs one process over the whole sequence (1 thread)", "",
+            md_table(["method", "N_c", "layout", "parallel ms", "single ms", "speed-up",
+                      "efficiency = T_1/(N_c T_N)"], t3), ""]
+
+
+def _target_section(by: dict, single: dict) -> list[str]:
+    """4. The target: a zig-zag ring of 2 ranks x 1 thread against SDPA on 2 threads."""
     z2 = by.get(("ring", 2, "zigzag", True))
-    if z2 and single.get((2, 2)):
-        r2 = z2["median_s"] / single[(2, 2)]
-        out += ["## 4. Target: zig-zag ring, 2 ranks x 1 thread vs one process SDPA, 2 threads", "",
-                md_table(["s", "heads", "d", "ring 2x1 ms", "SDPA 1x2 ms", "ratio", "target", "met"],
-                         [[z2["s"], z2["a"], z2["d"], ms(z2["median_s"]), ms(single[(2, 2)]),
-                           f"{r2:.2f}", "<= 1.5", "yes" if r2 <= 1.5 else "no"]]), ""]
-    return "\n".join(out)
+    if not (z2 and single.get((2, 2))):
+        return []
+    r2 = z2["median_s"] / single[(2, 2)]
+    return ["## 4. Target: zig-zag ring, 2 ranks x 1 thread vs one process SDPA, 2 threads", "",
+            md_table(["s", "heads", "d", "ring 2x1 ms", "SDPA 1x2 ms", "ratio", "target", "met"],
+                     [[z2["s"], z2["a"], z2["d"], ms(z2["median_s"]), ms(single[(2, 2)]),
+                       f"{r2:.2f}", "<= 1.5", "yes" if r2 <= 1.5 else "no"]]), ""]
 
 
 def _formula(r) -> float:

@@ -194,8 +194,7 @@ def _versions() -> str:
     return ", ".join(parts)
 
 
-def main(argv=None) -> int:
-    """Time both commands, print the table, write ``grade.md`` and ``grade.csv``."""
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lesson10 bench grade",
                                 description="CPU seconds of grading vs executing the notebooks "
                                             "once with nbclient")
@@ -208,6 +207,12 @@ def main(argv=None) -> int:
     p.add_argument("--no-sandbox", action="store_true",
                    help="pass --no-sandbox to the grader (a machine without bubblewrap)")
     p.add_argument("--out", default=str(RESULTS_DIR), help="folder for grade.md and grade.csv")
+    return p
+
+
+def main(argv=None) -> int:
+    """Time both commands, print the table, write ``grade.md`` and ``grade.csv``."""
+    p = _parser()
     args = p.parse_args(argv)
     if args.reps < 1 or args.jobs < 1 or args.timeout <= 0:
         p.error("--reps, -j and --timeout must be positive")
@@ -215,6 +220,17 @@ def main(argv=None) -> int:
     missing = [str(x) for x in paths if not x.is_file()]
     if not paths or missing:
         p.error(f"no such notebook: {', '.join(missing) or '(none given)'}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    runs = _run_all(args, paths)
+    if runs is None:
+        return 1
+    lines = _report(args, paths, runs, load)
+    _write(Path(args.out), lines, runs)
+    return 0
+
+
+def _run_all(args, paths: list[Path]) -> list[dict] | None:
+    """Each command ``--reps`` times, interleaved; None when a run's result is unreadable."""
     env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1")
     extra = ["--no-sandbox"] if args.no_sandbox else []
     commands = {
@@ -222,7 +238,6 @@ def main(argv=None) -> int:
         "nbclient": ([sys.executable, "-c", _NBCLIENT, str(args.timeout), *map(str, paths)],
                      lambda run: _nbclient_result(run, len(paths))),
     }
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-grade-") as cwd:
         for rep in range(args.reps):
@@ -236,9 +251,13 @@ def main(argv=None) -> int:
                     run.update(rep=rep + 1, what=what, result=result(run))
                 except (RuntimeError, ValueError, KeyError) as exc:
                     print(f"bench grade: {exc}", file=sys.stderr)
-                    return 1
+                    return None
                 runs.append(run)
+    return runs
 
+
+def _report(args, paths: list[Path], runs: list[dict], load: float) -> list[str]:
+    """The markdown lines of ``grade.md``."""
     def med(what, key):
         vals = [r[key] for r in runs if r["what"] == what]
         return None if None in vals else statistics.median(vals)
@@ -279,7 +298,11 @@ def main(argv=None) -> int:
         f"{_versions()}; {os.cpu_count()} CPUs, load average {load:.2f} at the start; "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
     ]
-    out_dir = Path(args.out)
+    return lines
+
+
+def _write(out_dir: Path, lines: list[str], runs: list[dict]) -> None:
+    """``grade.md`` and ``grade.csv`` in ``out_dir``; the table printed."""
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / "grade.md"
     md.write_text("\n".join(lines) + "\n")
@@ -294,7 +317,6 @@ def main(argv=None) -> int:
                         f"{r['wall']:.3f}", r["rc"], r["result"]])
     print("\n".join(lines))
     print(f"wrote {md} and {out_dir / 'grade.csv'}")
-    return 0
 
 
 if __name__ == "__main__":

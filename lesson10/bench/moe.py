@@ -11,19 +11,8 @@ import torch.distributed as dist
 from .. import cost
 from ..spmd.comm import count_bytes
 from ..spmd.device import current_device, torch_dtype
-from .harness import (
-    interleaved,
-    machine_note,
-    md_table,
-    median,
-    ms,
-    one_process,
-    ratio,
-    run_configs,
-    save_figure,
-    timed,
-    write_table,
-)
+from . import harness
+from .harness import md_table, ms, save_figure, write_table
 
 __all__ = ["time_moe", "moe_table", "bench"]
 
@@ -65,7 +54,7 @@ def _moe_step(cfg, st):
     from ..spmd.moe import ExpertParallelMoE
     n, rank = dist.get_world_size(), dist.get_rank()
     if cfg.get("method", "ep") == "dense":
-        return one_process(1, _moe_dense_once, st, cfg, n)
+        return harness.one_process(1, _moe_dense_once, st, cfg, n)
     if "layer" not in st:
         dt, seed = torch_dtype(cfg.get("dtype", "float32")), cfg.get("seed", 0)
         layer = ExpertParallelMoE(cfg["h"], cfg["E"], cfg["d_ff"], cfg["k"],
@@ -86,7 +75,7 @@ def _moe_step(cfg, st):
             ((y * dy).sum() + layer.aux_loss).backward()
         st["bytes"] = [c.activation for c in (fwd, bwd)]
 
-    return timed(run)
+    return harness.timed(run)
 
 
 def time_moe(configs: list[dict], reps: int = 5, warmup: int = 1) -> list[dict]:
@@ -106,10 +95,10 @@ def time_moe(configs: list[dict], reps: int = 5, warmup: int = 1) -> list[dict]:
     to each expert (before drops) and kept on each rank (after drops).
     """
     n, device = dist.get_world_size(), current_device()
-    times, states = interleaved(configs, _moe_step, reps, warmup)
+    times, states = harness.interleaved(configs, _moe_step, reps, warmup)
     rows = []
     for cfg, ts, st in zip(configs, times, states):
-        row = {**cfg, "n": n, "median_s": median(ts), "times": ts}
+        row = {**cfg, "n": n, "median_s": harness.median(ts), "times": ts}
         if "layer" in st:
             layer = st["layer"]
             mine = torch.tensor(st["bytes"], dtype=torch.int64, device=device)
@@ -139,7 +128,7 @@ def moe_table(rows: list[dict]) -> str:
         t1.append([n, "none" if cf is None else f"{cf:g}", f"{skew:g}", ms(r["median_s"]),
                    f"{100 * r['drop_rate']:.1f}", f"{sum(fwd) / n:,.0f}", f"{max(fwd):,}",
                    f"{formula:,.0f}", f"{sum(r['bytes_bwd']) / n:,.0f}",
-                   f"{ratio(r['counts']):.2f}", f"{ratio(r['load_rank']):.2f}"])
+                   f"{harness.ratio(r['counts']):.2f}", f"{harness.ratio(r['load_rank']):.2f}"])
     if t1:
         out += ["## Expert-parallel MoE: fwd+bwd per step", "",
                 md_table(["N_e", "CF", "skew", "ms/step", "dropped %",
@@ -177,11 +166,11 @@ def bench(args, out_dir):
     for n in args.nproc:
         configs = [{**base, "method": "ep", "cf": cf, "skew": sk} for cf in cfs for sk in skews]
         configs += [{**base, "method": "dense", "cf": None, "skew": sk} for sk in (0.0, max(skews))]
-        rows += run_configs(time_moe, n, configs, args)
+        rows += harness.run_configs(time_moe, n, configs, args)
     text = ["# Expert-parallel MoE benchmark (gloo on CPU unless NCCL was chosen)", "",
             f"T={T} tokens per rank, h={h}, E={E} experts, top-{k}, d_ff={d_ff}, {args.dtype}; "
             "step = forward + loss sum(y dy) + aux loss + backward; every rank 1 thread; median "
-            f"of {args.reps} reps after one warm-up, each rep the slowest rank; {machine_note()}.", "",
+            f"of {args.reps} reps after one warm-up, each rep the slowest rank; {harness.machine_note()}.", "",
             "Router skew: the layer's routing bias (it steers which experts a token picks, "
             "not the gates) is set to skew * u_i, with u_i a fixed standard-normal popularity "
             "per expert; the logits x W_r are about N(0, 1), so skew is in units of the logits' "
@@ -209,7 +198,7 @@ def _plot_moe(rows, path):
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(8, 3.2))
     for n in sorted({r["n"] for r in ep}):
         for cf in sorted({r.get("cf") for r in ep}, key=lambda c: -1 if c is None else c):
-            pts = sorted((r["skew"], 100 * r["drop_rate"], ratio(r["load_rank"]))
+            pts = sorted((r["skew"], 100 * r["drop_rate"], harness.ratio(r["load_rank"]))
                          for r in ep if r["n"] == n and r.get("cf") == cf)
             label = f"N_e={n}, CF={'none' if cf is None else f'{cf:g}'}"
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)

@@ -52,18 +52,13 @@ def _probe_folder(path: Path) -> str | None:
 def check(args) -> str | None:
     """Make the folder of every output and check it can be written; the first problem as
     one line (``--csv out/x.csv: cannot write ...``), or None."""
-    for name in FILE_OUTPUTS:
+    probes = [(name, _probe_file) for name in FILE_OUTPUTS]
+    probes += [(name, _probe_folder) for name in FOLDER_OUTPUTS]
+    for name, probe in probes:
         path = getattr(args, name, None)
-        if path is not None:
-            why = _probe_file(Path(path))
-            if why:
-                return f"--{name.replace('_', '-')} {path}: {why}"
-    for name in FOLDER_OUTPUTS:
-        path = getattr(args, name, None)
-        if path is not None:
-            why = _probe_folder(Path(path))
-            if why:
-                return f"--{name.replace('_', '-')} {path}: {why}"
+        why = probe(Path(path)) if path is not None else None
+        if why:
+            return f"--{name.replace('_', '-')} {path}: {why}"
     return None
 
 

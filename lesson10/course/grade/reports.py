@@ -219,6 +219,21 @@ def _xml(text) -> str:
 ERROR_STATUSES = ("grader error",)
 
 
+def _junit_case(e: dict, classname: str, t: float) -> list[str]:
+    """One ``<testcase>``: a lost exercise a ``<failure>``, a grader error an ``<error>``."""
+    lines = [f"    <testcase classname={quoteattr(_xml(classname))} "
+             f"name={quoteattr(_xml(e['exercise']))} time=\"{t:.3f}\">"]
+    msg = escape(_xml(e.get("message", "")))
+    if e["status"] in ERROR_STATUSES:
+        lines.append(f"      <error message={quoteattr(_xml(e['status']))} "
+                     f"type=\"GraderError\">{msg}</error>")
+    elif not e["passed"]:
+        kind = re.sub(r"\W", "", e["status"].title()) or "Failed"
+        lines.append(f"      <failure message={quoteattr(_xml(e['status']))} "
+                     f"type={quoteattr(kind)}>{msg}</failure>")
+    return lines + ["    </testcase>"]
+
+
 def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
           timestamp: str | None = None) -> str:
     """JUnit XML: a testsuite per graded notebook (and, with ``students``, one per missing
@@ -267,18 +282,7 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
         parts.append("    </properties>")
         share = seconds / len(cases) if cases else 0.0
         for e, _ in cases:
-            t = float(e.get("seconds", share))
-            parts.append(f"    <testcase classname={quoteattr(_xml(f'{student}.{nid or path}'))} "
-                         f"name={quoteattr(_xml(e['exercise']))} time=\"{t:.3f}\">")
-            msg = escape(_xml(e.get("message", "")))
-            if e["status"] in ERROR_STATUSES:
-                parts.append(f"      <error message={quoteattr(_xml(e['status']))} "
-                             f"type=\"GraderError\">{msg}</error>")
-            elif not e["passed"]:
-                kind = re.sub(r"\W", "", e["status"].title()) or "Failed"
-                parts.append(f"      <failure message={quoteattr(_xml(e['status']))} "
-                             f"type={quoteattr(kind)}>{msg}</failure>")
-            parts.append("    </testcase>")
+            parts += _junit_case(e, f"{student}.{nid or path}", float(e.get("seconds", share)))
         out = "\n".join(rep.get("feedback", [])) if rep is not None else ""
         err = (rep.get("error") or "") if rep is not None else ""
         parts.append(f"    <system-out>{escape(_xml(out))}</system-out>")
