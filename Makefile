@@ -29,8 +29,8 @@ SLOW    := -m "not colab and not frontends and not multinode"
 PYENV_ROOT   ?= $(HOME)/.pyenv
 # (make test runs these and the gradebook and answer-suite tests on 3.11; CI's 20 minutes
 # leave room for the sandbox's own tests on the other two versions)
-GRADER_TESTS := tests/test_grade.py tests/test_grade_redteam.py
-GRADER_DEPS  := numpy matplotlib ipython nbformat pytest
+GRADER_TESTS := tests/test_grade.py tests/test_grade_redteam.py tests/test_grade_wire.py tests/test_grade_paths.py
+GRADER_DEPS  := numpy matplotlib ipython nbformat pytest hypothesis
 GRADER_PY312 ?= $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/3.12.*/bin/python)))
 GRADER_PY313 ?= $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/3.13.*/bin/python)))
 
