@@ -709,7 +709,10 @@ def world(tmp_path_factory):
 # ------------------------------------------------------------------ the verdicts
 #: points a lost exercise keeps from a part it gets right (partial credit, issue 24): plain
 #: TP gives SP's output (its "output" part), not op on s/t tokens
-PARTLY = {"sp_op_on_the_whole_sequence": {"sp_forward": 1}}
+# cheats keep nothing: a method exercise's rules are enforced in every one of its parts, so
+# a cheat that breaks them (TP instead of SP, say) gets no part; a case here would name
+# the points a cheat keeps on purpose
+PARTLY: dict[str, dict[str, int]] = {}
 
 
 def _expected(c: Case) -> dict:

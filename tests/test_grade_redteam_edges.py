@@ -125,7 +125,7 @@ def graded(request, tmp_path_factory):
                    "PYTHONPATH", "").split(os.pathsep) if p]))
     cmd = [sys.executable, "-m", "lesson10", "grade", *map(str, paths.values()), "--json",
            "-j", str(request.param), "--timeout", "10", "--exercise-timeout", "5",
-           "--notebook-timeout", "90", "--memory", "1"]
+           "--notebook-timeout", "90", "--memory", "1", "--timings"]
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
     assert proc.stdout, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
