@@ -205,17 +205,10 @@ def block_attention_mistake(q, k, v, q_pos, k_pos, causal, causal_passed, out) -
         ("your scores are not scaled: attention divides q.k by sqrt(d)",
          lambda: attention(q * np.sqrt(d), k, v, causal=causal, q_pos=q_pos, k_pos=k_pos)),
     ]
-    found = []
-    for text, make in cands:
-        try:
-            with np.errstate(all="ignore"):
-                cand = make()
-        except Exception:  # noqa: BLE001
-            continue
-        if cand is not None and same((o, lse), list(cand)) and not same(list(cand), [ref_o, ref_l]):
-            found.append(text)
+    found = first([o, lse], [(text, lambda m=make: None if (c := m()) is None or
+                              same(list(c), [ref_o, ref_l]) else list(c)) for text, make in cands])
     if found:
-        return Diagnosis(found)
+        return found
     if empty.any() and np.isfinite(lse[empty]).all():
         return ("a query that sees no key got a finite lse: masking with a large negative "
                 "number instead of -inf gives such a row a softmax over masked keys; its out "
