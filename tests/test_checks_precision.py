@@ -161,6 +161,10 @@ def test_the_hint_is_the_mistake_that_explains_every_failing_case():
     # the numbers of a case are not part of a mistake's identity
     assert diagnosis.choose([_failure(["keeps 22 copies"]), _failure(["keeps 9 copies"])]) == \
         "keeps 22 copies"
+    # two mistakes, each failing cases of its own: the one that explains most of them
+    many = [_failure(["no shift"]), _failure(["no shift"]), _failure(["nan rows"])]
+    assert diagnosis.choose(many) == "no shift"
+    assert diagnosis.choose(many[1:] + many[2:]) == "general of this case"   # 1 of 3: not named
 
 
 def test_cases_goes_on_after_a_failing_case_and_counts_them():

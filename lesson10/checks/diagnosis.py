@@ -5,8 +5,9 @@ collects every failure. Each failure carries the mistakes that explain it (a
 :class:`Diagnosis`: the known wrong answers the student's output equals on that case, in
 order of preference) and the check's general hint for that case. The verdict then shows
 the first failing case, and as its hint the first mistake that explains *every* failing
-case; when no known mistake does, the general hint of the first failing case (a mistake
-that fits one case by chance is not named).
+case; when no known mistake does, the one that explains most of them (at least two and at
+least half: an answer may make two mistakes), else the general hint of the first failing
+case (a mistake that fits one case by chance is not named).
 """
 from __future__ import annotations
 
@@ -74,13 +75,17 @@ def _key(text: str) -> str:
 
 def choose(failures: Sequence[CheckFailed]) -> str:
     """The hint of a set of failures: the first mistake (in the first failure's order) that
-    explains all of them, else the first failure's general hint."""
+    explains all of them; else the one of the first failure's mistakes that explains the
+    most of them, when that is at least two and at least half (an answer with two mistakes,
+    each failing cases of its own); else the first failure's general hint."""
     split_ = [split(f) for f in failures]
     first_mistakes = split_[0][1]
     keys = [{_key(m) for m in mistakes} for _, mistakes, _ in split_[1:]]
-    for text in first_mistakes:
-        if all(_key(text) in k for k in keys):
-            return text
+    counts = [1 + sum(_key(text) in k for k in keys) for text in first_mistakes]
+    if counts:
+        best = max(range(len(counts)), key=lambda i: (counts[i], -i))
+        if counts[best] == len(failures) or (counts[best] >= 2 and 2 * counts[best] >= len(failures)):
+            return first_mistakes[best]
     return split_[0][2] or (first_mistakes[0] if first_mistakes else "")
 
 

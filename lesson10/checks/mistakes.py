@@ -170,10 +170,7 @@ def bytes_mistake(yours, target, s, h, t, e, kind: str, e_passed: bool) -> str |
     else:
         cands.append(("your TP + SP count is half the target: the layer runs two reduce-scatters "
                       "and two all-gathers", target / 2))
-    for text, value in cands:
-        if value is not None and same(yours, value) and not same(value, target):
-            return text
-    return None
+    return first(yours, unless_right([(t, v) for t, v in cands if v is not None], target))
 
 
 # --------------------------------------------------------------------------- 02
@@ -193,10 +190,12 @@ def block_attention_mistake(q, k, v, q_pos, k_pos, causal, causal_passed, out) -
                 "-inf divides 0 by 0; such a row has out 0 and lse -inf")
     d = q.shape[-1]
     q_pos, k_pos = np.asarray(q_pos), np.asarray(k_pos)
-    cands = [
-        ("your output ignores the causal mask" + ("" if causal_passed else
-         ": causal was not passed here, and its default is True"),
-         lambda: attention(q, k, v, causal=False) if causal else None),
+    no_mask = "your output ignores the causal mask"
+    cands = [] if causal_passed else [      # the plain text too: the mistake of other cases
+        (no_mask + ": causal was not passed here, and its default is True",
+         lambda: attention(q, k, v, causal=False) if causal else None)]
+    cands += [
+        (no_mask, lambda: attention(q, k, v, causal=False) if causal else None),
         ("your mask compares row numbers, not positions: query i may see key j when "
          "k_pos[j] <= q_pos[i], for the global positions passed in",
          lambda: attention(q, k, v, causal=True) if causal else None),
@@ -207,14 +206,10 @@ def block_attention_mistake(q, k, v, q_pos, k_pos, causal, causal_passed, out) -
         ("your scores are not scaled: attention divides q.k by sqrt(d)",
          lambda: attention(q * np.sqrt(d), k, v, causal=causal, q_pos=q_pos, k_pos=k_pos)),
     ]
-    for text, make in cands:
-        try:
-            with np.errstate(all="ignore"):
-                cand = make()
-        except Exception:  # noqa: BLE001
-            continue
-        if cand is not None and same((o, lse), list(cand)) and not same(list(cand), [ref_o, ref_l]):
-            return text
+    found = first([o, lse], [(text, lambda m=make: None if (c := m()) is None or
+                              same(list(c), [ref_o, ref_l]) else list(c)) for text, make in cands])
+    if found:
+        return found
     if empty.any() and np.isfinite(lse[empty]).all():
         return ("a query that sees no key got a finite lse: masking with a large negative "
                 "number instead of -inf gives such a row a softmax over masked keys; its out "
@@ -273,14 +268,14 @@ def merge_mistake(o1, l1, o2, l2, out) -> str | None:
         ("your lse misses the m you subtracted: lse = m + log(exp(lse1 - m) + exp(lse2 - m))",
          lambda: (None, np.where(np.isfinite(ref_l), ref_l - m, ref_l))),
     ]
+    found = []
     for text, make in cands:
         with np.errstate(all="ignore"):
             co, cl = make()
-        if co is not None and same(o, co) and not same(co, ref_o):
-            return text
-        if cl is not None and same(lse, cl) and not same(cl, ref_l):
-            return text
-    return None
+        if (co is not None and same(o, co) and not same(co, ref_o)) or \
+                (cl is not None and same(lse, cl) and not same(cl, ref_l)):
+            found.append(text)
+    return Diagnosis(found) if found else None
 
 
 # --------------------------------------------------------------------------- 04
@@ -320,9 +315,11 @@ def ulysses_bytes_mistake(s, h, n, g, e, yours, g_passed: bool, e_passed: bool) 
     right = f()
     cands = []
     if not g_passed:
-        cands.append(("g was not passed here: its default is 1 (multi-head attention)", None))
+        cands += [("g was not passed here: its default is 1 (multi-head attention)", f(g=gg))
+                  for gg in (2, 4, 8)]
     if not e_passed:
-        cands.append(("e was not passed here: its default is 2 bytes per element (bf16)", None))
+        cands += [("e was not passed here: its default is 2 bytes per element (bf16)", f(e=ee))
+                  for ee in (1, 4)]
     cands += [
         (f"your count ignores GQA: with g = {g}, K and V have h/g columns", f(g=1)),
         (f"your count divides all four tensors by g = {g}: only K and V are smaller under GQA",
@@ -337,16 +334,7 @@ def ulysses_bytes_mistake(s, h, n, g, e, yours, g_passed: bool, e_passed: bool) 
         ("K and V are counted once: they are two tensors, each with h/g columns", f(kv=1.0)),
         ("three all-to-alls: the output goes back through a fourth one", f(qo=1.0)),
     ]
-    for text, value in cands:
-        if value is None:
-            tries = [f(g=gg) for gg in (2, 4, 8)] if text.startswith("g ") else \
-                [f(e=ee) for ee in (1, 4)]
-            if any(same(yours, v) and not same(v, right) for v in tries):
-                return text
-            continue
-        if same(yours, value) and not same(value, right):
-            return text
-    return None
+    return first(yours, unless_right(cands, right))
 
 
 # --------------------------------------------------------------------------- 05

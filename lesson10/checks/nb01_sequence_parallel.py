@@ -4,7 +4,17 @@ from __future__ import annotations
 import numpy as np
 
 from . import mistakes
-from .core import as_pair, close_number, compare_shards, fail_check, log_int, register_exercise, run_student
+from .core import (
+    Cases,
+    as_pair,
+    close_number,
+    compare_shards,
+    fail_check,
+    log_int,
+    register_exercise,
+    run_student,
+)
+from .diagnosis import Diagnosis
 from .network import Referee, served_call, substituted
 from .parts import in_part
 from .served_sp import ServedSP
@@ -73,24 +83,40 @@ def reduce_scatter_dtype_mistake(xs, out) -> str | None:
     return None
 
 
+def _rs_hint(xs, out):
+    """Every mistake the reduce-scatter of this case equals (the integer accumulator
+    first), with the general hint."""
+    def hint():
+        general = ("rank i ends with one contiguous block of s/t tokens, block i, summed over "
+                   "the partials of all t ranks")
+        found = mistakes.explain(mistakes.reduce_scatter_mistake(xs, out), general).mistakes
+        dtype = reduce_scatter_dtype_mistake(xs, out)
+        return Diagnosis(((dtype,) if dtype else ()) + found, general)
+    return hint
+
+
+def _ag_hint(shards, out):
+    return lambda: mistakes.explain(mistakes.all_gather_mistake(shards, out), (
+        "every rank ends with the same (t c, h) tensor: all shards one after the other along "
+        "the sequence axis, in rank order"))
+
+
 @register_exercise("reduce_scatter", NB01, 1, "reduce-scatter along the sequence")
 def check_reduce_scatter(reduce_scatter, rng):
     """``reduce_scatter(xs) -> list``: ``xs[r]`` is rank r's ``(s, h)`` partial sum; rank i
     must get the sum over ranks of rows ``i*s/t .. (i+1)*s/t - 1``."""
     from ..sim.comm import SimGroup
-    err, cases = 0.0, _cases(rng)
+    err, cases, run = 0.0, _cases(rng), Cases("reduce_scatter")
     for where, t, _c, _h, xs in cases:
-        target = SimGroup(t).reduce_scatter([x.astype(float) for x in xs], axis=0)
-        out = run_student("reduce_scatter", reduce_scatter, ("xs",), xs)
-        _one_per_rank("reduce_scatter", out, where, "(s/t, h)",
-                      hint="each rank keeps only its own block of the summed rows")
-        err = max(err, compare_shards(
-            "reduce_scatter", out, target, where=where, what="the summed shard",
-            axes=("token", "hidden"),
-            hint=lambda: reduce_scatter_dtype_mistake(xs, out)
-            or mistakes.reduce_scatter_mistake(xs, out) or (
-                "rank i ends with one contiguous block of s/t tokens, block i, summed over the "
-                "partials of all t ranks")))
+        with run.case():
+            target = SimGroup(t).reduce_scatter([x.astype(float) for x in xs], axis=0)
+            out = run_student("reduce_scatter", reduce_scatter, ("xs",), xs)
+            _one_per_rank("reduce_scatter", out, where, "(s/t, h)",
+                          hint="each rank keeps only its own block of the summed rows")
+            err = max(err, compare_shards(
+                "reduce_scatter", out, target, where=where, what="the summed shard",
+                axes=("token", "hidden"), hint=_rs_hint(xs, out)))
+    run.verdict()
     return f"{len(cases)} cases (t = 1..5, c = 1..4, integer inputs), max error {err:.1e}"
 
 
@@ -99,19 +125,18 @@ def check_all_gather(all_gather, rng):
     """``all_gather(shards) -> list``: every rank gets the ``t`` shards concatenated in
     rank order along the sequence axis."""
     from ..sim.comm import SimGroup
-    err, cases = 0.0, _cases(rng)
+    err, cases, run = 0.0, _cases(rng), Cases("all_gather")
     for where, t, c, _h, xs in cases:
-        shards = [x[:c].copy() for x in xs]
-        target = SimGroup(t).all_gather([x.astype(float) for x in shards], axis=0)
-        out = run_student("all_gather", all_gather, ("shards",), shards)
-        _one_per_rank("all_gather", out, where, "(t*c, h)",
-                      hint="every rank ends with its own copy of the full tensor")
-        err = max(err, compare_shards(
-            "all_gather", out, target, where=where, what="the gathered tensor",
-            axes=("token", "hidden"),
-            hint=lambda: mistakes.all_gather_mistake(shards, out) or (
-                "every rank ends with the same (t c, h) tensor: all shards one after the other "
-                "along the sequence axis, in rank order")))
+        with run.case():
+            shards = [x[:c].copy() for x in xs]
+            target = SimGroup(t).all_gather([x.astype(float) for x in shards], axis=0)
+            out = run_student("all_gather", all_gather, ("shards",), shards)
+            _one_per_rank("all_gather", out, where, "(t*c, h)",
+                          hint="every rank ends with its own copy of the full tensor")
+            err = max(err, compare_shards(
+                "all_gather", out, target, where=where, what="the gathered tensor",
+                axes=("token", "hidden"), hint=_ag_hint(shards, out)))
+    run.verdict()
     return f"{len(cases)} cases (t = 1..5, c = 1..4): every rank holds all tokens in rank order"
 
 
@@ -130,7 +155,7 @@ def check_sp_forward(sp_forward, rng):
     (a secret offset), so only an answer that uses them gets the target."""
     cases = _cases(rng, n_random=6)
     swapped = {len(cases) - 6 + i for i in substituted(rng, 6)}
-    err = 0.0
+    err, run = 0.0, Cases("sp_forward")
     for i, (where, _t, _c, h, xs) in enumerate(cases):
         served = ServedSP(xs, rng.uniform(0.5, 2.0, size=h), rng if i in swapped else None)
         if i in swapped:
@@ -140,19 +165,25 @@ def check_sp_forward(sp_forward, rng):
                           all_gather=served.all_gather, calls=_SP_CALL)
         in_part("op on s/t tokens")                   # counts this case for that part
         broken = served.problem()
-        if broken is not None:                        # the method's rules hold in every part
+        if broken is not None:      # a broken rule of the served collectives: not a diagnosis
             fail_check("sp_forward", where, broken[0], show=False, hint=broken[1])
         if not in_part("output"):
             continue
-        err = max(err, compare_shards(
-            "sp_forward", out, served.target(), where=where, what="the layer output",
-            axes=("token", "hidden"),
-            hint=lambda: (served.rs_off is None and mistakes.sp_forward_mistake(xs, served.op, out))
-            or ("return what all_gather delivered: every rank holds op(P_0 + ... + P_{t-1}) "
-                "for all s tokens")))
+        with run.case():
+            err = max(err, compare_shards(
+                "sp_forward", out, served.target(), where=where, what="the layer output",
+                axes=("token", "hidden"), hint=_sp_hint(served, xs, out)))
+    run.verdict()
     return (f"{len(cases)} cases ({len(swapped)} with substituted collectives): one "
             f"reduce-scatter, op once per rank on the shard it delivered, one all-gather; the "
             f"output matches, max error {err:.1e}")
+
+
+def _sp_hint(served, xs, out):
+    return lambda: mistakes.explain(
+        served.rs_off is None and mistakes.sp_forward_mistake(xs, served.op, out) or None,
+        "return what all_gather delivered: every rank holds op(P_0 + ... + P_{t-1}) for all s "
+        "tokens")
 
 
 @register_exercise("sp_bytes", NB01, 1, "bytes of TP vs TP + SP")
@@ -168,21 +199,29 @@ def check_sp_bytes(sp_bytes, rng):
         t = log_int(rng, 2, 1024, big)
         cases.append((t * log_int(rng, 1, 8192, big), log_int(rng, 1, 16384, big), t,
                       int(rng.choice([1, 2, 4]))))
+    run = Cases("sp_bytes")
     for s, h, t, e in cases:
-        args = (s, h, t) if e is None else (s, h, t, e)
-        e = 2 if e is None else e
-        out = run_student("sp_bytes", sp_bytes, (), *args)
-        where = f"s={s}, h={h}, t={t}, " + (f"e={e}" if len(args) == 4 else "e not passed (default 2)")
-        tp, sp = as_pair("sp_bytes", out, where, "(tp_bytes, sp_bytes)")
-        target = cost.comm_bytes("sp", s, h, t, e=e)
-        close_number("sp_bytes", tp, 2 * cost.all_reduce_bytes(s * h * e, t), where=where,
-                      what="TP bytes (2 all-reduces)",
-                      hint=lambda: mistakes.bytes_mistake(tp, target, s, h, t, e, "TP", len(args) == 4)
-                      or "a ring all-reduce of n = s h e bytes over t GPUs: how much of it does "
-                         "each GPU send? The layer has two all-reduces")
-        close_number("sp_bytes", sp, target, where=where,
-                      what="TP + SP bytes (2 RS + 2 AG)",
-                      hint=lambda: mistakes.bytes_mistake(sp, target, s, h, t, e, "SP", len(args) == 4)
-                      or "which collectives does TP + SP run per layer, and what does each put "
-                         "on the wire? Section 3 compares them with an all-reduce")
+        with run.case():
+            _sp_bytes_case(sp_bytes, cost, s, h, t, e)
+    run.verdict()
     return f"{len(cases)} sizes (t = 1..1024, e = 1, 2, 4): TP and TP + SP both send 4 (t-1)/t s h e"
+
+
+def _sp_bytes_case(sp_bytes, cost, s, h, t, e):
+    args = (s, h, t) if e is None else (s, h, t, e)
+    e = 2 if e is None else e
+    out = run_student("sp_bytes", sp_bytes, (), *args)
+    where = f"s={s}, h={h}, t={t}, " + (f"e={e}" if len(args) == 4 else "e not passed (default 2)")
+    tp, sp = as_pair("sp_bytes", out, where, "(tp_bytes, sp_bytes)")
+    target = cost.comm_bytes("sp", s, h, t, e=e)
+    close_number("sp_bytes", tp, 2 * cost.all_reduce_bytes(s * h * e, t), where=where,
+                  what="TP bytes (2 all-reduces)",
+                  hint=lambda: mistakes.explain(
+                      mistakes.bytes_mistake(tp, target, s, h, t, e, "TP", len(args) == 4),
+                      "a ring all-reduce of n = s h e bytes over t GPUs: how much of it does "
+                      "each GPU send? The layer has two all-reduces"))
+    close_number("sp_bytes", sp, target, where=where, what="TP + SP bytes (2 RS + 2 AG)",
+                  hint=lambda: mistakes.explain(
+                      mistakes.bytes_mistake(sp, target, s, h, t, e, "SP", len(args) == 4),
+                      "which collectives does TP + SP run per layer, and what does each put on "
+                      "the wire? Section 3 compares them with an all-reduce"))

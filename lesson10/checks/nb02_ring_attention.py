@@ -7,6 +7,7 @@ import numpy as np
 
 from . import mistakes
 from .core import (
+    Cases,
     CheckFailed,
     as_pair,
     compare_arrays,
@@ -15,6 +16,7 @@ from .core import (
     register_exercise,
     run_student,
 )
+from .diagnosis import Diagnosis
 from .network import Referee, RingNetwork, ServedBlockAttention, ServedMerge, served_call, substituted
 from .parts import in_part, note_mistake
 
@@ -68,44 +70,49 @@ def check_block_attention(block_attention, rng):
     """``block_attention(q, k, v, q_pos, k_pos, causal=True) -> (out, lse)`` for ``q`` of
     shape ``(sq, a, d)`` and ``k, v`` of shape ``(sk, a, d)``; query i may see key j when
     ``k_pos[j] <= q_pos[i]`` (causal). A query that sees no key: out 0, lse -inf."""
-    from ..sim.attention import attention
-    err = 0.0
-    cases = _block_cases(rng)
+    err, cases, run = 0.0, _block_cases(rng), Cases("block_attention")
     for kind, sq, sk, a, d, causal in cases:
-        if kind.startswith("integer"):
-            q, k, v = (rng.integers(-3, 4, size=(n, a, d)).astype(float) for n in (sq, sk, sk))
-        else:
-            q, k, v = (rng.standard_normal((n, a, d)) for n in (sq, sk, sk))
-        if "large" in kind:
-            q, k = _large_qk(rng, sq, sk, a, d)
-        perm = rng.permutation(sq + sk + 4)
-        q_pos, k_pos = np.sort(perm[:sq]), np.sort(perm[sq:sq + sk])
-        if kind.startswith("later keys"):
-            q_pos = np.arange(sq) * 2 + 1          # query 0 (position 1) sees no key,
-            k_pos = np.arange(sk) * 2 + 2          # the last queries see some
-        if kind.startswith("all keys after"):
-            q_pos, k_pos = np.arange(sq), np.arange(sk) + sq
-        if kind.startswith("diagonal"):
-            k_pos = q_pos.copy()                   # key == query is visible (<=, not <)
-        if kind.startswith("integer"):
-            q_pos, k_pos = np.arange(sq) + sk, np.arange(sk)   # every query sees every key
-        q_pos, k_pos = rng.permutation(q_pos), rng.permutation(k_pos)   # any order must work
-        o_t, l_t = attention(q, k, v, causal=causal is not False, q_pos=q_pos, k_pos=k_pos)
-        args = (q, k, v, q_pos, k_pos) + (() if causal is None else (causal,))
-        out = run_student("block_attention", block_attention, ("q", "k", "v", "q_pos", "k_pos"), *args)
-        where = f"{kind} (sq={sq}, sk={sk}, a={a}, d={d}, causal={causal is not False})"
-        yours_o, yours_l = as_pair("block_attention", out, where, "(out, lse)")
-        hint: Any = (lambda: mistakes.block_attention_mistake(q, k, v, q_pos, k_pos, causal is not False,
-                                                         causal is not None, (yours_o, yours_l))
-                or "go through the formulas above on this case: the scale of the scores, which "
-                   "keys the mask lets each query see, a softmax at scores of +-1000, and a query "
-                   "that sees no key")
-        err = max(err, compare_arrays("block_attention", yours_l, l_t, where=where, what="lse",
-                                axes=("query", "head"), hint=hint))
-        err = max(err, compare_arrays("block_attention", yours_o, o_t, where=where, what="out",
-                                axes=("query", "head", "dim"), hint=hint))
+        with run.case():
+            err = max(err, _block_case(block_attention, rng, kind, sq, sk, a, d, causal))
+    run.verdict()
     return (f"{len(cases)} cases (shuffled positions, empty rows, scores of +-1000, a diagonal "
             f"block, integer-valued inputs, not causal), max error {err:.1e}")
+
+
+def _block_case(block_attention, rng, kind, sq, sk, a, d, causal) -> float:
+    """One case of block_attention: its inputs, the call and the comparison; the error."""
+    from ..sim.attention import attention
+    if kind.startswith("integer"):
+        q, k, v = (rng.integers(-3, 4, size=(n, a, d)).astype(float) for n in (sq, sk, sk))
+    else:
+        q, k, v = (rng.standard_normal((n, a, d)) for n in (sq, sk, sk))
+    if "large" in kind:
+        q, k = _large_qk(rng, sq, sk, a, d)
+    perm = rng.permutation(sq + sk + 4)
+    q_pos, k_pos = np.sort(perm[:sq]), np.sort(perm[sq:sq + sk])
+    if kind.startswith("later keys"):
+        q_pos = np.arange(sq) * 2 + 1          # query 0 (position 1) sees no key,
+        k_pos = np.arange(sk) * 2 + 2          # the last queries see some
+    if kind.startswith("all keys after"):
+        q_pos, k_pos = np.arange(sq), np.arange(sk) + sq
+    if kind.startswith("diagonal"):
+        k_pos = q_pos.copy()                   # key == query is visible (<=, not <)
+    if kind.startswith("integer"):
+        q_pos, k_pos = np.arange(sq) + sk, np.arange(sk)   # every query sees every key
+    q_pos, k_pos = rng.permutation(q_pos), rng.permutation(k_pos)   # any order must work
+    o_t, l_t = attention(q, k, v, causal=causal is not False, q_pos=q_pos, k_pos=k_pos)
+    args = (q, k, v, q_pos, k_pos) + (() if causal is None else (causal,))
+    out = run_student("block_attention", block_attention, ("q", "k", "v", "q_pos", "k_pos"), *args)
+    where = f"{kind} (sq={sq}, sk={sk}, a={a}, d={d}, causal={causal is not False})"
+    yours_o, yours_l = as_pair("block_attention", out, where, "(out, lse)")
+    hint: Any = (lambda: mistakes.explain(mistakes.block_attention_mistake(
+        q, k, v, q_pos, k_pos, causal is not False, causal is not None, (yours_o, yours_l)),
+        "go through the formulas above on this case: the scale of the scores, which keys the "
+        "mask lets each query see, a softmax at scores of +-1000, and a query that sees no key"))
+    err = compare_arrays("block_attention", yours_l, l_t, where=where, what="lse",
+                         axes=("query", "head"), hint=hint)
+    return max(err, compare_arrays("block_attention", yours_o, o_t, where=where, what="out",
+                                   axes=("query", "head", "dim"), hint=hint))
 
 
 def _merge_cases(rng, n_random=8):
@@ -121,8 +128,7 @@ def check_merge(merge, rng):
     """``merge(o1, lse1, o2, lse2) -> (o, lse)`` with ``o`` of shape ``(s, a, d)`` and ``lse``
     of shape ``(s, a)``: the exact attention over the union of two disjoint key sets."""
     from ..sim.attention import merge as ref_merge
-    err = 0.0
-    kinds = _merge_cases(rng)
+    err, kinds, run = 0.0, _merge_cases(rng), Cases("merge")
     for kind in kinds:
         s, a, d = int(rng.integers(2, 6)), int(rng.integers(1, 4)), int(rng.integers(1, 5))
         if s == a:
@@ -157,19 +163,27 @@ def check_merge(merge, rng):
             o1 = np.where(np.isinf(l1)[..., None], 0.0, o1)
             l2 = np.where(np.isinf(l1), -np.inf, l2)
             o2 = np.where(np.isinf(l2)[..., None], 0.0, o2)
-        o_t, l_t = ref_merge(o1.astype(float), l1, o2.astype(float), l2)
-        out = run_student("merge", merge, ("o1", "lse1", "o2", "lse2"), o1, l1, o2, l2)
-        where = f"{kind} (s={s}, a={a}, d={d})"
-        yours_o, yours_l = as_pair("merge", out, where, "(o, lse)")
-        hint: Any = (lambda: mistakes.merge_mistake(o1.astype(float), l1, o2.astype(float), l2,
-                                               (yours_o, yours_l))
-                or "work this case through the merge formula above: the merged lse, each side's "
-                   "weight, large lse values, and rows where a side saw no key")
-        err = max(err, compare_arrays("merge", yours_l, l_t, where=where, what="lse",
-                                axes=("query", "head"), hint=hint))
-        err = max(err, compare_arrays("merge", yours_o, o_t, where=where, what="o",
-                                axes=("query", "head", "dim"), hint=hint))
+        with run.case():
+            err = max(err, _merge_case(merge, ref_merge, kind, o1, l1, o2, l2))
+    run.verdict()
     return f"{len(kinds)} cases (lse of +-800, far apart, -inf on one or both sides), max error {err:.1e}"
+
+
+def _merge_case(merge, ref_merge, kind, o1, l1, o2, l2) -> float:
+    """One case of merge: the call and the comparison; the error."""
+    s, a, d = o1.shape
+    o_t, l_t = ref_merge(o1.astype(float), l1, o2.astype(float), l2)
+    out = run_student("merge", merge, ("o1", "lse1", "o2", "lse2"), o1, l1, o2, l2)
+    where = f"{kind} (s={s}, a={a}, d={d})"
+    yours_o, yours_l = as_pair("merge", out, where, "(o, lse)")
+    hint: Any = (lambda: mistakes.explain(mistakes.merge_mistake(
+        o1.astype(float), l1, o2.astype(float), l2, (yours_o, yours_l)),
+        "work this case through the merge formula above: the merged lse, each side's weight, "
+        "large lse values, and rows where a side saw no key"))
+    err = compare_arrays("merge", yours_l, l_t, where=where, what="lse", axes=("query", "head"),
+                         hint=hint)
+    return max(err, compare_arrays("merge", yours_o, o_t, where=where, what="o",
+                                   axes=("query", "head", "dim"), hint=hint))
 
 
 _MASK_HINT = ("query i may see key j only when the global position of j is <= that of i: "
@@ -177,16 +191,19 @@ _MASK_HINT = ("query i may see key j only when the global position of j is <= th
 
 
 def diagnose(exercise, out, candidates: dict, where: str) -> None:
-    """If the answer equals a known mistake, say so: clearer than a wrong number.
+    """If the answer equals a known mistake, say so: clearer than a wrong number (the
+    first one it equals, with the hints of all of them as the mistakes of this case).
     ``candidates``: {what the output equals: (its output per rank, hint)}."""
     try:
         yours = [np.asarray(o, dtype=float) for o in out]
     except (TypeError, ValueError):
         return
-    for name, (cand, hint) in candidates.items():
-        if mistakes.same(yours, cand):
+    found = [(name, hint) for name, (cand, hint) in candidates.items() if mistakes.same(yours, cand)]
+    if found:     # every mistake it equals: the check names the one that fits all its cases
+        for name, hint in found:
             note_mistake(f"{exercise}: {name}", hint)
-            fail_check(exercise, where, f"your output equals {name}", show=False, hint=hint)
+        fail_check(exercise, where, f"your output equals {found[0][0]}", show=False,
+                   hint=Diagnosis([hint for _, hint in found], found[0][1]))
 
 
 def mask_mistakes(q, k, v, pos, local_rows: bool):
@@ -306,35 +323,40 @@ def check_ring_attention(ring_attention, rng):
     the block it holds. In some random cases the network delivers other values for the
     blocks of other ranks and the kernel adds a secret offset to its out: the target is the
     merge of what the kernel returned."""
-    err, n_swapped = 0.0, 0
-    cases = _ring_cases(rng)
-    for layout, causal, n, s, swap, large in cases:
-        full_in, args, where, referee, net, kernel = _ring_case(rng, layout, causal, n, s, swap,
-                                                                large)
-        if not in_part("non-causal" if causal is False else "causal"):
-            continue
-        n_swapped += swap
-        out = served_call(referee, "ring_attention", ring_attention,
-                          ("q_shards", "k_shards", "v_shards", "positions"),
-                          *args, *(() if causal is None else (causal,)), group=net,
-                          block_attention=kernel, merge=ServedMerge(referee), calls=_RING_CALL)
-        net._finish()
-        kernel._finish()
-        causal_ = causal is not False
-        try:
-            err = max(err, compare_shards(
-                "ring_attention", out, kernel._target(causal_), where=where, what="output",
-                axes=("local query", "head", "dim"),
-                hint="in every round a rank attends with its queries to the block it holds, with "
-                     "the global positions of both, and merges that into its running result; "
-                     "check it against the text of the exercise step by step"))
-        except CheckFailed:
-            _ring_diagnosis(out, full_in, kernel, causal_, swap, large, where)
-            raise
+    err, cases, run = 0.0, _ring_cases(rng), Cases("ring_attention")
+    for case in cases:
+        with run.case():        # a broken rule of the served objects is that case's verdict
+            err = max(err, _ring_run(ring_attention, rng, *case))
+    run.verdict()
+    n_swapped = sum(case[4] for case in cases)
     return (f"{len(cases)} cases (contiguous/zigzag/striped, causal and not, N_c in 1..5, scores "
             f"near +-1000, {n_swapped} with substituted blocks and kernel outputs): one "
             f"block_attention per rank and round on the block it holds, N_c - 1 shifts, and the "
             f"output matches, max error {err:.1e}")
+
+
+def _ring_run(ring_attention, rng, layout, causal, n, s, swap, large) -> float:
+    """One case of the ring loop: the served call, the rules, the output; the error."""
+    full_in, args, where, referee, net, kernel = _ring_case(rng, layout, causal, n, s, swap, large)
+    if not in_part("non-causal" if causal is False else "causal"):
+        return 0.0                  # another part's case (drawn all the same: one random stream)
+    out = served_call(referee, "ring_attention", ring_attention,
+                      ("q_shards", "k_shards", "v_shards", "positions"),
+                      *args, *(() if causal is None else (causal,)), group=net,
+                      block_attention=kernel, merge=ServedMerge(referee), calls=_RING_CALL)
+    net._finish()
+    kernel._finish()
+    causal_ = causal is not False
+    try:
+        return compare_shards(
+            "ring_attention", out, kernel._target(causal_), where=where, what="output",
+            axes=("local query", "head", "dim"),
+            hint="in every round a rank attends with its queries to the block it holds, with "
+                 "the global positions of both, and merges that into its running result; "
+                 "check it against the text of the exercise step by step")
+    except CheckFailed:
+        _ring_diagnosis(out, full_in, kernel, causal_, swap, large, where)
+        raise
 
 
 def _ring_diagnosis(out, full_in, kernel, causal, swap, large, where) -> None:
@@ -363,9 +385,8 @@ def _ring_diagnosis(out, full_in, kernel, causal, swap, large, where) -> None:
                    hint="e^1000 overflows and e^-1000 is 0: a merge that exponentiates the lse "
                         "needs the max shift, as in your merge of exercise 2 (or use the merge "
                         "you were given)")
-    if causal:
-        diagnose("ring_attention", out, mask_mistakes(q, k, v, pos, local_rows=True), where)
-    diagnose("ring_attention", out, _ring_mistakes(q, k, v, pos, causal), where)
+    known = mask_mistakes(q, k, v, pos, local_rows=True) if causal else {}
+    diagnose("ring_attention", out, {**known, **_ring_mistakes(q, k, v, pos, causal)}, where)
 
 
 def _not_finite(out) -> bool:

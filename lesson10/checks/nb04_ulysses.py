@@ -5,6 +5,7 @@ import numpy as np
 
 from . import mistakes
 from .core import (
+    Cases,
     CheckFailed,
     StudentError,
     close_number,
@@ -87,6 +88,29 @@ _S2H_CALL = "seq_to_heads(shards, group)"
 _H2S_CALL = "heads_to_seq(shards, group)"
 
 
+def _s2h_case(seq_to_heads, rng, where, n, x, swap) -> None:
+    """One case of seq_to_heads: the served all-to-all, the call, the head shards."""
+    shards = np.split(x, n, axis=0)
+    referee = Referee("seq_to_heads", where)
+    send = _head_group_send("the head groups", shards, n, rng, swap)
+    net = AllToAllNetwork(referee, n, [send], purpose="seq_to_heads", never=(
+        "your seq_to_heads never called group.all_to_all: rank j can get the head groups of "
+        "the other ranks only through the network",
+        "rank i sends head group j of its shard to rank j in one all_to_all; rank j keeps "
+        "what it received"))
+    out = served_call(referee, "seq_to_heads", seq_to_heads, ("shards",), shards, net,
+                      calls=_S2H_CALL)
+    net._finish()
+    dlv = send.delivered
+    target = [np.concatenate([np.asarray(dlv[i][j], dtype=float) for i in range(n)], axis=0)
+              for j in range(n)]
+    compare_shards("seq_to_heads", out, target, where=where,
+                   what="head shard", axes=("token", "local head", "dim"), exact=True,
+                   hint=lambda: mistakes.explain(mistakes.all_to_all_mistake(dlv, out, axis=0), (
+                       "rank j returns the blocks it received from ranks 0, 1, ..., one after "
+                       "the other along the token axis")))
+
+
 @register_exercise("seq_to_heads", NB04, 1, "all-to-all: sequence shards -> head shards")
 def check_seq_to_heads(seq_to_heads, rng):
     """``seq_to_heads(shards, group) -> list``: ``shards[r]`` is ``(s/n, a, d)`` (tokens of
@@ -95,27 +119,11 @@ def check_seq_to_heads(seq_to_heads, rng):
     one call; the answer is built from what each rank received (in some random cases the
     network delivers other values). When ``a`` is not a multiple of ``n`` it must raise a
     ValueError (not send, not return empty shards)."""
-    cases = _a2a_cases(rng)
+    cases, run = _a2a_cases(rng), Cases("seq_to_heads")
     for where, n, x, swap in cases:
-        shards = np.split(x, n, axis=0)
-        referee = Referee("seq_to_heads", where)
-        send = _head_group_send("the head groups", shards, n, rng, swap)
-        net = AllToAllNetwork(referee, n, [send], purpose="seq_to_heads", never=(
-            "your seq_to_heads never called group.all_to_all: rank j can get the head groups of "
-            "the other ranks only through the network",
-            "rank i sends head group j of its shard to rank j in one all_to_all; rank j keeps "
-            "what it received"))
-        out = served_call(referee, "seq_to_heads", seq_to_heads, ("shards",), shards, net,
-                          calls=_S2H_CALL)
-        net._finish()
-        dlv = send.delivered
-        target = [np.concatenate([np.asarray(dlv[i][j], dtype=float) for i in range(n)], axis=0)
-                  for j in range(n)]
-        compare_shards("seq_to_heads", out, target, where=where,
-                        what="head shard", axes=("token", "local head", "dim"), exact=True,
-                        hint=lambda: mistakes.all_to_all_mistake(dlv, out, axis=0) or (
-                            "rank j returns the blocks it received from ranks 0, 1, ..., one after "
-                            "the other along the token axis"))
+        with run.case():        # a broken rule of the served network is that case's verdict
+            _s2h_case(seq_to_heads, rng, where, n, x, swap)
+    run.verdict()
     for n, a in ((4, 2), (2, 3)):
         shards = [rng.standard_normal((1, a, 2)) for _ in range(n)]
         where = f"N_c={n} ranks but a={a} heads"
@@ -152,34 +160,42 @@ def check_heads_to_seq(heads_to_seq, rng):
     """``heads_to_seq(shards, group) -> list``: the inverse of ``seq_to_heads``, with exactly
     one ``group.all_to_all(blocks)``; the answer is built from what each rank received (in
     some random cases the network delivers other values)."""
-    cases = _a2a_cases(rng)
+    cases, run = _a2a_cases(rng), Cases("heads_to_seq")
     for where, n, x, swap in cases:
-        shards = np.split(x, n, axis=1)
-        s, g, d = shards[0].shape
-        c = s // n
-        referee = Referee("heads_to_seq", where)
-        expected = [np.split(y, n, axis=0) for y in shards]
-        delivered = substitute_blocks(rng, expected) if swap else expected
-        hint = ("rank j owes every rank i the tokens rank i keeps (with rank j's heads), all "
-                "in one group.all_to_all; rank i lines up what arrives in head order")
-        send = Send("the token blocks", expected, delivered,
-                    block=lambda j, i: f"tokens {i * c}..{(i + 1) * c - 1} of rank {j}'s shard "
-                                       f"({_heads(g, j)}), shape {(c, g, d)}",
-                    missing=("the token blocks never went through all_to_all", hint))
-        net = AllToAllNetwork(referee, n, [send], purpose="heads_to_seq", never=(
-            "your heads_to_seq never called group.all_to_all: rank i can get its tokens' other "
-            "heads only through the network", hint))
-        out = served_call(referee, "heads_to_seq", heads_to_seq, ("shards",), shards, net,
-                          calls=_H2S_CALL)
-        net._finish()
-        target = [np.concatenate([np.asarray(delivered[j][i], dtype=float) for j in range(n)], axis=1)
-                  for i in range(n)]
-        compare_shards("heads_to_seq", out, target, where=where,
-                        what="sequence shard", axes=("local token", "head", "dim"), exact=True,
-                        hint=lambda: mistakes.all_to_all_mistake(delivered, out, axis=1) or (
-                            "rank i returns the blocks it received from ranks 0, 1, ..., side by "
-                            "side along the head axis (rank 0's heads first)"))
+        with run.case():        # a broken rule of the served network is that case's verdict
+            _h2s_case(heads_to_seq, rng, where, n, x, swap)
+    run.verdict()
     return f"{len(cases)} cases: one all-to-all of token blocks; heads_to_seq undoes seq_to_heads"
+
+
+def _h2s_case(heads_to_seq, rng, where, n, x, swap) -> None:
+    """One case of heads_to_seq: the served all-to-all, the call, the sequence shards."""
+    shards = np.split(x, n, axis=1)
+    s, g, d = shards[0].shape
+    c = s // n
+    referee = Referee("heads_to_seq", where)
+    expected = [np.split(y, n, axis=0) for y in shards]
+    delivered = substitute_blocks(rng, expected) if swap else expected
+    hint = ("rank j owes every rank i the tokens rank i keeps (with rank j's heads), all "
+            "in one group.all_to_all; rank i lines up what arrives in head order")
+    send = Send("the token blocks", expected, delivered,
+                block=lambda j, i: f"tokens {i * c}..{(i + 1) * c - 1} of rank {j}'s shard "
+                                   f"({_heads(g, j)}), shape {(c, g, d)}",
+                missing=("the token blocks never went through all_to_all", hint))
+    net = AllToAllNetwork(referee, n, [send], purpose="heads_to_seq", never=(
+        "your heads_to_seq never called group.all_to_all: rank i can get its tokens' other "
+        "heads only through the network", hint))
+    out = served_call(referee, "heads_to_seq", heads_to_seq, ("shards",), shards, net,
+                      calls=_H2S_CALL)
+    net._finish()
+    target = [np.concatenate([np.asarray(delivered[j][i], dtype=float) for j in range(n)], axis=1)
+              for i in range(n)]
+    compare_shards("heads_to_seq", out, target, where=where,
+                    what="sequence shard", axes=("local token", "head", "dim"), exact=True,
+                    hint=lambda: mistakes.explain(mistakes.all_to_all_mistake(
+                        delivered, out, axis=1), (
+                        "rank i returns the blocks it received from ranks 0, 1, ..., side by "
+                        "side along the head axis (rank 0's heads first)")))
 
 
 def _ulysses_cases(rng, n_random=6):
@@ -294,6 +310,39 @@ def _ulysses_diagnosis(out, full_in, kernel, causal_, swap, where) -> None:
                   where)
 
 
+def _ulysses_run(ulysses_attention, rng, layout, causal, n, c, a, a_kv, swap) -> float:
+    """One case of Ulysses attention: the served call, the rules, the output; the error."""
+    from ..layouts import shard_positions
+    s, d = n * c, int(rng.integers(1, 4))
+    q, k, v = draw_qkv(rng, s, a, d, a_kv=a_kv, scale=1.5)
+    pos = shard_positions(s, n, layout)
+    causal_ = causal is not False
+    where = (f"{layout} layout, causal={causal_}{' (not passed: the default)' if causal is None else ''}"
+             f", N_c={n}, s={s}, a={a}, a_kv={a_kv}"
+             + (", the network delivers other values and attention adds an offset" if swap else ""))
+    args = ([q[p] for p in pos], [k[p] for p in pos], [v[p] for p in pos], [p.copy() for p in pos])
+    referee = Referee("ulysses_attention", where)
+    net, kernel, out_offsets = _ulysses_case(rng, referee, *args[:3], swap)
+    if not in_part("non-causal" if causal is False else "causal"):
+        return 0.0                  # another part's case (drawn all the same: one random stream)
+    out = served_call(referee, "ulysses_attention", ulysses_attention,
+                      ("q_shards", "k_shards", "v_shards", "positions"),
+                      *args, *(() if causal is None else (causal,)), group=net, attention=kernel,
+                      calls=_ULY_CALL)
+    kernel._finish()
+    net._finish()
+    target = _output_target(kernel, out_offsets, causal_, np.concatenate(pos))
+    try:
+        return compare_shards(
+            "ulysses_attention", out, target, where=where, what="output",
+            axes=("local query", "head", "dim"),
+            hint="check what you give the kernel besides the head groups: the positions of "
+                 "the rows it gets, in the order they come, and the causal flag")
+    except CheckFailed:
+        _ulysses_diagnosis(out, (q, k, v, pos), kernel, causal_, swap, where)
+        raise
+
+
 @register_exercise("ulysses_attention", NB04, 2, "Ulysses attention",
                    parts=(("non-causal", 1), ("causal", 1)))
 def check_ulysses_attention(ulysses_attention, rng):
@@ -306,39 +355,12 @@ def check_ulysses_attention(ulysses_attention, rng):
     the all-to-all delivered, and its output goes back through one all-to-all. In some
     random cases the network delivers other values and the kernel adds a secret offset to
     its output: the target is what an honest Ulysses gets from them."""
-    from ..layouts import shard_positions
-    err, n_swapped = 0.0, 0
-    cases = _ulysses_cases(rng)
-    for layout, causal, n, c, a, a_kv, swap in cases:
-        if not in_part("non-causal" if causal is False else "causal"):
-            continue
-        s, d = n * c, int(rng.integers(1, 4))
-        q, k, v = draw_qkv(rng, s, a, d, a_kv=a_kv, scale=1.5)
-        pos = shard_positions(s, n, layout)
-        causal_ = causal is not False
-        where = (f"{layout} layout, causal={causal_}{' (not passed: the default)' if causal is None else ''}"
-                 f", N_c={n}, s={s}, a={a}, a_kv={a_kv}"
-                 + (", the network delivers other values and attention adds an offset" if swap else ""))
-        n_swapped += swap
-        args = ([q[p] for p in pos], [k[p] for p in pos], [v[p] for p in pos], [p.copy() for p in pos])
-        referee = Referee("ulysses_attention", where)
-        net, kernel, out_offsets = _ulysses_case(rng, referee, *args[:3], swap)
-        out = served_call(referee, "ulysses_attention", ulysses_attention,
-                          ("q_shards", "k_shards", "v_shards", "positions"),
-                          *args, *(() if causal is None else (causal,)), group=net, attention=kernel,
-                          calls=_ULY_CALL)
-        kernel._finish()
-        net._finish()
-        target = _output_target(kernel, out_offsets, causal_, np.concatenate(pos))
-        try:
-            err = max(err, compare_shards(
-                "ulysses_attention", out, target, where=where, what="output",
-                axes=("local query", "head", "dim"),
-                hint="check what you give the kernel besides the head groups: the positions of "
-                     "the rows it gets, in the order they come, and the causal flag"))
-        except CheckFailed:
-            _ulysses_diagnosis(out, (q, k, v, pos), kernel, causal_, swap, where)
-            raise
+    err, cases, run = 0.0, _ulysses_cases(rng), Cases("ulysses_attention")
+    for case in cases:
+        with run.case():        # a broken rule of the served objects is that case's verdict
+            err = max(err, _ulysses_run(ulysses_attention, rng, *case))
+    run.verdict()
+    n_swapped = sum(case[-1] for case in cases)
     return (f"{len(cases)} cases (contiguous, zigzag and striped, causal and not, GQA, N_c in 1..4, "
             f"{n_swapped} with substituted values): four all-to-alls, attention once per head group, "
             f"output matches, max error {err:.1e}")
@@ -357,15 +379,23 @@ def check_ulysses_bytes(ulysses_bytes, rng):
         n, g = log_int(rng, 2, 256, big), log_int(rng, 1, 16)
         cases.append((n * log_int(rng, 1, 8192, big), g * log_int(rng, 1, 4096, big), n, g,
                       int(rng.choice([1, 2, 4]))))
+    run = Cases("ulysses_bytes")
     for s, h, n, g, e in cases:
-        args = tuple(x for x in (s, h, n, g, e) if x is not None)
-        g, e = (1 if g is None else g), (2 if e is None else e)
-        out = run_student("ulysses_bytes", ulysses_bytes, (), *args)
-        passed = "" if len(args) == 5 else f" ({', '.join(('g', 'e')[len(args) - 3:])} not passed)"
-        close_number("ulysses_bytes", out, cost.comm_bytes("ulysses", s, h, n, g=g, e=e),
-                      where=f"s={s}, h={h}, N_c={n}, g={g}, e={e}{passed}", what="bytes per GPU",
-                      hint=lambda: mistakes.ulysses_bytes_mistake(
-                          s, h, n, g, e, out, len(args) >= 4, len(args) >= 5) or (
-                          "four all-to-alls (Q, K, V, the output), each of a rank's local tensor; "
-                          "how much of it leaves the rank, and how many columns has each tensor?"))
+        with run.case():
+            _ub_case(ulysses_bytes, cost, s, h, n, g, e)
+    run.verdict()
     return f"{len(cases)} sizes (N_c = 1..256, GQA, e = 1, 2, 4) match (N_c-1)/N_c (2 + 2/g) s h e / N_c"
+
+
+def _ub_case(ulysses_bytes, cost, s, h, n, g, e) -> None:
+    """One size of ulysses_bytes; ``g``, ``e`` None: not passed (the defaults 1 and 2)."""
+    args = tuple(x for x in (s, h, n, g, e) if x is not None)
+    g, e = (1 if g is None else g), (2 if e is None else e)
+    out = run_student("ulysses_bytes", ulysses_bytes, (), *args)
+    passed = "" if len(args) == 5 else f" ({', '.join(('g', 'e')[len(args) - 3:])} not passed)"
+    close_number("ulysses_bytes", out, cost.comm_bytes("ulysses", s, h, n, g=g, e=e),
+                 where=f"s={s}, h={h}, N_c={n}, g={g}, e={e}{passed}", what="bytes per GPU",
+                 hint=lambda: mistakes.explain(mistakes.ulysses_bytes_mistake(
+                     s, h, n, g, e, out, len(args) >= 4, len(args) >= 5), (
+                     "four all-to-alls (Q, K, V, the output), each of a rank's local tensor; "
+                     "how much of it leaves the rank, and how many columns has each tensor?")))
