@@ -9,6 +9,7 @@
 # make test-multinode : torchrun --nnodes 2 across two network namespaces joined by a veth (root, iproute2;
 #                       skipped with a message where namespaces cannot be made)
 # make lint          : ruff and mypy (their settings: pyproject.toml)
+# make test-redteam  : the grader's batches of cheats, edge cases and seeds (minutes)
 # .ci/run runs lint and all five.
 PY      ?= python3
 VENV    := .venv
@@ -22,9 +23,9 @@ COLAB_STAMP := $(COLAB)/.installed
 PY312   ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
 PY313   ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) python3.13)
 COLAB_NEW := .venv-colab312/.installed .venv-colab313/.installed
-SLOW    := -m "not colab and not frontends and not multinode"
+SLOW    := -m "not colab and not frontends and not multinode and not redteam"
 
-.PHONY: lab lint test test-colab test-frontends test-grader test-multinode demo bench build clean
+.PHONY: lab lint test test-redteam test-colab test-frontends test-grader test-multinode demo bench build clean
 
 PYENV_ROOT   ?= $(HOME)/.pyenv
 # (make test runs these and the gradebook and answer-suite tests on 3.11; CI's 20 minutes
@@ -83,6 +84,10 @@ test-frontends: $(STAMP) $(COLAB_STAMP)
 # torchrun across two hosts made of network namespaces (root and iproute2; skipped otherwise)
 test-multinode: $(STAMP)
 	$(BIN)/python -m pytest -q -m multinode tests/test_multinode.py
+
+# the grader's batches of hostile, edge and seed cases (each grades whole classes: minutes)
+test-redteam: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:randomly -m redteam tests
 
 # the grader's tests where grading has no torch: the package itself with --no-deps
 .venv-py%/.installed: pyproject.toml Makefile

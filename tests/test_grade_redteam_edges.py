@@ -16,6 +16,8 @@ from redteam import build as B
 
 from lesson10.course.grade import sandbox
 
+pytestmark = pytest.mark.redteam   # graded in whole batches: make test-redteam
+
 NB01, NB03 = "01_sequence_parallel", "03_load_balance"
 FIRST = "causal_work"          # the first check cell of notebook 03
 needs_bwrap = pytest.mark.skipif(sandbox.probe() is not None, reason=f"no sandbox: {sandbox.probe()}")

@@ -19,6 +19,8 @@ from redteam import build as B
 import lesson10
 from lesson10.course.grade import main, sandbox
 
+pytestmark = pytest.mark.redteam   # graded in whole batches: make test-redteam
+
 NB03 = "03_load_balance"
 RX = r"(?P<student>[^/_]+)_\d\d_"            # alice_03_load_balance.ipynb -> alice
 ALL = ("causal_work", "ring_time", "zigzag_positions")

@@ -28,7 +28,7 @@ CALLS = 3                       # judged calls per exercise (the judge serves up
 SEED = 20261201
 _VERDICT = re.compile(r"\[grader\] check_(\w+): (passed|failed|not attempted|\w[\w ]*) \(")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.redteam]   # make test-redteam
 
 
 def _plan():
