@@ -94,7 +94,7 @@ def _stop_node(record: dict, node: int = 1, match: str = "-u -m lesson10.run"):
         end = time.monotonic() + 120
         while b"init_from_env" not in paths[0].read_bytes() and time.monotonic() < end:
             time.sleep(0.1)
-        time.sleep(0.5)
+        time.sleep(0.1)          # a run at these sizes can end within half a second
         record["pids"] = hosts.signal(node, signal.SIGSTOP, match=match)
         record["at"] = time.monotonic() - start
     return stop
@@ -107,7 +107,8 @@ def _stop_node_1(record: dict):
 def test_a_stopped_peer_ends_node_0_within_the_peer_timeout(hosts):
     peer_timeout, slack = 6, 25
     stopped = {}
-    res = torchrun_two(hosts, ["moe", *SMALL, "--seq", "256", "--peer-timeout", str(peer_timeout)],
+    # --seq 4096: long enough that the stop lands mid-run, not after the verdict
+    res = torchrun_two(hosts, ["moe", *SMALL, "--seq", "4096", "--peer-timeout", str(peer_timeout)],
                        timeout=180, during=_stop_node_1(stopped), grace=2)
     assert len(stopped["pids"]) == 2, (stopped, _show(res))   # node 1's two workers
     assert res.status[0] not in (0, None), _show(res)
