@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 import pytest
@@ -43,6 +44,27 @@ class SharedLaunch:
                 jobs[f"{mod.__name__}:{name}"] = make
         return jobs
 
+    @contextlib.contextmanager
+    def _across_workers(self, n: int):
+        """Under pytest-xdist each worker collects every test, so each would start the same
+        ranks: the first worker that needs ``n`` ranks runs them (holding a lock in the
+        folder the workers share) and leaves the results in a pickle for the others. Yields
+        a dict; ``"results"`` set in it is saved. Without xdist: a plain dict."""
+        if "PYTEST_XDIST_WORKER" not in os.environ:
+            yield {}
+            return
+        import fcntl
+        import pickle
+        root = self.session.config._tmp_path_factory.getbasetemp().parent   # shared by the workers
+        path = root / f"lesson10-shared-launch-{n}.pickle"
+        with open(root / f"lesson10-shared-launch-{n}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            shared = {"results": pickle.loads(path.read_bytes())} if path.exists() else {}
+            before = shared.get("results")
+            yield shared
+            if shared.get("results") is not before:
+                path.write_bytes(pickle.dumps(shared["results"]))
+
     def __call__(self, n: int, name: str, timeout: float = 240.0) -> list:
         """Each rank's result of job ``name`` (``"module:name"``) on ``n`` ranks."""
         from rank_workers import run_jobs
@@ -51,15 +73,19 @@ class SharedLaunch:
 
         have = self.cache.setdefault(n, {})
         if name not in have:
-            todo = {k: make(n) for k, make in self._jobs().items() if k not in have}
-            try:
-                outs = launch(run_jobs, n, todo, timeout=timeout, quiet=True)
-            except Exception as exc:
-                for k in todo:
-                    have[k] = exc
-                raise
-            for k in todo:
-                have[k] = [o[k] for o in outs]
+            with self._across_workers(n) as shared:
+                have.update(shared.get("results", {}))
+                if name not in have:
+                    todo = {k: make(n) for k, make in self._jobs().items() if k not in have}
+                    try:
+                        outs = launch(run_jobs, n, todo, timeout=timeout, quiet=True)
+                    except Exception as exc:
+                        for k in todo:
+                            have[k] = RuntimeError(f"{exc!r}"[:4000])
+                    else:
+                        for k in todo:
+                            have[k] = [o[k] for o in outs]
+                    shared["results"] = have
         if isinstance(have[name], Exception):
             raise RuntimeError(f"the shared {n}-rank launch failed (see the first failing "
                                f"test): {have[name]!r}"[:2000]) from have[name]

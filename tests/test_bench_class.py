@@ -3,8 +3,12 @@ estimate for 200 students are written."""
 import re
 import shutil
 
+import pytest
+
 from lesson10 import bench
 from lesson10.bench import classroom
+
+pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
 
 
 def test_the_generated_class_has_every_shape(tmp_path):

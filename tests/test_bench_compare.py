@@ -6,6 +6,8 @@ import pytest
 from lesson10 import bench
 from lesson10.runs import cli as run
 
+pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
+
 
 def test_bench_compare_writes_times_and_bytes_next_to_the_formulas(tmp_path, capsys):
     rc = bench.main(["compare", "--nproc", "4", "--seq", "64", "--heads", "4", "--kv-heads", "2",

@@ -7,6 +7,8 @@ from lesson10 import cost
 from lesson10.bench.cstar import crossing, cstar_table
 from lesson10.spmd.ring import ring_options
 
+pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
+
 BW, NBYTES = 50e6, 2_000_000          # 40 ms per transfer
 
 RANK_JOBS = {"paced": lambda n: ("paced_ring", {"bandwidth": BW, "nbytes": NBYTES}),

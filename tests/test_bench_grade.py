@@ -3,9 +3,12 @@ import csv
 import re
 import shutil
 
+import pytest
 from redteam import build
 
 from lesson10 import bench
+
+pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
 
 
 def test_bench_grade_writes_the_table_and_the_csv(tmp_path, capsys):

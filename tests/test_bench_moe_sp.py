@@ -6,6 +6,8 @@ import pytest
 
 from lesson10 import bench, cost
 
+pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
+
 
 def _rows(md: str, first: str):
     """Cells of the markdown table rows that start with ``| first |``."""

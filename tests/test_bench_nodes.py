@@ -2,7 +2,11 @@
 sizes; its table; the two-host part is in tests/test_multinode.py."""
 import re
 
+import pytest
+
 from lesson10.bench import nodes
+
+pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
 
 BASE = {"T": 32, "h": 16, "E": 8, "k": 2, "d_ff": 16, "dtype": "float64", "cf": None}
 CONFIGS = [{**BASE, "dispatch": d, "max_nodes": m} for d, m in nodes.CONFIGS]

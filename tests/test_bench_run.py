@@ -1,8 +1,12 @@
 """The benchmark harness and the `run` command on tiny sizes (gloo, 2 ranks)."""
 import re
 
+import pytest
+
 from lesson10 import bench
 from lesson10.runs import cli as run
+
+pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
 
 
 def test_bench_ring_writes_the_tables(tmp_path, capsys):

@@ -310,6 +310,7 @@ def test_grade_solution_and_blank_notebook_end_to_end(tmp_path, capsys):
     assert solved["sandboxed"] is (sandbox.probe() is None) and isinstance(report["seed"], int)
 
 
+@pytest.mark.slow
 def test_seed_replays_and_no_sandbox_says_so(tmp_path, capsys):
     nb = str(ROOT / "solutions" / NB)
     main([nb, "--json", "--seed", "7", "--no-sandbox"])
@@ -341,6 +342,7 @@ def test_wire_plain_python_extras_and_copy_back_through_tuples():
     assert shards[0].shape == (4,)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_five_solutions_get_full_marks_and_blank_notebooks_zero(jobs, capsys):
     sols = sorted(str(p) for p in (ROOT / "solutions").glob("0[1-5]_*.ipynb"))

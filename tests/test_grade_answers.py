@@ -20,6 +20,8 @@ import test_checks_answers as T
 
 from lesson10.course.grade import course, sandbox
 
+pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
+
 HERE = Path(__file__).resolve().parent
 PY3 = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
        "language_info": {"name": "python"}}
@@ -45,12 +47,13 @@ def _notebooks():
     return out
 
 
-def _write(folder: Path, nb_id: str, chosen: dict) -> None:
+def _write(folder: Path, nb_id: str, chosen: dict, calls: int = 1) -> None:
+    """``folder/NB.ipynb``: each chosen answer, then ``calls`` cells calling its check."""
     cells = [_cell("import numpy as np\nfrom lesson10 import checks\nimport test_checks_answers as T")]
     for ex, (table, i) in chosen.items():
         name = course.function_name(ex)
         cells.append(_cell(f"{name} = T.{table}[{ex!r}][{i}]"))
-        cells.append(_cell(f"checks.check_{ex}({name})"))
+        cells += [_cell(f"checks.check_{ex}({name})") for _ in range(calls)]
     nb = {"cells": cells, "metadata": dict(PY3, lesson10={"notebook": nb_id}),
           "nbformat": 4, "nbformat_minor": 5}
     (folder / f"{nb_id}.ipynb").write_text(json.dumps(nb), encoding="utf-8")

@@ -42,6 +42,8 @@ import pytest
 from redteam import build as B
 from redteam import cells as C
 
+pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
+
 NB01, NB02, NB03, NB04, NB05 = ("01_sequence_parallel", "02_ring_attention", "03_load_balance",
                                 "04_ulysses", "05_moe_dispatch")
 COURSE = (NB01, NB02, NB03, NB04, NB05)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 import test_checks_answers as T
-from test_grade_answers import PY3, _cell
+from test_grade_answers import _notebooks, _write
 
-from lesson10.course.grade import course, sandbox
+from lesson10.course.grade import sandbox
 
 HERE = Path(__file__).resolve().parent
 CALLS = 3                       # judged calls per exercise (the judge serves up to 3)
@@ -32,27 +32,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.redteam]   # make test-redteam
 
 
 def _plan():
-    """``{folder: (course notebook, {exercise: (table, index)})}``."""
-    out = {}
-    for table_name in ("RIGHT", "WRONG"):
-        table = getattr(T, table_name)
-        for nb_id in course.course_notebooks():
-            exs = [ex.id for ex in course.exercises(nb_id) if ex.id in table]
-            for i in range(max((len(table[ex]) for ex in exs), default=0)):
-                chosen = {ex: (table_name, i) for ex in exs if i < len(table[ex])}
-                out[f"{nb_id}-{table_name.lower()}{i}"] = (nb_id, chosen)
-    return out
-
-
-def _write(folder: Path, nb_id: str, chosen: dict) -> None:
-    cells = [_cell("import numpy as np\nfrom lesson10 import checks\nimport test_checks_answers as T")]
-    for ex, (table, i) in chosen.items():
-        name = course.function_name(ex)
-        cells.append(_cell(f"{name} = T.{table}[{ex!r}][{i}]"))
-        cells += [_cell(f"checks.check_{ex}({name})") for _ in range(CALLS)]
-    nb = {"cells": cells, "metadata": dict(PY3, lesson10={"notebook": nb_id}),
-          "nbformat": 4, "nbformat_minor": 5}
-    (folder / f"{nb_id}.ipynb").write_text(json.dumps(nb), encoding="utf-8")
+    """``{folder: (course notebook, {exercise: (table, index)})}``: test_grade_answers' plan."""
+    return {name[:-len(".ipynb")]: plan for name, plan in _notebooks().items()}
 
 
 def _verdicts(executed: Path) -> dict:
@@ -76,7 +57,7 @@ def graded(tmp_path_factory):
         folder.mkdir(parents=True)
         for helper in ("answers_01_03.py", "answers_04_05.py", "test_checks_answers.py"):
             shutil.copyfile(HERE / helper, folder / helper)
-        _write(folder, nb_id, chosen)
+        _write(folder, nb_id, chosen, CALLS)
         paths.append(folder / f"{nb_id}.ipynb")
     extra = [] if sandbox.probe() is None else ["--no-sandbox"]
     proc = subprocess.run([sys.executable, "-m", "lesson10", "grade", *map(str, paths), "--json",

@@ -149,6 +149,7 @@ def test_a_function_that_calls_the_reference_is_refused_while_judged(tmp_path):
     assert got["heads_to_seq"]["status"] == "passed"
 
 
+@pytest.mark.slow
 def test_every_solution_notebook_grades_with_no_error_in_any_cell(tmp_path):
     status = main([*map(str, SOLUTIONS), "--student", "solutions", "--seed", "3", "-j", "2",
                    "--no-results", "--output", str(tmp_path / "r.json"),

@@ -18,6 +18,8 @@ from lesson10.checks import EXERCISES
 from lesson10.course import report as class_report
 from lesson10.course.grade import gradebook, main
 
+pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
+
 ROOT = Path(__file__).resolve().parent.parent
 COURSE_MAX = sum(ex.points for ex in EXERCISES.values())
 NB03 = "03_load_balance.ipynb"

@@ -14,6 +14,8 @@ import pytest
 from lesson10.checks import EXERCISES
 from lesson10.course.grade import main
 
+pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
+
 ROOT = Path(__file__).resolve().parent.parent
 NB = "03_load_balance.ipynb"
 COURSE_MAX = sum(ex.points for ex in EXERCISES.values())

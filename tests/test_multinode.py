@@ -65,6 +65,8 @@ def test_every_method_passes_across_two_hosts(hosts, method):
     assert "on N=4 ranks" in node0 and REPORT in node0, _show(res)
     assert node0.rstrip().splitlines()[-1].endswith("passed: OK"), _show(res)
     assert REPORT not in node1 and "passed" not in node1, _show(res)
+    # the exit barrier's watchers (lesson10.runs.agent) ended with their agents, silently
+    assert "exit barrier" not in node0 + node1, _show(res)
     # the ranks of node 1 really are elsewhere: their traffic went over the veth
     assert res.sent[0] > 1000 and res.sent[1] > 1000, res.sent
     assert not hosts.pids(0) and not hosts.pids(1)
@@ -118,6 +120,24 @@ def test_a_stopped_peer_ends_node_0_within_the_peer_timeout(hosts):
     assert 3 in _exit_code(node0) and _exit_code(node0) <= {3, -signal.SIGTERM}, _show(res)
     assert REPORT not in node0
     # node 1 (stopped) was killed at the end, with everything else in the namespaces
+    assert not hosts.pids(0) and not hosts.pids(1)
+
+
+def test_a_peer_agent_stopped_after_the_run_does_not_hold_node_0_at_the_exit_barrier(hosts):
+    """SIGSTOP of node 1's torchrun alone, while its ranks run: they finish, the run passes, and
+    node 0's torchrun then waits at its exit barrier for node 1's agent (300 s, fixed in torch).
+    The watcher left by node 0's first rank ends it within --peer-timeout + AGENT_GRACE."""
+    from lesson10.runs.agent import AGENT_GRACE
+    peer_timeout, slack = 6, 20
+    stopped = {}
+    res = torchrun_two(hosts, ["ring", *SMALL, "--seq", "256", "--peer-timeout", str(peer_timeout)],
+                       timeout=180, during=_stop_node(stopped, 1, "torch.distributed.run"), grace=2)
+    assert len(stopped["pids"]) == 1, (stopped, _show(res))       # node 1's torchrun
+    node0 = res.output[0]
+    assert REPORT in node0 and "passed: OK" in node0, _show(res)   # the run itself passed
+    assert res.status[0] == -signal.SIGKILL, _show(res)
+    assert res.exit_s[0] - stopped["at"] < peer_timeout + AGENT_GRACE + slack, (res.exit_s, stopped)
+    assert node0.count("at torchrun's exit barrier") == 1 and "ending it with SIGKILL" in node0, _show(res)
     assert not hosts.pids(0) and not hosts.pids(1)
 
 

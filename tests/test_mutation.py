@@ -23,6 +23,8 @@ from lesson10 import checks
 from lesson10.checks import CheckFailed
 from lesson10.checks.core import _StudentError
 
+pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ["01_sequence_parallel", "02_ring_attention", "03_load_balance", "04_ulysses",
              "05_moe_dispatch"]

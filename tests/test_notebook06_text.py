@@ -37,3 +37,13 @@ def test_cstar_sweep_sizes_are_the_ones_the_text_explains():
     named = re.findall(r"c\^\\ast/(\d+)|(\d*)c\^\\ast", text.split("**Predict first.**")[0])
     said = sorted({1 / int(a) if a else (int(b) if b else 1) for a, b in named})
     assert said == sorted(factors), (said, factors)
+
+
+def test_the_exercise_copy_runs_the_same_code():
+    """make test runs notebook 06 once, from solutions/ (it has no exercises): the copy in
+    notebooks/ must hold the same code cells, or it would go untested there."""
+    def code(path):
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    exercise = NB.parent.parent / "notebooks" / NB.name
+    assert code(exercise) == code(NB) and len(code(NB)) > 5

@@ -152,10 +152,12 @@ def test_readme_shows_each_figure_and_says_how_to_use_colab():
 def test_makefile_and_ci_run_the_slow_targets():
     makefile = (ROOT / "Makefile").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
-    for target in ("test-colab", "test-frontends", "test-multinode"):
+    for target in ("test-slow", "test-redteam", "test-colab", "test-frontends", "test-multinode"):
         assert re.search(rf"^{target}\s*:", makefile, flags=re.M), f"Makefile has no `{target}` target"
-        assert target in ci, f".ci/run does not run make {target}"
+        assert re.search(rf"^step {target}$", ci, flags=re.M), f".ci/run does not run make {target}"
     assert "apt-get install" in ci and "chromium" in ci
     assert "iproute2" in ci, ".ci/run does not install `ip` for the two-host test"
-    slow = re.search(r"^SLOW\s*:=(.*)$", makefile, flags=re.M).group(1)
-    assert "not multinode" in slow, "make test would run the two-host test too"
+    other = re.search(r"^OTHER\s*:=(.*)$", makefile, flags=re.M).group(1).split(" or ")
+    assert {"colab", "frontends", "multinode", "redteam"} <= {m.strip() for m in other}, other
+    fast = re.search(r"^FAST\s*:=(.*)$", makefile, flags=re.M).group(1)
+    assert "not slow and not ($(OTHER))" in fast, "make test would run the slow targets' tests too"

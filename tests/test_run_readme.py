@@ -1,18 +1,10 @@
-"""Every `python -m lesson10 run ...` of the README passes its own check at its defaults, on 2
-and 4 ranks, and the exit status and the last line say what happened.
-
-The README's cases are taken from `run.cases` with the command's own default arguments, and
-run in the shared launch (no extra start of ranks). `run moe` and `run sp --seq 4096` are
-float32 runs whose largest gradients are in the hundreds (the test checks that they are): their
-absolute errors reach 1e-4 and beyond, while relative to the values' size they are about 1e-6.
-"""
-import pytest
-
+"""`run`'s verdict and report: passed, failed and rejected told apart, a refused case end to end,
+and where the bytes went across nodes (the README's commands at their defaults:
+tests/test_run_readme_defaults.py)."""
 from lesson10.runs import cli as run
 
-README = {"moe": ["moe"], "sp4096": ["sp", "--seq", "4096"],
-          "moe_nodes": ["moe", "--node-size", "2", "--max-nodes", "1"],
-          "moe_knobs": ["moe", "--experts", "8", "--topk", "3", "--capacity-factor", "1.0"]}
+#: the README's `run moe --node-size 2 --max-nodes 1` (its defaults otherwise)
+MOE_NODES = ["moe", "--node-size", "2", "--max-nodes", "1"]
 
 
 def _cases(argv, n):
@@ -22,24 +14,10 @@ def _cases(argv, n):
     return worker, [kw for _, kw in todo]
 
 
-RANK_JOBS = {name: (lambda n, argv=argv: _cases(argv, n)) for name, argv in README.items()}
+RANK_JOBS = {"moe_nodes": lambda n: _cases(MOE_NODES, n)}
 #: Ulysses with one K/V head on two ranks: refused (each rank needs whole K/V heads)
 RANK_JOBS["rejected"] = lambda n: ("check_attention", [dict(method="ulysses", s=16, a=2, a_kv=1, d=4,
                                                             dtype="float32")])
-
-
-@pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("name", sorted(README))
-def test_readme_command_passes_its_own_check(rank_results, n, name):
-    results = rank_results(n, name)[0]
-    assert all("error" not in r for r in results), results
-    for r in results:
-        assert r["case"]["dtype"] == "float32"
-        assert r["ok"] and r["max_rel_err"] <= r["tol"] == 1e-4, (r["worst"], r["rel_err"], r["scale"])
-    # the values are in the hundreds: an absolute 1e-4 would judge float32 rounding, not the method
-    assert max(max(r["scale"].values()) for r in results) > 100, "the case no longer has large values"
-    line, status = run.verdict(results)
-    assert status == 0 and line.endswith("passed: OK")
 
 
 def _res(ok=True, **kw):
@@ -77,6 +55,7 @@ def test_rejected_case_exits_2_and_says_what(capsys, monkeypatch, rank_results):
 
 def test_the_report_says_where_the_bytes_went_across_nodes(rank_results):
     results = rank_results(4, "moe_nodes")[0]
+    assert run.verdict(results) == (f"{len(results)} checked run(s) passed: OK", 0), results
     text = "\n".join(run.report(r) for r in results)
     for r in results:
         assert r["nodes"] == 2 and r["dispatch"] == "two_level" and r["nodes_used"] == 1

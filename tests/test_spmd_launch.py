@@ -95,6 +95,7 @@ def test_rank_that_dies_silently():
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.slow
 def test_hang_ends_in_timeout_and_kills_everyone(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:

@@ -391,6 +391,8 @@ def torchrun_two(hosts: TwoHosts, run_args: list[str], nproc_per_node: int = 2,
                         pass
                 hosts.signal(i, signal.SIGKILL, match=f"-m {module}")
                 p.wait()
+            for i in range(2):
+                _gone(hosts, i)
             for f in files:
                 f.close()
         wall = time.monotonic() - start
@@ -401,6 +403,15 @@ def torchrun_two(hosts: TwoHosts, run_args: list[str], nproc_per_node: int = 2,
     return TorchrunResult(status, output, wall, sum(sent), sent,
                           tuple(None if e is None else e - start for e in ended),
                           any(e is None for e in ended))
+
+
+def _gone(hosts: TwoHosts, i: int, within: float = 15.0) -> None:
+    """Wait (at most ``within`` s) until no process is left in host ``i``: a process sent
+    SIGKILL is listed until it has exited, which for a stopped torch rank under load takes a
+    moment; a watcher left behind by a rank (lesson10.runs.agent) ends once its agent has."""
+    end = time.monotonic() + within
+    while hosts.pids(i) and time.monotonic() < end:
+        time.sleep(0.1)
 
 
 def _wait_both(procs, deadline: float, grace: float) -> list:

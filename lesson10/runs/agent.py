@@ -8,6 +8,14 @@ small watcher behind (a fresh Python in its own session, so the agent's clean-up
 workers does not reach it): if the agent is still running :data:`AGENT_GRACE` seconds later,
 the watcher says so on stderr and ends it with SIGKILL. An agent that exits by itself in time
 (the static rendezvous always does, with its failure report and status 1) is left alone.
+
+A run that ends well has the same gap one step later: once all of a node's ranks have exited 0,
+its agent waits at torchrun's *exit barrier* for every other node's agent, for a fixed 300 s
+that the command line cannot change. A node stopped (or cut off) after the ranks' last
+collective would keep every other node's torchrun there. So the first rank of each node leaves
+the same watcher when it exits 0, with ``--peer-timeout`` + :data:`AGENT_GRACE` seconds: the
+ranks of all nodes end within moments of each other (their last step is one all-reduce), so an
+agent still waiting that long later is waiting for a lost peer.
 """
 from __future__ import annotations
 
@@ -16,16 +24,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["AGENT_GRACE", "torchrun_agent", "stop_agent_later"]
+__all__ = ["AGENT_GRACE", "LOST_PEER", "AT_EXIT_BARRIER", "torchrun_agent", "stop_agent_later"]
 
 #: seconds a torchrun agent may run on after one of its ranks lost a peer
 AGENT_GRACE = 20.0
+
+#: what the watcher says happened, for each of the two moments it is left behind
+LOST_PEER = "after the rank lost its peer (with the c10d rendezvous it waits on the lost store)"
+AT_EXIT_BARRIER = ("after this node's ranks ended well: at torchrun's exit barrier it waits for "
+                   "the agents of the other nodes, and one stopped answering. The verdict above "
+                   "stands")
 
 def _watcher() -> str:
     """The watcher's program (kept out of module-level strings: the grader's stand-in copies those)."""
     return """
 import os, signal, sys, time
-pid, start, rank, grace = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+pid, start, rank, grace, why = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
 def same():
     try:
         fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
@@ -36,9 +50,8 @@ end = time.monotonic() + grace
 while time.monotonic() < end and same():
     time.sleep(0.2)
 if same():
-    print(f"rank {rank}: its torchrun agent (pid {pid}) was still running {grace:g} s after the "
-          "rank lost its peer (with the c10d rendezvous it waits on the lost store): ending it "
-          "with SIGKILL", file=sys.stderr, flush=True)
+    print(f"rank {rank}: its torchrun agent (pid {pid}) was still running {grace:g} s {why}: "
+          "ending it with SIGKILL", file=sys.stderr, flush=True)
     os.kill(pid, signal.SIGKILL)
 """
 
@@ -65,14 +78,16 @@ def torchrun_agent() -> tuple[int, str] | None:
     return pid, start
 
 
-def stop_agent_later(agent: tuple[int, str] | None, rank: int, grace: float = AGENT_GRACE):
+def stop_agent_later(agent: tuple[int, str] | None, rank: int, grace: float = AGENT_GRACE,
+                     why: str = LOST_PEER):
     """Leave the watcher of the module docstring behind for ``agent`` (from
-    :func:`torchrun_agent`); returns its Popen, or ``None`` when there is no agent."""
+    :func:`torchrun_agent`): ``grace`` seconds, ``why`` (:data:`LOST_PEER` or
+    :data:`AT_EXIT_BARRIER`) in what it says; returns its Popen, or ``None`` without an agent."""
     if agent is None:
         return None
     try:
         return subprocess.Popen([sys.executable, "-c", _watcher(), str(agent[0]), agent[1],
-                                 str(rank), str(grace)], stdin=subprocess.DEVNULL,
+                                 str(rank), str(grace), why], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     except OSError:
         return None

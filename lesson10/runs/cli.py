@@ -260,11 +260,12 @@ def main_rank(args) -> int:
     after the runs, outside their byte counts). Rank 0 prints the report. A peer that stops
     answering ends this process at once (``os._exit``) with :data:`PEER_LOST` and a message,
     and leaves :func:`lesson10.runs.agent.stop_agent_later` to end a torchrun agent that would
-    hang on a lost rendezvous store; ``args.timeout`` is enforced by :func:`start_watchdog`."""
+    hang on a lost rendezvous store (a node's first rank leaves one when it exits 0 too, for
+    torchrun's exit barrier); ``args.timeout`` is enforced by :func:`start_watchdog`."""
     import torch.distributed as dist
 
     from ..spmd.launch import init_from_env, is_peer_error, shutdown
-    from .agent import stop_agent_later, torchrun_agent
+    from .agent import AGENT_GRACE, AT_EXIT_BARRIER, stop_agent_later, torchrun_agent
     from .workers import run_checks
     rank = int(os.environ.get("RANK", "0"))
     agent = torchrun_agent()
@@ -285,6 +286,8 @@ def main_rank(args) -> int:
         os._exit(PEER_LOST)
     watchdog.cancel()
     shutdown()
+    if worst == 0 and os.environ.get("LOCAL_RANK", "0") == "0":   # torchrun's exit barrier next
+        stop_agent_later(agent, rank, args.peer_timeout + AGENT_GRACE, AT_EXIT_BARRIER)
     if rank == 0:
         for res in results:
             print(report(res))
