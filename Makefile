@@ -32,7 +32,7 @@ XDIST   := -n 2 --dist loadfile
 .PHONY: lab lint test test-slow test-redteam test-colab test-frontends test-grader test-multinode demo bench build clean
 
 PYENV_ROOT   ?= $(HOME)/.pyenv
-# (make test runs these and the gradebook and answer-suite tests on 3.11; CI's 20 minutes
+# (make test and make test-slow run these, the gradebook and the answer suites on 3.11; CI's 20 minutes
 # leave room for the sandbox's own tests on the other two versions)
 GRADER_TESTS := tests/test_grade.py tests/test_grade_redteam.py tests/test_grade_wire.py tests/test_grade_paths.py
 GRADER_DEPS  := numpy matplotlib ipython nbformat pytest hypothesis

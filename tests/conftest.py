@@ -72,6 +72,7 @@ class SharedLaunch:
         from lesson10.spmd.launch import launch
 
         have = self.cache.setdefault(n, {})
+        failure = None
         if name not in have:
             with self._across_workers(n) as shared:
                 have.update(shared.get("results", {}))
@@ -80,12 +81,15 @@ class SharedLaunch:
                     try:
                         outs = launch(run_jobs, n, todo, timeout=timeout, quiet=True)
                     except Exception as exc:
+                        failure = exc          # this test shows it whole, the others its repr
                         for k in todo:
                             have[k] = RuntimeError(f"{exc!r}"[:4000])
                     else:
                         for k in todo:
                             have[k] = [o[k] for o in outs]
                     shared["results"] = have
+        if failure is not None:
+            raise failure
         if isinstance(have[name], Exception):
             raise RuntimeError(f"the shared {n}-rank launch failed (see the first failing "
                                f"test): {have[name]!r}"[:2000]) from have[name]
