@@ -52,6 +52,17 @@ def fail_on(rank: int, pid_dir: str | None = None) -> None:
     dist.all_reduce(x)  # never completes: rank `rank` is gone
 
 
+def lose_connection_on(rank: int, log_dir: str) -> None:
+    """Every rank notes that it ran; rank ``rank`` then raises what gloo says when a peer
+    closes a connection, after the start (so launch must not start the ranks again)."""
+    with open(os.path.join(log_dir, f"ran-{dist.get_rank()}-{os.getpid()}"), "w"):
+        pass
+    if dist.get_rank() == rank:
+        raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1")
+    x = torch.ones(1, device=_dev())
+    dist.all_reduce(x)
+
+
 def exit_on(rank: int, code: int = 3) -> None:
     """Rank ``rank`` dies without a word (``os._exit``); the others wait in an all-reduce."""
     if dist.get_rank() == rank:

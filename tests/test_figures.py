@@ -8,7 +8,7 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from lesson10 import cost, figures, layouts
-from lesson10.figures import COLORS
+from lesson10.figures import COLORS, kit
 
 
 def _patches_of(ax, color):
@@ -97,10 +97,16 @@ def test_block_size_c_star_does_not_move_with_h():
 # ---------------------------------------------------------------- 4. Ulysses grid
 def _cell_labels(ax, s, heads):
     labels = np.full((s, heads), -1)
-    for text in ax.texts:
-        x, y = text.get_position()
-        labels[int(y), int(x)] = int(text.get_text())
+    (cells,) = [a for a in ax.artists if isinstance(a, kit.Labels)]     # one artist for all cells
+    for (x, y), text in cells.items():
+        labels[int(y), int(x)] = int(text)
     return labels
+
+
+def _kv_colours(ax):
+    """The facecolour of each K/V head's box in the strip (one collection)."""
+    (boxes,) = ax.collections
+    return [to_rgba(c) for c in boxes.get_facecolor()]
 
 
 @pytest.mark.parametrize("n,s,heads", [(4, 8, 8), (2, 4, 6)])
@@ -123,7 +129,7 @@ def test_ulysses_grid_owners_before_and_after(n, s, heads):
 def test_ulysses_grid_warns_when_kv_heads_below_ranks():
     fig = figures.draw_ulysses_grid(n=4, s=8, heads=8, kv_heads=2)
     assert "2 K/V heads" in fig.ulysses_warning and "ring attention" in fig.ulysses_warning
-    assert len(_patches_of(fig.axes[1], "replicated")) == 2         # both K/V heads are copied
+    assert _kv_colours(fig.axes[1]) == [to_rgba(COLORS["replicated"])] * 2   # both K/V heads are copied
     with pytest.raises(ValueError):
         figures.draw_ulysses_grid(n=3, s=6, heads=8, kv_heads=8)
 
@@ -566,18 +572,88 @@ def test_the_quick_redraw_shows_what_a_full_draw_shows():
         assert np.abs(quick - whole).max() <= 8, type(box.view.draw)
 
 
-def test_views_keep_recent_structures_and_rebuild_a_changed_one():
+def test_moe_moves_its_axes_to_a_new_y_range_and_keeps_the_old_picture(monkeypatch):
+    box = figures.moe_capacity()
+    view = box.view
+    fig, axes, key = view.fig, list(view.fig.axes), view.structure(**view.state)
+    top = fig.axes[0].get_ylim()[1]
+    box.skew_slider.value = 6.0                                 # another structure: a taller queue axis
+    assert view.structure(**view.state) != key
+    assert view.fig is fig and list(fig.axes) == axes and fig.axes[0].get_ylim()[1] > top
+    draws = []
+    real = type(fig.canvas).draw
+    monkeypatch.setattr(type(fig.canvas), "draw", lambda self, *a, **k: (draws.append(1), real(self, *a, **k)))
+    box.skew_slider.value = 0.0
+    assert fig.axes[0].get_ylim()[1] == top and draws == []    # the kept picture: no full draw
+    assert view.message.value == ""
+    # other sizes (E, Ne, k, T) are new axes
+    again = figures.draw_moe_capacity(fig, E=4, Ne=2, T=16)
+    assert again is fig and [t.get_text() for t in fig.axes[1].get_xticklabels()] == ["GPU 0", "GPU 1"]
+
+
+def test_ring_and_ulysses_move_their_axes_to_a_new_structure(monkeypatch):
+    # one figure: another (n, s, layout) moves the axes, and a structure seen before comes
+    # back with its kept picture (no full draw)
     box = figures.ring_rounds(n=4, s=16, layout="contiguous")
     view = box.view
-    contiguous = view.fig
+    fig, axes = view.fig, list(view.fig.axes)
     box.layout_toggle.value = "zigzag"
-    assert view.fig is not contiguous                           # another structure: its own figure
+    assert view.fig is fig and list(fig.axes) == axes and fig.lesson10_parts.key[:3] == (4, 16, "zigzag")
+    draws = []
+    real = type(fig.canvas).draw
+    monkeypatch.setattr(type(fig.canvas), "draw", lambda self, *a, **k: (draws.append(1), real(self, *a, **k)))
     box.layout_toggle.value = "contiguous"
-    assert view.fig is contiguous and view.message.value == ""  # kept: no rebuild on the way back
-    # a draw function given a figure of another structure rebuilds it whole
+    assert draws == [] and view.message.value == ""
+    # a draw function given a figure of another structure moves it there, bars and all
     fig = figures.draw_ring_rounds(n=4, s=16, layout="zigzag", round=1)
     again = figures.draw_ring_rounds(fig, n=8, s=32, layout="zigzag", round=2)
     assert again is fig and len(fig.axes) == 2
     work = layouts.causal_work(8, "zigzag", s=32)
     np.testing.assert_array_equal([p.get_height() for p in fig.axes[1].containers[0]], work[2])
     assert len(fig.axes[1].patches) == 2 * 8
+    back = figures.draw_ring_rounds(fig, n=2, s=8, layout="contiguous", round=1)   # fewer ranks: bars hidden
+    shown = [p.get_height() for p in back.axes[1].containers[0] if p.get_visible()]
+    np.testing.assert_array_equal(shown, layouts.causal_work(2, "contiguous", s=8)[1])
+    assert [t.get_text() for t in back.axes[1].get_xticklabels()] == ["rank 0", "rank 1"]
+    # the Ulysses grid: other K/V heads keep the grid's axes
+    grid = figures.draw_ulysses_grid(n=4, s=8, heads=8, kv_heads=8)
+    moved = figures.draw_ulysses_grid(grid, n=2, s=4, heads=6, kv_heads=3, state="heads", rank=1)
+    assert moved is grid and _cell_labels(grid.axes[0], 4, 6).tolist() == [[0, 0, 0, 1, 1, 1]] * 4
+    assert len(grid.axes[0].collections[0].get_paths()) == 4 * 6
+
+
+def test_the_text_cache_draws_what_agg_draws_and_draws_each_text_once(monkeypatch):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
+    from matplotlib.figure import Figure
+
+    def figure():
+        fig = Figure(figsize=(4, 3), dpi=90)
+        ax = fig.add_subplot()
+        for i in range(6):                                  # fractional positions, colours, sizes
+            ax.text(0.1 + 0.137 * i, 0.2 + 0.11 * i, f"q{i} r{i % 3}", color=["k", "C1", "C2"][i % 3],
+                    fontsize=6 + i, rotation=[0, 90, 30][i % 3])
+        ax.set_ylabel("query token")
+        ax.set_title("a title", fontsize=9)
+        return fig
+
+    plain = FigureCanvasAgg(figure())
+    plain.draw()
+    want = np.asarray(plain.buffer_rgba()).astype(int)
+    kit.TextCacheRenderer.cache.clear()
+    real, calls = RendererAgg.draw_text, []
+
+    def counted(self, *a, **k):
+        calls.append(a[3])
+        return real(self, *a, **k)
+    for attempt in range(2):                                # cold cache, then every text a hit
+        calls.clear()
+        monkeypatch.setattr(RendererAgg, "draw_text", counted)
+        canvas = kit.Canvas(figure())
+        canvas.draw()
+        monkeypatch.undo()
+        got = np.asarray(canvas.buffer_rgba()).astype(int)
+        assert got.shape == want.shape and np.abs(got - want).max() <= 2, attempt
+        if attempt == 0:
+            assert "q3 r0" in calls and "query token" in calls
+        else:
+            assert calls == [], calls                       # pasted from the cache

@@ -95,6 +95,50 @@ def test_rank_that_dies_silently():
     assert multiprocessing.active_children() == []
 
 
+def test_a_start_that_loses_a_connection_is_tried_once_more(tmp_path, monkeypatch, capfd):
+    # the first rank to find the file fails while joining the group, as gloo does when a
+    # peer closes a connection under load (CI saw it once, with make test on two workers)
+    fault = tmp_path / "fault"
+    fault.write_text("")
+    monkeypatch.setenv("_LESSON10_TEST_START_FAULT", str(fault))
+    outs = launch(w.whoami, 2, timeout=60, quiet=True)
+    assert [o["rank"] for o in outs] == [0, 1] and not fault.exists()
+    err = capfd.readouterr().err
+    assert "lost a connection while the ranks joined the group" in err
+    assert "starting all 2 rank(s) once more" in err
+    assert multiprocessing.active_children() == []
+
+
+def test_a_failure_after_the_start_is_not_tried_again(tmp_path, capfd):
+    # the same words from fn (the ranks had started): one RankError, fn ran once per rank
+    with pytest.raises(RankError) as info:
+        launch(w.lose_connection_on, 2, 1, str(tmp_path), timeout=60, quiet=True)
+    assert info.value.rank == 1 and info.value.stages[0] == "run"
+    assert "Connection closed by peer" in str(info.value)
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("ran-1-")]) == 1
+    assert "once more" not in capfd.readouterr().err
+    assert multiprocessing.active_children() == []
+
+
+def test_a_start_that_fails_twice_raises_the_second_failure(tmp_path, monkeypatch):
+    # two fault files, one per attempt: the second start fails too, and that one is raised
+    fault = tmp_path / "fault"
+    monkeypatch.setenv("_LESSON10_TEST_START_FAULT", str(fault))
+    fault.write_text("")
+    L = sys.modules["lesson10.spmd.launch"]      # (lesson10.spmd.launch is also the function)
+    real = L._launch_once
+
+    def again(*a, **k):
+        fault.write_text("")          # armed again for the next start
+        return real(*a, **k)
+    monkeypatch.setattr(L, "_launch_once", again)
+    with pytest.raises(RankError) as info:
+        launch(w.whoami, 2, timeout=60, quiet=True)
+    assert info.value.stages[0] == "start"
+    assert "injected by a test" in str(info.value)
+    assert multiprocessing.active_children() == []
+
+
 @pytest.mark.slow
 def test_hang_ends_in_timeout_and_kills_everyone(tmp_path):
     t0 = time.monotonic()

@@ -4,8 +4,10 @@ A redraw is what a student waits for after moving a control: the figure's draw f
 into the figure the widget keeps, then the PNG its Image shows (``View.update``). Each
 figure is moved through a few typical changes of its controls, round-robin, ``--reps``
 times each after one warm-up (``moves``: what moving the controls back and forth costs);
-then each change once more after the view forgot every kept figure (``first visit``: the
-figure built from scratch). The table gives the median and the 90th percentile of the
+then each change once more after the view forgot every structure it drew (``first visit``:
+a structure not seen before: the ring and Ulysses figures move their axes there, the others
+build their figure again; texts drawn before are pasted from the renderer's text cache, as in
+a session). The table gives the median and the 90th percentile of the
 moves, the machine's load (``os.getloadavg``, 1 minute) around each figure's run, and the
 first-visit median; it writes ``benchmarks/results/figures.md`` (+ ``.csv``). The goal: a
 median of at most 100 ms and a 90th percentile of at most 200 ms on the 2-core development
@@ -84,8 +86,8 @@ def table(rows, load_start: float) -> tuple[str, str]:
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
              f"load {load_start:.1f} at the start (1-minute `os.getloadavg`; the machine is shared, "
              f"so each row gives the load around its run). Goal: median <= {TARGET_MEDIAN_MS} ms and "
-             f"p90 <= {TARGET_P90_MS} ms over the moves. *First visit*: the same changes with nothing "
-             f"kept (the figure built from scratch), for reference.", "",
+             f"p90 <= {TARGET_P90_MS} ms over the moves. *First visit*: the same changes after the view "
+             f"forgot every structure it drew (a structure not seen before), for reference.", "",
              "| figure | redraws | median (ms) | p90 (ms) | load | within goal | first visit median (ms) |",
              "|---|---:|---:|---:|---:|---|---:|"]
     csv = ["figure,redraws,median_ms,p90_ms,load_start,load_end,first_visit_median_ms"]

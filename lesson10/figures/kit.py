@@ -2,13 +2,15 @@
 its controls (:class:`View`), and the redraw machinery that keeps it quick (:class:`Parts`,
 :func:`render`). The figures themselves are in :mod:`lesson10.figures`.
 
-A redraw draws less than the whole figure: each figure is built once per *structure* (the
-parameters that move axes, ticks or the number of boxes, e.g. ``(n, s, layout)`` of the ring
-figure), and a control that leaves the structure alone only updates the artists it changes
-(an image's data, bar heights, colours, a title). :func:`render` keeps the picture of the
-rest (the background: axes, ticks, labels, fixed legends) and paints the changed artists on
-a copy of it before encoding the PNG. :class:`View` also keeps the last few structures'
-figures, so going back to a layout seen before costs no rebuild either.
+A redraw draws less than the whole figure. Each figure's axes are built once (a skeleton); a
+control that changes its *structure* (the parameters that move axes, ticks or the number of
+boxes, e.g. ``(n, s, layout)`` of the ring figure) moves those axes and artists to the new
+structure in place, and a control that leaves the structure alone only updates the artists
+it changes (an image's data, bar heights, colours, a title). :func:`render` keeps the picture
+of the rest (the background: axes, ticks, labels, fixed legends) for the last few structures
+and paints the changed artists on a copy of it before encoding the PNG, so going back to a
+structure seen before costs no full draw either. Texts are drawn through
+:mod:`lesson10.figures.text`, which makes each text's pixels once.
 """
 from __future__ import annotations
 
@@ -16,12 +18,13 @@ import io
 from collections import OrderedDict
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.text import Text
+
+from .text import Canvas, Labels, TextCacheRenderer  # noqa: F401 - figures use them through kit
 
 __all__ = ["COLORS", "MARGINS", "BLANK", "RELEASE", "STYLE", "DPI", "new_figure", "legend", "png",
-           "widgets", "fixed", "Parts", "reuse", "keep", "render", "View"]
+           "widgets", "fixed", "Parts", "reuse", "skeleton", "keep", "render", "View", "Canvas",
+           "TextCacheRenderer", "Labels"]
 
 COLORS = {
     "computed": "#2f6fdb",    # blue
@@ -85,15 +88,36 @@ class Parts:
     images reach the frame). Other keyword arguments are kept as attributes for the update
     step (artists, cached numbers)."""
 
+    #: how many structures' backgrounds a figure that is rebuilt in place keeps
+    KEEP = 8
+
     def __init__(self, name: str, key, axes=(), **named):
         self.name, self.key, self.axes = name, key, list(axes)
         self.dynamic: dict = {}
-        self.background = None              # (width, height, BufferRegion) once rendered
-        self.stamps: dict = {}              # the pixels of texts and legends (see _stamp)
+        self.backgrounds: OrderedDict = OrderedDict()  # key -> (width, height, BufferRegion)
+        self.stamps: dict = {}              # the pixels of legends and fixed artists (see _stamp)
         self.__dict__.update(named)
 
     def __getattr__(self, name: str) -> Any:       # the named parts (typed loosely for mypy)
         raise AttributeError(f"{type(self).__name__} has no part {name!r}")
+
+    @property
+    def background(self):
+        """The kept picture of the current structure without its dynamic artists, or None."""
+        return self.backgrounds.get(self.key)
+
+    @background.setter
+    def background(self, value) -> None:
+        self.backgrounds[self.key] = value
+        self.backgrounds.move_to_end(self.key)
+        while len(self.backgrounds) > self.KEEP:
+            self.backgrounds.popitem(last=False)
+
+    def restructured(self, key) -> None:
+        """Say that the builder moved this figure's axes and artists to structure ``key``."""
+        self.key = key
+        if key in self.backgrounds:
+            self.backgrounds.move_to_end(key)
 
     def artists(self) -> list:
         out: list = []
@@ -112,6 +136,13 @@ def reuse(fig, name: str, key) -> Parts | None:
     return None
 
 
+def skeleton(fig, name: str) -> Parts | None:
+    """The kept parts of ``fig`` if it shows figure ``name`` with any structure: a builder that
+    can move its axes and artists to another structure does so instead of starting again."""
+    parts = getattr(fig, "lesson10_parts", None)
+    return parts if parts is not None and parts.name == name else None
+
+
 def keep(fig, parts: Parts) -> Parts:
     """Attach ``parts`` to ``fig`` (after building it): later redraws may reuse them."""
     fig.lesson10_parts = parts
@@ -128,13 +159,8 @@ def _encode(canvas) -> bytes:
 
 
 def _stamp_key(artist, renderer):
-    """What the pixels of ``artist`` depend on, or None (then it is drawn, not stamped)."""
-    if isinstance(artist, Text) and artist.get_bbox_patch() is None:      # a boxed text: drawn
-        x, y = artist.get_transform().transform(artist.get_unitless_position())
-        return ("text", artist.get_text(), str(artist.get_color()), artist.get_alpha(), artist.get_fontsize(),
-                artist.get_fontweight(), artist.get_fontstyle(), tuple(artist.get_fontfamily()),
-                artist.get_ha(), artist.get_va(), artist.get_rotation(), getattr(artist, "_linespacing", None),
-                round(float(x), 1), round(float(y), 1), renderer.dpi)
+    """What the pixels of ``artist`` depend on (see :func:`fixed`), or None: then it is drawn
+    (a text is drawn from the renderer's text cache)."""
     key = getattr(artist, "lesson10_key", None)
     return None if key is None else ("artist", key, renderer.dpi)
 
@@ -189,7 +215,7 @@ def render(fig) -> bytes:
     """The figure as PNG bytes at its own dpi. A figure with :class:`Parts` paints only its
     dynamic artists over its kept background (drawn once, with them hidden); texts and legends
     are painted from stamps (:func:`_stamp`)."""
-    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas = fig.canvas if isinstance(fig.canvas, Canvas) else Canvas(fig)
     parts = getattr(fig, "lesson10_parts", None)
     if parts is None:
         canvas.draw()
@@ -246,11 +272,12 @@ def widgets():
 class View:
     """Glue for one interactive figure: an Image showing ``draw(fig, **state)`` and a message line.
 
-    ``structure(**state)``: the key of the figure's structure; the view keeps one Figure per
-    key for the last ``keep`` keys (``fig``: the one shown), so a redraw updates a built
-    figure whenever it can."""
+    ``structure(**state)``: the key of the figure's structure. The view keeps one Figure per
+    key for the last ``keep`` keys (``fig``: the one shown); with the default ``keep=1`` it
+    keeps one Figure, whose builder moves the axes to each new structure and keeps the
+    pictures of the last few (:attr:`Parts.KEEP`), so a redraw updates a built figure."""
 
-    def __init__(self, draw, state, size, structure=None, keep: int = 8):
+    def __init__(self, draw, state, size, structure=None, keep: int = 1):
         w = widgets()
         self.draw, self.state, self.size = draw, dict(state), size
         self.structure, self.keep = structure, keep
@@ -268,13 +295,24 @@ class View:
                 fig = self.figs.popitem(last=False)[1]
             else:
                 fig = Figure(figsize=self.size, dpi=DPI)
-                FigureCanvasAgg(fig)
+                Canvas(fig)
         self.figs[key] = fig
         return fig
 
     def forget(self) -> None:
-        """Drop every kept figure: the next redraw builds from scratch (what a first visit costs)."""
+        """Forget every structure drawn so far: the next redraw is what a first visit to a
+        structure costs (a figure that moves its axes to a new structure keeps them; the others
+        are built from scratch)."""
+        for fig in self.figs.values():
+            parts = getattr(fig, "lesson10_parts", None)
+            if parts is not None:
+                parts.key = None
+                parts.backgrounds.clear()
+                parts.__dict__.get("per_key", {}).clear()
+        skeletons = [f for f in self.figs.values() if getattr(f, "lesson10_parts", None) is not None]
         self.figs.clear()
+        if skeletons:
+            self.figs[None] = skeletons[-1]
 
     def update(self, **changes):
         self.state.update(changes)

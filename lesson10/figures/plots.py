@@ -1,7 +1,8 @@
 """How the three plot figures are built and redrawn: the SP strip (:func:`sp`), the minimum
-block size (:func:`block`) and the MoE capacity (:func:`moe`). Each builds its figure once
-per structure and then only updates the artists a control changes
-(:class:`lesson10.figures.kit.Parts`); :mod:`lesson10.figures` holds the public functions.
+block size (:func:`block`) and the MoE capacity (:func:`moe`). Each builds its axes once,
+moves them to another structure in place (a y range that steps up or down), and otherwise
+only updates the artists a control changes (:class:`lesson10.figures.kit.Parts`);
+:mod:`lesson10.figures` holds the public functions.
 """
 from __future__ import annotations
 
@@ -50,8 +51,11 @@ def sp(fig, *, t: int, sp: bool, s: int, h: int, a: int, e: int):
                              f"use a TP degree that divides it: {tp_degrees(s, h, a)}")
     parts = kit.reuse(fig, "sp_strip", (s, h, a, e))
     if parts is None:
-        fig = kit.new_figure(fig, SP_SIZE, "sp_strip")
-        parts = _sp_build(fig, (s, h, a, e))
+        parts = kit.skeleton(fig, "sp_strip")        # the boxes do not depend on the sizes
+        if parts is None:
+            fig = kit.new_figure(fig, SP_SIZE, "sp_strip")
+            parts = _sp_build(fig, (s, h, a, e))
+        parts.restructured((s, h, a, e))
     _sp_update(parts, int(t), bool(sp))
     fig.sp_strip_bytes = parts.sent
     return fig
@@ -156,8 +160,13 @@ def block(fig, *, h: int, link, g: int, causal: bool, gpu, c, e: int, F):
     F, W, c_star, cs, compute, transfer, decades = _block_curves(h, link, g, causal, gpu, e, F)
     parts = kit.reuse(fig, "block_size", decades)
     if parts is None:
-        fig = kit.new_figure(fig, BLOCK_SIZE, "block_size")
-        parts = _block_build(fig, cs, decades)
+        parts = kit.skeleton(fig, "block_size")
+        if parts is None:
+            fig = kit.new_figure(fig, BLOCK_SIZE, "block_size")
+            parts = _block_build(fig, cs, decades)
+        parts.ax.set_ylim(10.0 ** decades[0], 10.0 ** decades[1])     # another y range: the same axes
+        parts.label.set_y(10.0 ** decades[1])
+        parts.restructured(decades)
     parts.compute.set_ydata(compute)
     parts.transfer.set_ydata(transfer)
     parts.star.set_xdata([c_star, c_star])
@@ -192,7 +201,7 @@ def _block_build(fig, cs, decades):
     ax.minorticks_off()                                # log axes' minor ticks cost most of a redraw
     ax.set_xlabel("block size c (tokens per rank)")
     ax.set_ylabel("time per round (ms)")
-    parts = kit.Parts("block_size", decades, axes=[ax], compute=compute, transfer=transfer, star=star,
+    parts = kit.Parts("block_size", decades, axes=[ax], ax=ax, compute=compute, transfer=transfer, star=star,
                       span=span, point=point, label=label, title=ax.set_title(" ", fontsize=9, y=1.0, pad=4))
     parts.dynamic.update(span=span, lines=[compute, transfer, star, point], label=label, title=parts.title,
                          legend=kit.fixed(ax.legend(loc="lower right", fontsize=8)))
@@ -229,8 +238,14 @@ def moe(fig, *, E: int, Ne: int, k: int, T: int, skew: float, capacity_factor, s
     busiest = load.max()
     parts = kit.reuse(fig, "moe_capacity", key)
     if parts is None:
-        fig = kit.new_figure(fig, MOE_SIZE, "moe_capacity")
-        parts = _moe_build(fig, E, Ne, key[-1], key)
+        parts = kit.skeleton(fig, "moe_capacity")
+        if parts is None or parts.sizes != key[:-1]:          # other E, Ne, k or T: new axes
+            fig = kit.new_figure(fig, MOE_SIZE, "moe_capacity")
+            parts = _moe_build(fig, E, Ne, key[-1], key)
+        tops = key[-1]                                        # another y range: the same axes
+        parts.ax.set_ylim(-0.03 * tops[0], tops[0])
+        parts.bx.set_ylim(0, tops[1])
+        parts.restructured(key)
     flat, arrival, kept = r["experts"].ravel(), r["arrival"].ravel(), r["kept"].ravel()
     xy = np.column_stack([flat.astype(float), arrival])     # copy number y of its expert
     parts.computed.set_offsets(xy[kept])
@@ -273,8 +288,8 @@ def _moe_build(fig, E, Ne, tops, key):
     bx.yaxis.set_major_locator(MaxNLocator(integer=True))
     bx.set_ylim(0, tops[1])
     titles = (ax.set_title(" ", fontsize=9, y=1.0, pad=4), bx.set_title(" ", fontsize=9, y=1.0, pad=4))
-    parts = kit.Parts("moe_capacity", key, axes=[ax, bx], ax=ax, computed=computed, dropped=dropped,
-                      capacity=capacity, done=list(done), wait=list(wait), titles=titles)
+    parts = kit.Parts("moe_capacity", key, axes=[ax, bx], ax=ax, bx=bx, sizes=key[:-1], computed=computed,
+                      dropped=dropped, capacity=capacity, done=list(done), wait=list(wait), titles=titles)
     parts.dynamic.update(dots=[computed, dropped, capacity], bars=list(done) + list(wait), titles=list(titles),
                          legend=None, bar_legend=kit.fixed(bx.legend(loc="upper right", fontsize=8)))
     return kit.keep(fig, parts)

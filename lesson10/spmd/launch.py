@@ -66,8 +66,10 @@ class RankError(RuntimeError):
     """
 
     def __init__(self, rank: int, exc_type: str, remote_traceback: str,
-                 original: BaseException | None = None, others: str = ""):
+                 original: BaseException | None = None, others: str = "",
+                 stages: list | None = None):
         self.rank = rank
+        self.stages = list(stages or [])  # per reported error: "start", "run" or None (died)
         self.exc_type = exc_type
         self.remote_traceback = remote_traceback
         self.original = original
@@ -215,16 +217,21 @@ def _set_env(rank: int, world: int, local_rank: int, port: int) -> None:
 
 # ---------------------------------------------------------------- child side
 def _entry(rank, nprocs, port, backend, timeout, threads, fn, args, kwargs, conn):
-    """Body of one spawned rank: init, run ``fn``, send ``("ok", bytes)`` or ``("err", ...)``."""
+    """Body of one spawned rank: init, run ``fn``, send ``("ok", bytes)`` or
+    ``("err", (type name, traceback, pickled exception, stage))``; ``stage`` is ``"start"``
+    while the rank joins the group and ``"run"`` once ``fn`` was called."""
+    stage = "start"
     try:
         _set_env(rank, nprocs, rank, port)
         torch.set_num_threads(threads)
         if backend == "nccl":
             torch.cuda.set_device(rank)
+        _injected_start_fault()
         store = dist.TCPStore("127.0.0.1", port, nprocs + 1, is_master=False,
                               timeout=datetime.timedelta(seconds=timeout))
         dist.init_process_group(backend, store=store, rank=rank, world_size=nprocs,
                                 timeout=datetime.timedelta(seconds=timeout))
+        stage = "run"
         out = fn(*args, **kwargs)
         try:
             payload = pickle.dumps(_to_cpu(out))
@@ -238,7 +245,7 @@ def _entry(rank, nprocs, port, backend, timeout, threads, fn, args, kwargs, conn
         except Exception:
             exc = None
         try:
-            conn.send(("err", (type(e).__name__, tb, exc)))
+            conn.send(("err", (type(e).__name__, tb, exc, stage)))
         except Exception:
             pass
     finally:
@@ -247,6 +254,31 @@ def _entry(rank, nprocs, port, backend, timeout, threads, fn, args, kwargs, conn
                 dist.destroy_process_group()
         finally:
             conn.close()
+
+
+# A test makes one start fail as a lost connection does: the first rank to remove this file.
+_START_FAULT_ENV = "_LESSON10_TEST_START_FAULT"
+# What a start that failed on the network (a peer closed, reset or refused a connection) says.
+_TRANSIENT = ("connectFullMesh", "Connection closed by peer", "Connection reset by peer",
+              "Connection refused")
+
+
+def _injected_start_fault() -> None:
+    path = os.environ.get(_START_FAULT_ENV)
+    if path:
+        try:
+            os.remove(path)
+        except OSError:
+            return
+        raise RuntimeError("Gloo connectFullMesh failed with [injected by a test] "
+                           "Connection closed by peer [127.0.0.1]:1")
+
+
+def _failed_on_the_network_at_start(err: RankError) -> bool:
+    """True when every rank that reported failed while joining the group, and on a
+    connection (gloo's full mesh, the store): nothing of ``fn`` ran, a new start is safe."""
+    return bool(err.stages) and all(st == "start" for st in err.stages) and any(
+        t in err.remote_traceback for t in _TRANSIENT)
 
 
 # --------------------------------------------------------------- parent side
@@ -261,7 +293,9 @@ def launch(fn, nprocs: int, *args, backend: str = "auto", timeout: float = 60.0,
     how long one collective (or the start) waits for a peer before that rank raises (default
     ``timeout``). ``threads``: torch threads per rank (default ``cpu_count // nprocs``, at least
     1). ``quiet``: do not print the chosen backend. Tensors come back detached, on the CPU.
-    Any exception in a rank raises :class:`RankError` here.
+    Any exception in a rank raises :class:`RankError` here, except one: a start that fails on
+    a lost connection while the ranks build their group (gloo under heavy load), before any
+    rank called ``fn``, is tried once more within the same ``timeout``, and it says so.
     """
     _check_importable(fn)
     asked, backend = backend, choose_backend(nprocs, backend)
@@ -277,6 +311,25 @@ def launch(fn, nprocs: int, *args, backend: str = "auto", timeout: float = 60.0,
         if backend == "gloo" and torch.cuda.is_available() and torch.cuda.device_count():
             print(f"launch: {backend_reason(nprocs, asked)}")
 
+    deadline = time.monotonic() + timeout
+    for attempt in (1, 2):
+        try:
+            return _launch_once(fn, nprocs, args, kwargs, backend, peer_timeout, threads,
+                                deadline - time.monotonic())
+        except RankError as e:
+            left = deadline - time.monotonic()
+            if attempt == 2 or not _failed_on_the_network_at_start(e) or left < 1.0:
+                raise
+            # Under load a gloo rank can lose a connection while the mesh is built
+            # ("Connection closed by peer"); no rank has run fn yet, so start them all again.
+            print(f"launch: rank {e.rank} lost a connection while the ranks joined the group "
+                  f"({e.remote_traceback.strip().splitlines()[-1][:160]}); "
+                  f"starting all {nprocs} rank(s) once more", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _launch_once(fn, nprocs, args, kwargs, backend, peer_timeout, threads, timeout):
+    """One start of ``nprocs`` ranks with their own store; see :func:`launch`."""
     # The parent owns the rendezvous store: port 0 lets the OS pick a free port.
     store = dist.TCPStore("127.0.0.1", 0, nprocs + 1, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout))
@@ -317,7 +370,7 @@ def _collect(procs, conns, timeout):
     deadline = time.monotonic() + timeout
     results = [None] * n
     done = [False] * n
-    errors = []  # (rank, exc_type, traceback, pickled exception) in arrival order
+    errors = []  # (rank, exc_type, traceback, pickled exception, stage) in arrival order
 
     def receive(r):
         try:
@@ -331,7 +384,7 @@ def _collect(procs, conns, timeout):
                            f"rank {r} exited (exit code {code}) without sending a result "
                            "(killed, out of memory, os._exit, or it failed while starting: see its stderr; "
                            "a script that calls launch() needs an `if __name__ == '__main__':` guard)",
-                           None))
+                           None, None))
         else:
             if kind == "ok":
                 results[r] = pickle.loads(body)
@@ -352,7 +405,7 @@ def _collect(procs, conns, timeout):
             while not all(done) and time.monotonic() < grace:
                 for c in wait([conns[r] for r in range(n) if not done[r]], timeout=0.1):
                     receive(conns.index(c))
-            r, name, tb, exc = errors[0]
+            r, name, tb, exc, _ = errors[0]
             original = None
             if exc is not None:
                 try:
@@ -360,8 +413,9 @@ def _collect(procs, conns, timeout):
                 except Exception:
                     original = None
             others = "; ".join(f"rank {r2} {n2}: {t2.strip().splitlines()[-1]}"
-                               for r2, n2, t2, _ in errors[1:])
-            raise RankError(r, name, tb, original, others) from original
+                               for r2, n2, t2, _, _ in errors[1:])
+            raise RankError(r, name, tb, original, others,
+                            stages=[e[4] for e in errors]) from original
     return results
 
 
