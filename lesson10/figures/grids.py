@@ -30,14 +30,8 @@ def ring(fig, *, n: int, s: int, layout: str, round: int, causal: bool):
     if not 0 <= round < n:
         raise ValueError(f"round must be in 0..{n - 1} for n = {n} ranks, got {round}")
     owner = owners(s, n, layout)                     # validates s against the layout
-    key = (n, s, layout, causal)
-    parts = kit.reuse(fig, "ring_rounds", key)
-    if parts is None:
-        parts = kit.skeleton(fig, "ring_rounds")
-        if parts is None:
-            fig = kit.new_figure(fig, RING_SIZE, "ring_rounds")
-            parts = _ring_skeleton(fig)
-        _ring_restructure(parts, n, s, layout, causal, owner)
+    fig, parts = kit.structured(fig, "ring_rounds", (n, s, layout, causal), RING_SIZE, _ring_skeleton,
+                                lambda parts: _ring_restructure(parts, n, s, layout, causal, owner))
     _ring_update(parts, round)
     return fig
 
@@ -134,14 +128,8 @@ def ulysses(fig, *, n: int, s: int, heads: int, kv_heads: int, state: str, rank:
     if not 0 <= rank < n:
         raise ValueError(f"rank must be in 0..{n - 1}, got {rank}")
     owner = ulysses_owner(n, s, heads, state)        # validates s, heads and state
-    key = (n, s, heads, kv_heads)
-    parts = kit.reuse(fig, "ulysses_grid", key)
-    if parts is None:
-        parts = kit.skeleton(fig, "ulysses_grid")
-        if parts is None:
-            fig = kit.new_figure(fig, ULYSSES_SIZE, "ulysses_grid")
-            parts = _ulysses_skeleton(fig)
-        _ulysses_restructure(parts, n, s, heads, kv_heads)
+    fig, parts = kit.structured(fig, "ulysses_grid", (n, s, heads, kv_heads), ULYSSES_SIZE, _ulysses_skeleton,
+                                lambda parts: _ulysses_restructure(parts, n, s, heads, kv_heads))
     _ulysses_update(parts, owner, state, rank, state == "heads" if arrived is None else arrived)
     fig.ulysses_warning = parts.warning
     return fig

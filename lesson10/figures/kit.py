@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from .text import Canvas, Labels, TextCacheRenderer  # noqa: F401 - figures use them through kit
 
 __all__ = ["COLORS", "MARGINS", "BLANK", "RELEASE", "STYLE", "DPI", "new_figure", "legend", "png",
-           "widgets", "fixed", "Parts", "reuse", "skeleton", "keep", "render", "View", "Canvas",
+           "widgets", "fixed", "Parts", "reuse", "skeleton", "structured", "keep", "render", "View", "Canvas",
            "TextCacheRenderer", "Labels"]
 
 COLORS = {
@@ -141,6 +141,21 @@ def skeleton(fig, name: str) -> Parts | None:
     can move its axes and artists to another structure does so instead of starting again."""
     parts = getattr(fig, "lesson10_parts", None)
     return parts if parts is not None and parts.name == name else None
+
+
+def structured(fig, name: str, key, size, build, restructure):
+    """``(fig, parts)`` showing figure ``name`` at structure ``key``: the kept parts when ``fig``
+    already shows it, else ``restructure(parts)`` moves a figure of that kind there, and a
+    figure of no kind first gets its axes from ``build(fig)`` (on ``fig`` cleared, or a new
+    Figure of ``size``)."""
+    parts = reuse(fig, name, key)
+    if parts is None:
+        parts = skeleton(fig, name)
+        if parts is None:
+            fig = new_figure(fig, size, name)
+            parts = build(fig)
+        restructure(parts)
+    return fig, parts
 
 
 def keep(fig, parts: Parts) -> Parts:

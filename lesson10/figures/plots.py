@@ -49,13 +49,9 @@ def sp(fig, *, t: int, sp: bool, s: int, h: int, a: int, e: int):
         if value % t:
             raise ValueError(f"{name} = {value} does not split over t = {t} GPUs; "
                              f"use a TP degree that divides it: {tp_degrees(s, h, a)}")
-    parts = kit.reuse(fig, "sp_strip", (s, h, a, e))
-    if parts is None:
-        parts = kit.skeleton(fig, "sp_strip")        # the boxes do not depend on the sizes
-        if parts is None:
-            fig = kit.new_figure(fig, SP_SIZE, "sp_strip")
-            parts = _sp_build(fig, (s, h, a, e))
-        parts.restructured((s, h, a, e))
+    key = (s, h, a, e)                                # the boxes do not depend on the sizes
+    fig, parts = kit.structured(fig, "sp_strip", key, SP_SIZE, lambda fig: _sp_build(fig, key),
+                                lambda parts: parts.restructured(key))
     _sp_update(parts, int(t), bool(sp))
     fig.sp_strip_bytes = parts.sent
     return fig
@@ -158,15 +154,8 @@ def block_structure(h=4096, link="InfiniBand", g=1, causal=False, gpu="H100", e=
 def block(fig, *, h: int, link, g: int, causal: bool, gpu, c, e: int, F):
     """Draw (or update) the block-size figure in ``fig``; returns the figure."""
     F, W, c_star, cs, compute, transfer, decades = _block_curves(h, link, g, causal, gpu, e, F)
-    parts = kit.reuse(fig, "block_size", decades)
-    if parts is None:
-        parts = kit.skeleton(fig, "block_size")
-        if parts is None:
-            fig = kit.new_figure(fig, BLOCK_SIZE, "block_size")
-            parts = _block_build(fig, cs, decades)
-        parts.ax.set_ylim(10.0 ** decades[0], 10.0 ** decades[1])     # another y range: the same axes
-        parts.label.set_y(10.0 ** decades[1])
-        parts.restructured(decades)
+    fig, parts = kit.structured(fig, "block_size", decades, BLOCK_SIZE, lambda fig: _block_build(fig, cs, decades),
+                                lambda parts: _block_restructure(parts, decades))
     parts.compute.set_ydata(compute)
     parts.transfer.set_ydata(transfer)
     parts.star.set_xdata([c_star, c_star])
@@ -184,6 +173,13 @@ def block(fig, *, h: int, link, g: int, causal: bool, gpu, c, e: int, F):
     parts.title.set_text(setting)
     fig.c_star = c_star
     return fig
+
+
+def _block_restructure(parts, decades):
+    """Another y range: the same axes."""
+    parts.ax.set_ylim(10.0 ** decades[0], 10.0 ** decades[1])
+    parts.label.set_y(10.0 ** decades[1])
+    parts.restructured(decades)
 
 
 def _block_build(fig, cs, decades):
