@@ -113,11 +113,24 @@ def test_a_failure_after_the_start_is_not_tried_again(tmp_path, capfd):
     # the same words from fn (the ranks had started): one RankError, fn ran once per rank
     with pytest.raises(RankError) as info:
         launch(w.lose_connection_on, 2, 1, str(tmp_path), timeout=60, quiet=True)
-    assert info.value.rank == 1 and info.value.stages[0] == "run"
+    assert info.value.rank == 1 and info.value.stages[0] == "run" and 1 in info.value.ran
     assert "Connection closed by peer" in str(info.value)
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("ran-1-")]) == 1
     assert "once more" not in capfd.readouterr().err
     assert multiprocessing.active_children() == []
+
+
+def test_a_start_is_tried_again_only_when_no_rank_ran_fn():
+    L = sys.modules["lesson10.spmd.launch"]
+    lost = "RuntimeError: Gloo connectFullMesh failed with ... Connection closed by peer [127.0.0.1]:9"
+
+    def err(stages, ran, tb=lost):
+        return RankError(1, "RuntimeError", tb, stages=stages, ran=ran)
+    assert L._failed_on_the_network_at_start(err(["start"], []))
+    assert not L._failed_on_the_network_at_start(err(["start"], [0]))        # rank 0 was in fn
+    assert not L._failed_on_the_network_at_start(err(["start", "run"], []))
+    assert not L._failed_on_the_network_at_start(err(["start"], [], tb="ValueError: bad shape"))
+    assert not L._failed_on_the_network_at_start(err([None], []))           # a rank died
 
 
 def test_a_start_that_fails_twice_raises_the_second_failure(tmp_path, monkeypatch):

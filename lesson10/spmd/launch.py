@@ -67,9 +67,10 @@ class RankError(RuntimeError):
 
     def __init__(self, rank: int, exc_type: str, remote_traceback: str,
                  original: BaseException | None = None, others: str = "",
-                 stages: list | None = None):
+                 stages: list | None = None, ran: list | None = None):
         self.rank = rank
         self.stages = list(stages or [])  # per reported error: "start", "run" or None (died)
+        self.ran = list(ran or [])        # the ranks that had called fn
         self.exc_type = exc_type
         self.remote_traceback = remote_traceback
         self.original = original
@@ -232,6 +233,7 @@ def _entry(rank, nprocs, port, backend, timeout, threads, fn, args, kwargs, conn
         dist.init_process_group(backend, store=store, rank=rank, world_size=nprocs,
                                 timeout=datetime.timedelta(seconds=timeout))
         stage = "run"
+        conn.send(("run", None))        # the parent then knows fn ran here: no second start
         out = fn(*args, **kwargs)
         try:
             payload = pickle.dumps(_to_cpu(out))
@@ -256,29 +258,25 @@ def _entry(rank, nprocs, port, backend, timeout, threads, fn, args, kwargs, conn
             conn.close()
 
 
-# A test makes one start fail as a lost connection does: the first rank to remove this file.
-_START_FAULT_ENV = "_LESSON10_TEST_START_FAULT"
-# What a start that failed on the network (a peer closed, reset or refused a connection) says.
+_START_FAULT_ENV = "_LESSON10_TEST_START_FAULT"     # a test's fault: the first rank to remove it fails
 _TRANSIENT = ("connectFullMesh", "Connection closed by peer", "Connection reset by peer",
-              "Connection refused")
+              "Connection refused")                  # what a start lost on the network says
 
 
 def _injected_start_fault() -> None:
-    path = os.environ.get(_START_FAULT_ENV)
-    if path:
-        try:
-            os.remove(path)
-        except OSError:
-            return
-        raise RuntimeError("Gloo connectFullMesh failed with [injected by a test] "
-                           "Connection closed by peer [127.0.0.1]:1")
+    try:
+        os.remove(os.environ[_START_FAULT_ENV])
+    except (KeyError, OSError):
+        return
+    raise RuntimeError("Gloo connectFullMesh failed with [injected by a test] "
+                       "Connection closed by peer [127.0.0.1]:1")
 
 
 def _failed_on_the_network_at_start(err: RankError) -> bool:
-    """True when every rank that reported failed while joining the group, and on a
-    connection (gloo's full mesh, the store): nothing of ``fn`` ran, a new start is safe."""
-    return bool(err.stages) and all(st == "start" for st in err.stages) and any(
-        t in err.remote_traceback for t in _TRANSIENT)
+    """True when no rank called ``fn`` and each error came from joining the group, on a lost
+    connection (gloo's full mesh, the store): then a new start is safe."""
+    return (bool(err.stages) and not err.ran and all(st == "start" for st in err.stages)
+            and any(t in err.remote_traceback for t in _TRANSIENT))
 
 
 # --------------------------------------------------------------- parent side
@@ -317,11 +315,10 @@ def launch(fn, nprocs: int, *args, backend: str = "auto", timeout: float = 60.0,
             return _launch_once(fn, nprocs, args, kwargs, backend, peer_timeout, threads,
                                 deadline - time.monotonic())
         except RankError as e:
-            left = deadline - time.monotonic()
-            if attempt == 2 or not _failed_on_the_network_at_start(e) or left < 1.0:
-                raise
             # Under load a gloo rank can lose a connection while the mesh is built
             # ("Connection closed by peer"); no rank has run fn yet, so start them all again.
+            if attempt == 2 or not _failed_on_the_network_at_start(e) or deadline - time.monotonic() < 1:
+                raise
             print(f"launch: rank {e.rank} lost a connection while the ranks joined the group "
                   f"({e.remote_traceback.strip().splitlines()[-1][:160]}); "
                   f"starting all {nprocs} rank(s) once more", file=sys.stderr, flush=True)
@@ -371,10 +368,14 @@ def _collect(procs, conns, timeout):
     results = [None] * n
     done = [False] * n
     errors = []  # (rank, exc_type, traceback, pickled exception, stage) in arrival order
+    ran = []     # the ranks that called fn
 
     def receive(r):
         try:
             kind, body = conns[r].recv()
+            if kind == "run":
+                ran.append(r)
+                return
         except (EOFError, OSError):
             code = procs[r].exitcode
             if code is None:
@@ -415,7 +416,7 @@ def _collect(procs, conns, timeout):
             others = "; ".join(f"rank {r2} {n2}: {t2.strip().splitlines()[-1]}"
                                for r2, n2, t2, _, _ in errors[1:])
             raise RankError(r, name, tb, original, others,
-                            stages=[e[4] for e in errors]) from original
+                            stages=[e[4] for e in errors], ran=ran) from original
     return results
 
 
