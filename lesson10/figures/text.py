@@ -101,23 +101,31 @@ class TextCacheRenderer(RendererAgg):
             blit.restore()
 
     def _raster(self, gc, fx, fy, s, prop, angle):
-        """The pixels of ``s`` drawn at ``(pad + fx, pad + fy)`` on a transparent scratch canvas
-        just large enough, and the offset of its top-left corner from ``(pad, pad)``."""
+        """The pixels of ``s`` drawn at ``(ox + fx, oy + fy)`` on a transparent scratch canvas
+        just large enough, and the offset of their top-left corner from ``(ox, oy)``."""
         import math
 
         import numpy as np
-        w, h, d = super().get_text_width_height_descent(s, prop, False)
+        try:                         # the sizes Text.draw has just asked for (matplotlib's own cache)
+            from matplotlib.text import _get_text_metrics_with_cache
+            w, h, d = _get_text_metrics_with_cache(self, s, prop, False, self.dpi)
+        except (ImportError, TypeError):  # pragma: no cover - another matplotlib
+            w, h, d = super().get_text_width_height_descent(s, prop, False)
         margin = 3 + int(prop.get_size_in_points() * self.dpi / 72 * 0.3)
-        reach = int(math.ceil(math.hypot(w, h))) + margin    # covers any rotation about (x, y)
-        size = 2 * reach + 1
-        scratch = RendererAgg(size, size, self.dpi)
-        RendererAgg.draw_text(scratch, gc, reach + fx, reach + fy, s, prop, angle)
+        if angle == 0:               # the baseline at oy: ascent above it, descent below
+            ox, oy = margin, margin + math.ceil(h - d)
+            width, height = math.ceil(w) + 2 * margin, math.ceil(h) + 2 * margin + 1
+        else:                        # any rotation about (x, y)
+            ox = oy = math.ceil(math.hypot(w, h)) + margin
+            width = height = 2 * ox + 1
+        scratch = RendererAgg(width, height, self.dpi)
+        RendererAgg.draw_text(scratch, gc, ox + fx, oy + fy, s, prop, angle)
         pixels = np.asarray(scratch.buffer_rgba())             # rows top-down
         rows, cols = np.nonzero(pixels[..., 3])
         if rows.size == 0:
             return (0, 0, None)
         r0, r1, c0, c1 = rows.min(), rows.max() + 1, cols.min(), cols.max() + 1
-        return (int(c0) - reach, int(r0) - reach, pixels[r0:r1, c0:c1][::-1].copy())
+        return (int(c0) - ox, int(r0) - oy, pixels[r0:r1, c0:c1][::-1].copy())
 
 
 #: (width, height, dpi) -> the renderer the canvases of that size share
