@@ -316,8 +316,8 @@ class View:
 
     def forget(self) -> None:
         """Forget every structure drawn so far: the next redraw is what a first visit to a
-        structure costs (a figure that moves its axes to a new structure keeps them; the others
-        are built from scratch)."""
+        structure costs (the kept axes moved there, or built again where a figure cannot move
+        them, as for the MoE figure with other sizes)."""
         for fig in self.figs.values():
             parts = getattr(fig, "lesson10_parts", None)
             if parts is not None:
