@@ -143,15 +143,15 @@ def skeleton(fig, name: str) -> Parts | None:
     return parts if parts is not None and parts.name == name else None
 
 
-def structured(fig, name: str, key, size, build, restructure):
+def structured(fig, name: str, key, size, build, restructure, fits=None):
     """``(fig, parts)`` showing figure ``name`` at structure ``key``: the kept parts when ``fig``
     already shows it, else ``restructure(parts)`` moves a figure of that kind there, and a
-    figure of no kind first gets its axes from ``build(fig)`` (on ``fig`` cleared, or a new
-    Figure of ``size``)."""
+    figure of no kind (or whose axes ``fits(parts)`` says cannot move there) first gets its
+    axes from ``build(fig)`` (on ``fig`` cleared, or a new Figure of ``size``)."""
     parts = reuse(fig, name, key)
     if parts is None:
         parts = skeleton(fig, name)
-        if parts is None:
+        if parts is None or (fits is not None and not fits(parts)):
             fig = new_figure(fig, size, name)
             parts = build(fig)
         restructure(parts)

@@ -232,16 +232,9 @@ def moe(fig, *, E: int, Ne: int, k: int, T: int, skew: float, capacity_factor, s
     r, key = _moe_routing(E, Ne, k, T, skew, capacity_factor, seed)
     load, capacity = r["load_per_gpu"], r["capacity"]
     busiest = load.max()
-    parts = kit.reuse(fig, "moe_capacity", key)
-    if parts is None:
-        parts = kit.skeleton(fig, "moe_capacity")
-        if parts is None or parts.sizes != key[:-1]:          # other E, Ne, k or T: new axes
-            fig = kit.new_figure(fig, MOE_SIZE, "moe_capacity")
-            parts = _moe_build(fig, E, Ne, key[-1], key)
-        tops = key[-1]                                        # another y range: the same axes
-        parts.ax.set_ylim(-0.03 * tops[0], tops[0])
-        parts.bx.set_ylim(0, tops[1])
-        parts.restructured(key)
+    fig, parts = kit.structured(fig, "moe_capacity", key, MOE_SIZE, lambda fig: _moe_build(fig, E, Ne, key[-1], key),
+                                lambda parts: _moe_restructure(parts, key),
+                                fits=lambda parts: parts.sizes == key[:-1])   # other E, Ne, k or T: new axes
     flat, arrival, kept = r["experts"].ravel(), r["arrival"].ravel(), r["kept"].ravel()
     xy = np.column_stack([flat.astype(float), arrival])     # copy number y of its expert
     parts.computed.set_offsets(xy[kept])
@@ -261,6 +254,14 @@ def moe(fig, *, E: int, Ne: int, k: int, T: int, skew: float, capacity_factor, s
     parts.titles[1].set_text(f"max/mean load = {busiest / mean:.2f}" if mean > 0 else "no load")
     fig.moe_routing = r
     return fig
+
+
+def _moe_restructure(parts, key):
+    """Another y range: the same axes."""
+    tops = key[-1]
+    parts.ax.set_ylim(-0.03 * tops[0], tops[0])
+    parts.bx.set_ylim(0, tops[1])
+    parts.restructured(key)
 
 
 def _moe_build(fig, E, Ne, tops, key):
