@@ -10,6 +10,8 @@
 #                       skipped with a message where namespaces cannot be made)
 # make lint          : ruff and mypy (their settings: pyproject.toml)
 # make test-redteam  : the grader's batches of cheats, edge cases and seeds (minutes)
+# make test-loaded   : test-slow and test-redteam with every core kept busy by tests/cpu_hog.py
+#                      (no verdict may depend on the machine's speed; run it after touching a limit)
 # .ci/run runs lint and all five.
 PY      ?= python3
 VENV    := .venv
@@ -29,7 +31,7 @@ FAST    := -m "not slow and not ($(OTHER))"
 # (tests/conftest.py: the workers share one launch of the ranks)
 XDIST   := -n 2 --dist loadfile
 
-.PHONY: lab lint test test-slow test-redteam test-colab test-frontends test-grader test-multinode demo bench build clean
+.PHONY: lab lint test test-slow test-redteam test-loaded test-colab test-frontends test-grader test-multinode demo bench build clean
 
 PYENV_ROOT   ?= $(HOME)/.pyenv
 # (make test and make test-slow run these, the gradebook and the answer suites on 3.11; CI's 20 minutes
@@ -99,6 +101,14 @@ test-multinode: $(STAMP)
 # the grader's batches of hostile, edge and seed cases (each grades whole classes: minutes)
 test-redteam: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:randomly -m redteam tests
+
+# test-slow and test-redteam beside one busy process per core (tests/cpu_hog.py starts them and
+# always stops them); each step's seconds are printed; not a step of .ci/run (it is long)
+HOGS ?= $(shell nproc 2>/dev/null || echo 2)
+test-loaded: $(STAMP)
+	$(BIN)/python tests/cpu_hog.py --cpus $(HOGS) -- bash -c 'rc=0; for t in test-slow test-redteam; do \
+	    s=$$SECONDS; $(MAKE) --no-print-directory $$t || rc=1; \
+	    echo "== make $$t (under load): $$((SECONDS - s)) s"; done; exit $$rc'
 
 # the grader's tests where grading has no torch: the package itself with --no-deps
 .venv-py%/.installed: pyproject.toml Makefile
