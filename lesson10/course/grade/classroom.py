@@ -8,8 +8,9 @@ environment variable ``<ID>_RESULTS`` (the id in upper case), base64 of this JSO
      "tests": [{"name", "status": "pass" | "fail" | "error", "score", "max_score",
                 "message", "test_code", "filename"}, ...]}
 
-and posts the total as a notice annotation (v1 writes annotations, no check run: the
-workflow needs no ``checks: write``), which is where Classroom reads the points. Its log
+and writes the total, ``Points X/Y``, into the job's check run (v1 looks up the check run
+named ``run-autograding-tests`` and calls ``checks.update``: the workflow grants
+``checks: write``), which is where Classroom reads the points. Its log
 shows ``(tests passed / tests) x max_score``: every test here is worth one point (a part of
 a multi-point exercise, see :func:`one_point_tests`), so that log and Classroom's points
 agree. ``python -m lesson10 grade ... --classroom PATH`` writes it for one
