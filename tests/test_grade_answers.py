@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import test_checks_answers as T
+from redteam import clock
 
 from lesson10.course.grade import course, sandbox
 
@@ -73,8 +74,8 @@ def graded(tmp_path_factory):
         paths.append(folder / f"{nb_id}.ipynb")
     extra = [] if sandbox.probe() is None else ["--no-sandbox"]
     proc = subprocess.run([sys.executable, "-m", "lesson10", "grade", *map(str, paths), "--json",
-                           "-j", "2", "--exercise-timeout", "60", *extra],
-                          capture_output=True, text=True, timeout=900, cwd=tmp)
+                           "-j", "2", *clock.limits(cell=120, exercise=60, notebook=600), *extra],
+                          capture_output=True, text=True, timeout=clock.scaled(900), cwd=tmp)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     return {p.parent.name + ".ipynb": rep for p, rep in zip(paths, report["notebooks"])}, plan

@@ -5,7 +5,10 @@ Each case is a submission made by a small function from the course's own noteboo
 cheat targets, full marks for honest work, and faults cost only what they break (the other
 exercises, and the next students in the batch, keep their points). All cases are graded in
 ONE run of ``python -m lesson10 grade -j 2`` with short limits; three small runs beside it
-check the notebook's time limit and the grading without a sandbox. The grader runs with a
+check the notebook's time limit and the grading without a sandbox. The limits are set for an
+idle two-core machine and scaled by a calibration measured first (:mod:`redteam.clock`): a
+hang is a cell that never ends, so it is cut by any limit, and honest work fits the limits
+on a machine however slow or busy. The grader runs with a
 temporary copy of the package (PYTHONPATH), so whatever a submission might do to "the
 installed package" could only ever reach that copy, never this checkout.
 
@@ -41,6 +44,7 @@ import numpy as np
 import pytest
 from redteam import build as B
 from redteam import cells as C
+from redteam import clock
 
 pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
 
@@ -48,9 +52,11 @@ NB01, NB02, NB03, NB04, NB05 = ("01_sequence_parallel", "02_ring_attention", "03
                                 "04_ulysses", "05_moe_dispatch")
 COURSE = (NB01, NB02, NB03, NB04, NB05)
 SEED = 424242                       # the hidden cases' seed: fixed, so a failure replays
-LIMITS = ["--timeout", "8", "--exercise-timeout", "4", "--notebook-timeout", "120",
-          "--memory", "1"]
-RUN_TIMEOUT = 420                   # the batch must finish well within this (seconds)
+# cell, exercise and notebook limits (s) on the idle reference machine; scaled (redteam.clock)
+LIMITS = {"cell": 8, "exercise": 4, "notebook": 120}
+RUN_TIMEOUT = 420                   # the batch must finish well within this (s, scaled too)
+BATCH_WALL = 300                    # ... and within this (s, scaled): the hangs cost only limits
+SLOW_NOTEBOOK = 12                  # the notebook limit of the small run that must be cut (scaled)
 
 
 def _new_contract() -> bool:
@@ -580,6 +586,15 @@ def _left_behind(places, token: str) -> list[Path]:
     return out
 
 
+HANG = "import time\ntime.sleep(3600)"     # a cell that never ends within a test run
+
+
+def _checks_after(nb: dict, src: str) -> list[str]:
+    """The exercises whose check cells come after the code cell ``src``."""
+    srcs = [B.source(c) for c in nb["cells"] if c["cell_type"] == "code"]
+    return [ex for later in srcs[srcs.index(src) + 1:] for ex in B.checked(later)]
+
+
 def _grade(paths, tmp: Path, *extra, env=None) -> subprocess.Popen:
     """Start ``python -m lesson10 grade`` on ``paths`` (the package: the copy in tmp)."""
     env = dict(env or os.environ, PYTHONPATH=str(tmp / "install"), MPLBACKEND="Agg")
@@ -589,7 +604,7 @@ def _grade(paths, tmp: Path, *extra, env=None) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _finish(proc: subprocess.Popen, timeout: float = RUN_TIMEOUT) -> dict:
+def _finish(proc: subprocess.Popen, timeout: float) -> dict:
     t0 = time.monotonic()
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -664,20 +679,24 @@ def world(tmp_path_factory):
             (subs / c.name / fname).write_text(text)
     saved = tmp / "executed"
     runs = {}
+    limits = {"unit": clock.unit(), "run": clock.scaled(RUN_TIMEOUT), "batch": clock.scaled(BATCH_WALL),
+              "slow_notebook": clock.scaled(SLOW_NOTEBOOK)}
     try:
         t0 = time.monotonic()
-        batch = _grade(list(paths.values()), tmp, "-j", "2", *LIMITS, "--save-executed", str(saved),
-                       "--csv", str(tmp / "class.csv"))
-        # the notebook's own time limit: sleeping cells after the first check
-        slow = B.write(tmp / "slow" / "slow", f"{NB03}.ipynb", B.insert(
-            B.reduced(NB03), *["import time\ntime.sleep(2.5)"] * 6, after_check="causal_work"))
-        small = {"slow": _grade([slow], tmp, "--timeout", "5", "--notebook-timeout", "12")}
+        batch = _grade(list(paths.values()), tmp, "-j", "2", *clock.limits(**LIMITS), "--memory", "1",
+                       "--save-executed", str(saved), "--csv", str(tmp / "class.csv"))
+        # the notebook's own time limit: a cell after the first check that never ends, under a
+        # cell limit longer than the whole run (only the notebook's limit can cut it)
+        slow_nb = B.insert(B.reduced(NB03), HANG, after_check="causal_work")
+        slow = B.write(tmp / "slow" / "slow", f"{NB03}.ipynb", slow_nb)
+        small = {"slow": _grade([slow], tmp, "--timeout", "3600", "--timings",
+                                "--notebook-timeout", str(limits["slow_notebook"]))}
         honest = B.write(tmp / "plain" / "honest", f"{NB03}.ipynb", B.reduced(NB03))
         no_bwrap = dict(os.environ, PATH=_no_bwrap_path(tmp))
         small["refused"] = _grade([honest], tmp, env=no_bwrap)
         small["unsandboxed"] = _grade([honest], tmp, "--no-sandbox", env=no_bwrap)
-        runs = {k: _finish(p) for k, p in small.items()}
-        runs["batch"] = _finish(batch)
+        runs = {k: _finish(p, limits["run"]) for k, p in small.items()}
+        runs["batch"] = _finish(batch, limits["run"])
         runs["batch"]["wall"] = time.monotonic() - t0
         time.sleep(0.5)
         places = _host_places(tmp, ctx)
@@ -703,7 +722,8 @@ def world(tmp_path_factory):
     by = dict(zip(paths, batch["report"]["notebooks"]))
     for name, rep in by.items():                   # the report keeps the order it was given
         assert str(rep.get("path", rep.get("notebook"))).endswith(paths[name].name), (name, rep)
-    return {"runs": runs, "by": by, "ctx": ctx, "tmp": tmp, "saved": saved, "paths": paths,
+    return {"runs": runs, "limits": limits, "slow_cut": _checks_after(slow_nb, HANG), "by": by,
+            "ctx": ctx, "tmp": tmp, "saved": saved, "paths": paths,
             "contents": contents, "left": left, "alive": alive, "canary_alive": canary_alive,
             "network": list(listeners.got)}
 
@@ -765,7 +785,8 @@ def test_the_batch_finishes_in_time_with_exit_status_1(world):
     batch = world["runs"]["batch"]
     broken = {name: rep["error"] for name, rep in world["by"].items() if not rep["ok"]}
     assert batch["rc"] == 1 and not broken, (batch["rc"], broken, batch["stderr"][-2000:])
-    assert batch["wall"] < 300, f"the batch took {batch['wall']:.0f} s"
+    assert batch["wall"] < world["limits"]["batch"], (f"the batch took {batch['wall']:.0f} s",
+                                                      world["limits"])
     assert batch["report"]["seed"] == SEED
     assert len(batch["stderr"]) < 50_000               # student output stays out of the log
 
@@ -854,10 +875,17 @@ def test_notebook_time_limit_costs_only_what_it_cuts(world):
     run = world["runs"]["slow"]
     rep = run["report"]["notebooks"][0]
     got = {e["exercise"]: e for e in rep["exercises"]}
-    assert got["causal_work"]["passed"], rep
-    for ex in ("ring_time", "zigzag_positions"):
-        assert got[ex]["points"] == 0 and got[ex]["status"] in ("not judged", "timed out"), rep
-    assert run["waited"] < 60
+    cut = world["slow_cut"]                      # the checks after the cell that never ends
+    assert cut and "causal_work" not in cut and set(cut) < set(got), (cut, rep)
+    for ex, e in got.items():                    # the ones before it keep their points
+        if ex in cut:
+            assert e["points"] == 0 and e["status"] in ("not judged", "timed out"), rep
+        else:
+            assert e["passed"], rep
+    # cut by the notebook's limit (the cell's is an hour), soon after it passed
+    limit = world["limits"]["slow_notebook"]
+    assert limit <= rep["seconds"] < limit + clock.scaled(15), (rep["seconds"], world["limits"])
+    assert any("time limit" in note for note in rep["feedback"]), rep["feedback"]
 
 
 def test_without_bwrap_the_grader_refuses(world):

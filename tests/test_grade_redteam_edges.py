@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from redteam import build as B
+from redteam import clock
 
 from lesson10.course.grade import sandbox
 
@@ -126,9 +127,10 @@ def graded(request, tmp_path_factory):
                PYTHONPATH=os.pathsep.join([str(extra), str(B.ROOT)] + [p for p in os.environ.get(
                    "PYTHONPATH", "").split(os.pathsep) if p]))
     cmd = [sys.executable, "-m", "lesson10", "grade", *map(str, paths.values()), "--json",
-           "-j", str(request.param), "--timeout", "10", "--exercise-timeout", "5",
-           "--notebook-timeout", "90", "--memory", "1", "--timings"]
-    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+           "-j", str(request.param), *clock.limits(cell=10, exercise=5, notebook=90),
+           "--memory", "1", "--timings"]       # limits that follow the machine (redteam.clock)
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True,
+                          timeout=clock.scaled(900))
     assert proc.stdout, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     return {"rc": proc.returncode, "by": dict(zip(paths, report["notebooks"])),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from redteam import build as B
+from redteam import clock
 
 import lesson10
 from lesson10.course.grade import main, sandbox
@@ -117,9 +118,8 @@ def graded(tmp_path_factory):
     os.chdir(tmp)
     out = tmp / "report.json"
     try:
-        main([*paths, "--student-from", RX, "-j", "2", "--seed", "424242", "--timeout", "30",
-              "--exercise-timeout", "10", "--notebook-timeout", "300", "--output", str(out),
-              *extra])
+        main([*paths, "--student-from", RX, "-j", "2", "--seed", "424242",
+              *clock.limits(cell=30, exercise=10, notebook=300), "--output", str(out), *extra])
     finally:
         os.chdir(here)
     report = json.loads(out.read_text())

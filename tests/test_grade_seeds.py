@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import test_checks_answers as T
+from redteam import clock
 from test_grade_answers import _notebooks, _write
 
 from lesson10.course.grade import sandbox
@@ -61,9 +62,10 @@ def graded(tmp_path_factory):
         paths.append(folder / f"{nb_id}.ipynb")
     extra = [] if sandbox.probe() is None else ["--no-sandbox"]
     proc = subprocess.run([sys.executable, "-m", "lesson10", "grade", *map(str, paths), "--json",
-                           "-j", "2", "--exercise-timeout", "60", "--seed", str(SEED),
+                           "-j", "2", *clock.limits(cell=120, exercise=60, notebook=600),
+                           "--seed", str(SEED),
                            "--save-executed", str(tmp / "out"), *extra],
-                          capture_output=True, text=True, timeout=2400, cwd=tmp)
+                          capture_output=True, text=True, timeout=clock.scaled(2400), cwd=tmp)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     executed = {p.parent.name: p for p in (tmp / "out").rglob("*.ipynb")}
     return plan, executed
