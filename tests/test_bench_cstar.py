@@ -9,7 +9,9 @@ from lesson10.spmd.ring import ring_options
 
 pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
 
-BW, NBYTES = 50e6, 2_000_000          # 40 ms per transfer
+# 400 ms per transfer: the paced time dominates the real one (a few ms idle, tens of ms on a
+# slow, loaded machine), so the bounds below hold however fast the machine is
+BW, NBYTES = 5e6, 2_000_000
 
 RANK_JOBS = {"paced": lambda n: ("paced_ring", {"bandwidth": BW, "nbytes": NBYTES}),
              "syncs": lambda n: ("clock_syncs", {})}
@@ -49,7 +51,7 @@ def test_paced_link_takes_bytes_over_bandwidth_and_hides_behind_compute(rank_res
     out = rank_results(2, "paced")
     for r, res in enumerate(out):
         assert res["alone"] >= NBYTES / BW                 # not done before B / W
-        assert res["alone"] < 4 * NBYTES / BW               # and not much later (loaded machine)
+        assert res["alone"] < 2 * NBYTES / BW               # and not a second period later
         assert res["hidden_wait"] < 0.5 * NBYTES / BW       # compute covered the transfer
         assert res["received"] == 1 + (r - 1) % 2           # from rank r - 1
         sweep = res["sweep"]

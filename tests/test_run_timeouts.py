@@ -11,11 +11,10 @@ from lesson10.spmd.launch import check_peer_timeout, is_peer_error
 
 
 def test_the_watchdog_says_which_limit_was_hit_and_exits_4():
-    code = "from lesson10.runs.cli import start_watchdog\nimport time\nstart_watchdog(0.5, 3)\ntime.sleep(60)"
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    # the sleep outlasts any test run: only the watchdog can end it (however slow the start)
+    code = "from lesson10.runs.cli import start_watchdog\nimport time\nstart_watchdog(0.5, 3)\ntime.sleep(3600)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == run.TIMED_OUT == 4, proc.stderr
-    assert time.monotonic() - t0 < 30
     assert "rank 3" in proc.stderr and "--timeout 0.5 s" in proc.stderr, proc.stderr
 
 

@@ -280,14 +280,15 @@ def _failed_on_the_network_at_start(err: RankError) -> bool:
 
 
 # --------------------------------------------------------------- parent side
-def launch(fn, nprocs: int, *args, backend: str = "auto", timeout: float = 60.0,
+def launch(fn, nprocs: int, *args, backend: str = "auto", timeout: float = 300.0,
            threads: int | None = None, quiet: bool = False, peer_timeout: float | None = None,
            **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` in ``nprocs`` new ranks; return their results in rank order.
 
     ``backend``: ``"auto"`` | ``"gloo"`` | ``"nccl"`` (see :func:`choose_backend`).
-    ``timeout``: seconds for the whole run (process start included); past it every rank is
-    killed and :class:`LaunchTimeout` is raised. ``peer_timeout``: the process group's timeout,
+    ``timeout``: seconds for the whole run (start included; 300: room for notebook 06's 4 ranks
+    on 2 slow, busy cores); past it every rank is killed and :class:`LaunchTimeout` is raised.
+    ``peer_timeout``: the process group's timeout,
     how long one collective (or the start) waits for a peer before that rank raises (default
     ``timeout``). ``threads``: torch threads per rank (default ``cpu_count // nprocs``, at least
     1). ``quiet``: do not print the chosen backend. Tensors come back detached, on the CPU.
