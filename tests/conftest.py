@@ -65,8 +65,10 @@ class SharedLaunch:
             if shared.get("results") is not before:
                 path.write_bytes(pickle.dumps(shared["results"]))
 
-    def __call__(self, n: int, name: str, timeout: float = 240.0) -> list:
-        """Each rank's result of job ``name`` (``"module:name"``) on ``n`` ranks."""
+    def __call__(self, n: int, name: str, timeout: float = 1800.0) -> list:
+        """Each rank's result of job ``name`` (``"module:name"``) on ``n`` ranks. ``timeout``
+        only stops a hang (every module's jobs run in this one launch: minutes on a slow, busy
+        machine), so it is long."""
         from rank_workers import run_jobs
 
         from lesson10.spmd.launch import launch

@@ -172,7 +172,7 @@ print(json.dumps(out))
 
 def _freeze(python: Path) -> dict[str, str]:
     proc = subprocess.run([str(python), "-I", "-c", _FREEZE], check=True, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=600)
     return {_norm(name): line for name, line in json.loads(proc.stdout).items()}
 
 

@@ -33,9 +33,9 @@ def test_table_and_cli(rows):
     table = format_table(rows)
     assert table.count("\n") == len(rows) + 1
     out = subprocess.run([sys.executable, "-m", "lesson10", "demo"], capture_output=True, text=True,
-                         timeout=120)
+                         timeout=600)
     assert out.returncode == 0, out.stderr
     assert "worst error" in out.stdout and "ring zigzag" in out.stdout
     bad = subprocess.run([sys.executable, "-m", "lesson10", "nonsense"], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=600)
     assert bad.returncode == 2 and "unknown command" in bad.stderr

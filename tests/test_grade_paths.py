@@ -85,7 +85,7 @@ def test_gradescope_without_bwrap_runs_notebooks_as_an_unprivileged_user(tmp_pat
     ag = tmp_path / "autograder"
     out = tmp_path / "autograder.zip"
     assert subprocess.run([sys.executable, "-m", "lesson10", "gradescope", str(out)],
-                          capture_output=True, timeout=120).returncode == 0
+                          capture_output=True, timeout=600).returncode == 0
     (ag / "source").mkdir(parents=True)
     with zipfile.ZipFile(out) as zf:
         zf.extractall(ag / "source")

@@ -27,7 +27,7 @@ def bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("bundle") / "autograder.zip"
     assert subprocess.run([sys.executable, "-m", "lesson10", "gradescope", str(out),
                            "--timeout", "60"], capture_output=True, text=True,
-                          timeout=60).returncode == 0
+                          timeout=600).returncode == 0
     return out
 
 
@@ -140,7 +140,7 @@ def test_run_autograder_without_the_package_still_writes_results(bundle, tmp_pat
     root = _root(tmp_path, bundle)
     env = dict(os.environ, AUTOGRADER_ROOT=str(root), LESSON10_PYTHON="/bin/false")
     proc = subprocess.run(["bash", str(root / "run_autograder")], env=env, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=600)
     assert proc.returncode == 0
     doc = json.loads((root / "results" / "results.json").read_text())
     assert doc["score"] == 0 and "GRADER ERROR" in doc["output"]

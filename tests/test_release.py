@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def released(tmp_path_factory):
     folder = tmp_path_factory.mktemp("release") / "student-repo"
     proc = subprocess.run([sys.executable, "-m", "lesson10", "release", str(folder)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return folder
 
@@ -102,7 +102,7 @@ def test_writing_over_an_earlier_release_keeps_git_and_refuses_other_folders(tmp
 
 def test_release_warns_while_the_repository_and_ref_are_the_defaults(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lesson10", "release", str(tmp_path / "r")],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     repository, ref = repository_setting(ROOT)
     said = [line for line in proc.stderr.splitlines() if line.startswith("release: warning:")]

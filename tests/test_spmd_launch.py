@@ -26,7 +26,7 @@ from lesson10.spmd.launch import (
 )
 
 
-def _torchrun(*argv, timeout=120):
+def _torchrun(*argv, timeout=600):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     proc = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node", "2", *argv],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -267,7 +267,7 @@ def test_launch_from_a_script_read_from_stdin():
               "from lesson10.runs.workers import hello\n"
               "print(sorted(r['rank'] for r in launch(hello, 2, quiet=True)))\n")
     out = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("[0, 1]")
 

@@ -40,7 +40,7 @@ def shard_worker(cases, dim_cases):
 
 @pytest.fixture(scope="module")
 def all_results():
-    return launch(shard_worker, N, CASES, DIM_CASES, backend="gloo", timeout=60, quiet=True)
+    return launch(shard_worker, N, CASES, DIM_CASES, backend="gloo", timeout=600, quiet=True)
 
 
 @pytest.fixture(scope="module")
