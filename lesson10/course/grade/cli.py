@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from . import accounting, gradebook, outputs, sandbox, standin, store
+from . import accounting, adjust, gradebook, late, lms, outputs, overrides, sandbox, standin, store
 from .notebook import Options, grade_notebook
 from .submission_files import Helpers, helper_files, read_regular
 
@@ -68,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="the class: a CSV with a 'student' column, or one name a line. A "
                           "student on it with no notebook gets a row of 'missing'")
     _output_args(p)
+    _adjust_args(p)
     p.add_argument("--fail-under", type=float, default=None, metavar="PCT",
                    help="exit 0 when the score is at least PCT %% of the maximum, else 1")
     p.add_argument("-j", "--jobs", type=int, default=1, help="notebooks graded in parallel")
@@ -137,6 +138,49 @@ def _output_args(p: argparse.ArgumentParser) -> None:
                      help="keep no results folder (grade everything, keep nothing)")
 
 
+def _adjust_args(p: argparse.ArgumentParser) -> None:
+    """The instructor's adjustments (README "Overrides, late work and LMS exports")."""
+    a = p.add_argument_group("overrides, late work, LMS exports")
+    a.add_argument("--overrides", type=Path, default=None, metavar="FILE",
+                   help="overrides.csv: student,exercise,points,reason; each sets one "
+                        "student's points for one exercise, shown with its reason everywhere")
+    a.add_argument("--due", default=None, metavar="TIME",
+                   help="the due time, ISO 8601 (2026-03-01T23:59; local time without a zone): "
+                        "each row says which notebooks were late (Canvas' LATE_ mark, a time "
+                        "in the file name, else the file's time)")
+    a.add_argument("--late-penalty", default=None, metavar="PCT/UNIT",
+                   help="what lateness costs: PCT %% of the notebook's points per day or hour "
+                        "or part of one, e.g. 10/day or 2/hour (default: nothing)")
+    a.add_argument("--late-cap", type=float, default=None, metavar="PCT",
+                   help="the most a late notebook loses, in %% of its points (default 100)")
+    a.add_argument("--latest-on-time", action="store_true",
+                   help="of a student's copies of a notebook, grade the latest one handed in "
+                        "on time")
+    a.add_argument("--extensions", type=Path, default=None, metavar="FILE",
+                   help="a CSV student,extension (a time, or a length: 2d, 36h); the roster's "
+                        "'extension' or 'due' column is read too")
+    a.add_argument("--export", action="append", choices=lms.FORMATS, default=[],
+                   help="write an LMS gradebook import file keyed by the roster (canvas: "
+                        "sis_id; moodle: email) into --export-dir; needs --roster")
+    a.add_argument("--export-dir", type=Path, default=Path("."), metavar="DIR",
+                   help="where --export writes canvas-grades.csv / moodle-grades.csv "
+                        "(default: the current folder)")
+    a.add_argument("--assignment", default="lesson10", metavar="NAME",
+                   help="the assignment's column name in the LMS export (default lesson10)")
+
+
+def _adjustments(args, box) -> str | None:
+    """``args.adjust``: the adjustments of the options on top of those the results folder
+    keeps; the problem as one line, or None."""
+    try:
+        args.adjust = adjust.from_args(args, adjust.load(box.folder) if box is not None
+                                       else None)
+        lms.check(args.export, args.roster)
+    except (overrides.OverrideError, late.LateError, lms.ExportError) as exc:
+        return str(exc)
+    return None
+
+
 def _fail(message: str) -> int:
     print(f"grade: {message}", file=sys.stderr)
     return 2
@@ -197,11 +241,15 @@ def main(argv: list[str] | None = None) -> int:
         seed = _seed(args, box)
     except (store.StoreError, OSError) as exc:
         return _fail(str(exc))
+    problem = _adjustments(args, box)
+    if problem:
+        return _fail(problem)
     old = box.load_class() if box is not None else None
     if not args.notebooks:                       # the outputs of a results folder alone
         if old is None:
             return _fail(f"{args.results} holds no graded class (no class.json)")
         reports_all, plan_all = store.load(old, box)  # type: ignore[arg-type]
+        adjust.save(box.folder, args.adjust)  # type: ignore[union-attr]
         rows = outputs.write(args, plan_all, reports_all, seed, all(
             r.get("sandboxed", True) for r in reports_all))
         return exit_status(reports_all, args.fail_under, students=rows)
@@ -221,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = _plan(args, paths, contents, others, old)
     except (gradebook.PlanError, OSError) as exc:
         return _fail(str(exc))
+    adjust.note_times(args.adjust, paths)
+    late.choose_on_time(plan, args.adjust.policy, args.adjust.times)
     helpers = _helpers(plan, contents, args.student_from)
     keys = {it.path: store.key(contents[it.path], helpers[it.path], seed=seed,
                                notebook=it.notebook) for it in plan.graded}
@@ -235,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     root = _root(paths, others, old)
     doc = store.merge(old, store.class_doc(plan, keys, seed=seed, root=root))
     box.save_class(doc)
+    adjust.save(box.folder, args.adjust)
     reports_all, plan_all = store.load(doc, box)
     rows = outputs.write(args, plan_all, reports_all, seed, sandboxed, batch=(plan, results))
     return exit_status(reports_all, args.fail_under, students=rows)
@@ -345,7 +396,9 @@ def _one(args, opts: Options, item: gradebook.Item, contents, helpers, save=None
                              student=item.student)
     except Exception as exc:  # noqa: BLE001 - a grader bug: report it, go on
         from .notebook import notebook_report
-        rep = notebook_report(path, None, ok=False, sandboxed=opts.sandboxed,
+        # the plan knows which notebook it is: its row says "grader error" once, not
+        # "not a course notebook" and "missing"
+        rep = notebook_report(path, item.notebook, ok=False, sandboxed=opts.sandboxed,
                               error=f"grader error: {type(exc).__name__}: {exc}",
                               student=item.student)
     rep["seconds"] = round(time.monotonic() - start, 3)

@@ -46,6 +46,7 @@ def _blocks(row: dict, reports: list[dict], *, seed=None, sandboxed=None) -> lis
              f"{i['graded']}, chosen as {gradebook.COPY_RULE})." for i in row["ignored"]]
     notes += [f"Not a course notebook (scores nothing): {p}" for p in row["unknown"]]
     notes += [f"Not graded: {f['path']} ({f['reason']})" for f in row.get("not_graded", [])]
+    notes += _reports.lateness_lines(row)
     for rep in mine:
         if rep.get("error"):
             notes.append(f"GRADER ERROR in {rep['notebook']}: {rep['error']} (not your score: "

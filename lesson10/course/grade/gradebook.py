@@ -62,6 +62,8 @@ STATUSES = {
     "unreadable": "the notebook file could not be read",
     "not python": "the notebook's kernel is not Python",
     "grader error": "the grader or the machine failed: not the student's score",
+    "overridden": "the instructor set the points (overrides.csv; the reason is shown, the "
+                  "judge's verdict kept in the JSON)",
 }
 
 

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import classroom, feedback, gradebook, reports
+from . import adjust, classroom, feedback, gradebook, lms, reports, similarity
 
 #: options that name a file the grader writes, and those that name a folder
 FILE_OUTPUTS = ("output", "csv", "classroom", "gradescope", "junit", "markdown")
@@ -91,11 +91,13 @@ def write(args, the_plan, results: list[dict], seed: int, sandboxed: bool, *,
     ``results`` are the whole class (a results folder's, see :mod:`.store`); ``batch``,
     ``(plan, results)`` of the notebooks of this run, is what the one-student outputs
     (``--gradescope``, ``--classroom``) are written from."""
-    rows = gradebook.rows(results, the_plan)
+    adj = getattr(args, "adjust", None)
+    rows = adjust.apply(gradebook.rows(results, the_plan), adj)
     for row in rows:
         row["seed"] = seed
     doc = class_doc(results, rows, the_plan, seed=seed, sandboxed=sandboxed,
                     timings=getattr(args, "timings", False))
+    flags = extras(args, doc, rows, adj)
     text = json.dumps(doc, indent=1) + "\n"
     notes = [] if sandboxed else ["Not sandboxed: graded with --no-sandbox."]
     if args.output:
@@ -104,7 +106,7 @@ def write(args, the_plan, results: list[dict], seed: int, sandboxed: bool, *,
         args.csv.write_text(reports.class_csv(results, rows, seed=seed), encoding="utf-8")
     b_plan, b_results = batch if batch is not None else (the_plan, results)
     if args.gradescope or args.classroom:
-        b_rows = gradebook.rows(b_results, b_plan)
+        b_rows = adjust.apply(gradebook.rows(b_results, b_plan), adj)
         if args.gradescope:
             args.gradescope.write_text(reports.gradescope(b_results, b_rows, seed=seed,
                                                           sandboxed=sandboxed, notes=notes),
@@ -124,10 +126,29 @@ def write(args, the_plan, results: list[dict], seed: int, sandboxed: bool, *,
         feedback.write(args.feedback, rows, results, seed=seed, sandboxed=sandboxed)
     if getattr(args, "report", None):
         from .. import report as class_report
-        class_report.write(args.report, rows, results, seed=seed)
+        class_report.write(args.report, rows, results, seed=seed, flags=flags,
+                           folders=adj.folders if adj is not None else None)
     print(text if args.json else reports.table(results, rows, seed=seed),
           end="" if args.json else "\n")
     return rows
+
+
+def extras(args, doc: dict, rows: list[dict], adj) -> dict | None:
+    """The JSON's ``adjustments`` and ``similarity`` (flags for a person, computed when the
+    JSON or the report is written), and the LMS exports; returns the flags."""
+    if adj is not None:
+        doc["adjustments"] = adj.summary()
+    flags = None
+    if args.json or args.output or getattr(args, "report", None):
+        flags = similarity.flags(rows)
+        doc["similarity"] = flags
+    if getattr(args, "export", None):
+        notes = {r["student"]: adjust.describe(r) for r in rows if adjust.describe(r)}
+        _, warnings = lms.write(args.export_dir, args.export, rows, args.roster,
+                                args.assignment, notes)
+        for line in warnings:
+            print(f"grade: warning: {line}", file=sys.stderr)
+    return flags
 
 
 def annotate(folder: Path, rep: dict, seed: int) -> None:

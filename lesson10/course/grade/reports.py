@@ -12,6 +12,8 @@ import csv
 import io
 import json
 import re
+import socket
+import time
 from xml.sax.saxutils import escape, quoteattr
 
 from ...checks import EXERCISES
@@ -70,6 +72,11 @@ def table(reports: list[dict], students: list[dict] | None = None, seed=None) ->
                 notes.append(f"{len(r['unknown'])} unknown notebooks")
             if r.get("not_graded"):
                 notes.append(f"{len(r['not_graded'])} files not graded")
+            n_over = sum(1 for e in r["exercises"] if "override" in e)
+            if n_over:
+                notes.append(f"{n_over} overridden")
+            if r.get("late"):
+                notes.append(f"{len(r['late'])} late (-{sum(x['points_lost'] for x in r['late'])})")
             if r.get("on_roster") is False:
                 notes.append("not on the roster")
             if not r["ok"]:
@@ -79,6 +86,22 @@ def table(reports: list[dict], students: list[dict] | None = None, seed=None) ->
     if seed is not None:
         lines.append(f"\nseed: {seed} (replay with --seed {seed})")
     return "\n".join(lines)
+
+
+def lateness_lines(row: dict) -> list[str]:
+    """What a row's overrides and late notebooks say, one sentence each (every output)."""
+    out = [f"Override of {e['exercise']}: {e['points']}/{e['max_points']} (the judge gave "
+           f"{e['override']['judged_points']}): {e['override']['reason']}."
+           for e in row["exercises"] if "override" in e]
+    if "due" in row:
+        out.append(f"Due: {row['due']}.")
+    for item in row.get("late", []):
+        when = "late by an unknown time" if item["hours_late"] is None else \
+            f"{item['hours_late']:g} hours late"
+        out.append(f"Late: {item['file']} ({item['notebook']}) was handed in {when} "
+                   f"({item['source']}): -{item['percent']:g}% of its points, "
+                   f"{item['points_lost']} points.")
+    return out
 
 
 def md_cell(text, limit: int = 700) -> str:
@@ -113,6 +136,7 @@ def markdown(reports: list[dict], students: list[dict] | None = None, *, seed=No
                  f"{i['graded']})" for i in r["ignored"]]
         extra += [f"not a course notebook: {p}" for p in r["unknown"]]
         extra += [f"not graded: {f['path']} ({f['reason']})" for f in r.get("not_graded", [])]
+        extra += lateness_lines(r)
         if extra:
             lines += [""] + [f"- {md_cell(x)}" for x in extra]
         lines.append("")
@@ -128,18 +152,22 @@ def class_csv(reports: list[dict], students: list[dict] | None = None, seed=None
     course's order, every exercise whatever the batch holds), then ``<exercise> status`` per
     exercise (passed, failed, not attempted, check removed, missing, ...:
     :data:`lesson10.course.grade.gradebook.STATUSES`), ``missing`` (the notebooks not handed in),
+    ``late`` (each late notebook: how late, from which mark, the penalty; :mod:`.late`),
+    ``adjustments`` (overrides with their reasons, then lateness: :func:`.adjust.describe`),
     ``seed``, and last ``total`` and ``max`` (the course maximum, the same in every row)."""
+    from . import adjust, late
     rows = gradebook.rows(reports) if students is None else students
     cols = list(EXERCISES)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["student"] + cols + [f"{c} status" for c in cols]
-                    + ["missing", "seed", "total", "max"])
+                    + ["missing", "late", "adjustments", "seed", "total", "max"])
     for r in rows:
         got = {e["exercise"]: e for e in r["exercises"]}
         writer.writerow([r["student"]] + [got[c]["points"] for c in cols]
                         + [got[c]["status"] for c in cols]
-                        + [" ".join(r["missing"]), "" if seed is None else seed,
+                        + [" ".join(r["missing"]), late.describe_row(r), adjust.describe(r),
+                           r.get("seed", "" if seed is None else seed),
                            r["points"], r["max_points"]])
     return out.getvalue()
 
@@ -174,7 +202,10 @@ def gradescope(reports: list[dict], students: list[dict] | None = None, *, seed=
            "extra_data": {"seed": seed, "sandboxed": sandboxed, "student": row["student"],
                           "notebooks": row["notebooks"], "missing": row["missing"],
                           "not_graded": row.get("not_graded", []),
-                          "unknown": row["unknown"]}}
+                          "unknown": row["unknown"], "late": row.get("late", []),
+                          "due": row.get("due"),
+                          "overrides": {e["exercise"]: e["override"] for e in row["exercises"]
+                                        if "override" in e}}}
     return json.dumps(doc, indent=1) + "\n"
 
 
@@ -198,6 +229,7 @@ def overview(reports: list[dict], row: dict, *, seed=None, sandboxed=None, notes
         lines.append(f"Not graded: {f['path']} ({f['reason']}).")
     if row["missing"]:
         lines.append("Missing (0 points each): " + ", ".join(row["missing"]) + ".")
+    lines += lateness_lines(row)
     for rep in reports:
         if rep.get("error"):
             lines.append(f"GRADER ERROR in {rep['notebook']}: {rep['error']}. This is not your "
@@ -231,6 +263,8 @@ def _junit_case(e: dict, classname: str, t: float) -> list[str]:
         kind = re.sub(r"\W", "", e["status"].title()) or "Failed"
         lines.append(f"      <failure message={quoteattr(_xml(e['status']))} "
                      f"type={quoteattr(kind)}>{msg}</failure>")
+    elif "override" in e:                        # full marks by override: say so all the same
+        lines.append(f"      <system-out>{msg}</system-out>")
     return lines + ["    </testcase>"]
 
 
@@ -242,8 +276,11 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
     ``<failure>``, a grader error an ``<error>``, and ``failures``/``errors`` count exactly
     those. The attributes and elements are those the common JUnit schemas ask for."""
     suites: list[tuple] = []
-    for rep in reports:
-        cases = [(e, None) for e in rep["exercises"]]
+    adjusted = {(row["student"], row["notebooks"].get(e["notebook"]), e["exercise"]): e
+                for row in students or [] for e in row["exercises"]}
+    for rep in reports:          # the rows' entries: overrides and late penalties included
+        cases = [(adjusted.get((rep["student"], rep["notebook"], e["exercise"]), e), None)
+                 for e in rep["exercises"]]
         if not cases and not rep["ok"]:
             cases = [({"exercise": "(notebook)", "status": "grader error", "passed": False,
                        "message": rep.get("error") or "the grader failed"}, None)]
@@ -254,9 +291,7 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
         for nid in row["missing"]:
             cases = [(e, None) for e in row["exercises"] if e["notebook"] == nid]
             suites.append((f"{row['student']}: {nid}", row["student"], nid, "", cases, 0.0, None))
-    import socket
-    import time as _time
-    timestamp = timestamp or _time.strftime("%Y-%m-%dT%H:%M:%S", _time.localtime())
+    timestamp = timestamp or time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
     host = quoteattr(_xml(socket.gethostname() or "localhost"))
     parts = []
     n_tests = n_fail = n_err = 0
