@@ -764,3 +764,27 @@ def aux_float32(probs, experts, alpha=1e-2):           # right: in float32
     N, E = probs.shape
     f = np.bincount(experts.ravel(), minlength=E).astype(np.float32) / np.float32(experts.size)
     return np.float32(alpha) * np.float32(E) * (f @ probs.astype(np.float32).mean(axis=0))
+
+
+# --------------------------------------------------------------------------- issue 30: the edges
+def route_mean_shift(logits, k):         # the softmax shifted by the mean of the chosen logits
+    z = np.asarray(logits, dtype=float)
+    experts = np.argsort(-z, axis=1, kind="stable")[:, :k]
+    chosen = np.take_along_axis(z, experts, axis=1)
+    with np.errstate(all="ignore"):
+        w = np.exp(chosen - chosen.mean(axis=1, keepdims=True))
+        return experts, w / w.sum(axis=1, keepdims=True)
+
+
+def cap_float32(experts, E, capacity_factor):   # C from np.float32(capacity_factor)
+    experts = np.asarray(experts)
+    N, k = experts.shape
+    if capacity_factor is None:
+        return np.ones((N, k), dtype=bool)
+    C = math.ceil(np.float32(capacity_factor) * k * N / E)
+    seen, keep = np.zeros(E, dtype=int), np.zeros((N, k), dtype=bool)
+    for t in range(N):
+        for j in range(k):
+            keep[t, j] = seen[experts[t, j]] < C
+            seen[experts[t, j]] += 1
+    return keep

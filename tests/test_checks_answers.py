@@ -50,9 +50,10 @@ RIGHT = {
 WRONG = {
     "reduce_scatter": [a1.rs_wrong_axis, a1.rs_no_sum, a1.rs_strided, a1.rs_in_place,
                        a1.rs_reversed, a1.rs_mean, a1.rs_one_array, a1.rs_int_accumulator,
-                       a1.rs_int_accumulator_cast],
+                       a1.rs_int_accumulator_cast, a1.rs_reduce_alias],
     "all_gather": [a1.ag_ring_order, a1.ag_wrong_axis, a1.ag_one_array, a1.ag_interleaved,
-                   a1.ag_reversed, a1.ag_no_gather, a1.ag_stack, a1.ag_overwrites],
+                   a1.ag_reversed, a1.ag_no_gather, a1.ag_stack, a1.ag_overwrites,
+                   a1.ag_one_rank_shortcut],
     "sp_forward": [a1.sp_op_before_sum, a1.sp_is_tp, a1.sp_no_gather, a1.sp_in_place,
                    a1.sp_per_token, a1.sp_op_per_block, a1.sp_ring_gather,
                    a1.sp_sums_itself, a1.sp_sums_itself_for_show],
@@ -62,9 +63,10 @@ WRONG = {
     "block_attention": [a1.attn_no_mask, a1.attn_row_mask, a1.attn_nan_rows, a1.attn_strict,
                         a1.attn_no_shift, a1.attn_finite_mask, a1.attn_scale_d,
                         a1.attn_lse_no_max, a1.attn_default_false, a1.attn_no_scale,
-                        a1.attn_softmax_over_queries],
+                        a1.attn_softmax_over_queries, a1.attn_max_all_keys],
     "merge": [a1.merge_no_shift, a1.merge_no_inf_guard, a1.merge_average, a1.merge_unnormalised,
-              a1.merge_lse_max, a1.merge_swapped, a1.merge_into_o1, a1.merge_lse_no_m],
+              a1.merge_lse_max, a1.merge_swapped, a1.merge_into_o1, a1.merge_lse_no_m,
+              a1.merge_tie_keeps_first],
     "ring_attention": [a1.make_ring(causal_override=False),           # ignores the causal mask
                        a1.make_ring(row_mask=True),                   # row numbers, not positions
                        a1.make_ring(rounds=lambda n: 1),              # forgets the ring: no shift
@@ -123,7 +125,7 @@ WRONG = {
     "route_topk": [a4.route_softmax_all, a4.route_smallest, a4.route_gates_not_following,
                    a4.route_sorted_by_id, a4.route_float_ids, a4.route_best_repeated,
                    a4.route_no_shift, a4.route_linear_gates, a4.route_shift_in_place,
-                   a4.route_by_probs],
+                   a4.route_by_probs, a4.route_mean_shift],
     "capacity": [a4.make_capacity(rounding=np.floor), a4.make_capacity(strict=False),
                  a4.make_capacity(token_major=False),
                  a4.make_capacity(rounding=lambda x: math.floor(x) + 1),   # floor + 1: C + 1 at integers
@@ -131,7 +133,8 @@ WRONG = {
                  a4.make_capacity(as_int=True), a4.make_capacity(forget_k=True),
                  a4.make_capacity(reverse=True), a4.cap_no_none,
                  a4.make_capacity(rounding=math.ceil, reverse=True),   # float C, last copies first
-                 a4.make_capacity(rounding=math.ceil, token_major=False)],   # float C, by choice
+                 a4.make_capacity(rounding=math.ceil, token_major=False),    # float C, by choice
+                 a4.cap_float32],
     "moe_stats": [a4.make_moe_stats(count_dropped=True), a4.make_moe_stats(count_local=True),
                   a4.make_moe_stats(combine=False), a4.make_moe_stats(load_before_drop=True),
                   a4.make_moe_stats(minlength=False), a4.make_moe_stats(gpu_of_expert="modulo"),
@@ -155,6 +158,7 @@ HINTS = {
     ('reduce_scatter', 6): 'each rank keeps only its own block of the summed',
     ('reduce_scatter', 7): 'the accumulator has an integer dtype',
     ('reduce_scatter', 8): 'the accumulator has an integer dtype',
+    ('reduce_scatter', 9): 'aliasing: a result that is (or is a view of) an input',
     ('all_gather', 0): "rank r's tensor starts with its own shard",
     ('all_gather', 1): 'your gathered tensor has shape',
     ('all_gather', 2): 'every rank ends with its own copy of the full te',
@@ -163,6 +167,7 @@ HINTS = {
     ('all_gather', 5): 'every rank returns its own shard',
     ('all_gather', 6): 'your gathered tensor has shape',
     ('all_gather', 7): 'leave the inputs as they are',
+    ('all_gather', 8): 'aliasing: a result that is (or is a view of) an input',
     ('sp_forward', 0): 'op is not linear',
     ('sp_forward', 1): 'reach a rank only through the reduce_scatter',
     ('sp_forward', 2): 'one all-gather',
@@ -191,6 +196,7 @@ HINTS = {
     ('block_attention', 8): 'your output ignores the causal mask',
     ('block_attention', 9): 'your scores are not scaled',
     ('block_attention', 10): 'go through the formulas above',
+    ('block_attention', 11): 'your row maximum includes the masked keys',
     ('merge', 0): 'your merge has no max shift',
     ('merge', 1): 'NaN where both sides saw no key',
     ('merge', 2): 'you averaged the two outputs',
@@ -199,6 +205,7 @@ HINTS = {
     ('merge', 5): "each weight multiplies the other side's output",
     ('merge', 6): 'leave the inputs as they are',
     ('merge', 7): 'your lse misses the m you subtracted',
+    ('merge', 8): 'where lse1 == lse2 your merge keeps side 1',
     ('ring_attention', 0): 'causal=True was passed',
     ('ring_attention', 1): "a key block's positions travel with it",
     ('ring_attention', 2): 'reach a rank only through group.ring_shift',
@@ -301,6 +308,7 @@ HINTS = {
     ('route_topk', 7): 'your gates look like the chosen logits divided b',
     ('route_topk', 8): 'leave the inputs as they are',
     ('route_topk', 9): 'softmax probabilities underflow to 0',
+    ('route_topk', 10): 'as a softmax shifted by the mean of the chosen logits',
     ('capacity', 0): 'your experts keep 22 copies',
     ('capacity', 1): 'your experts keep one copy more than C = 9',
     ('capacity', 2): 'your queue serves choice by choice',
@@ -312,6 +320,7 @@ HINTS = {
     ('capacity', 8): 'the traceback shows the line of your code that r',
     ('capacity', 9): 'your queue serves the last copies first',
     ('capacity', 10): 'your queue serves choice by choice',
+    ('capacity', 11): 'computed from float32(',
     ('moe_stats', 0): 'your bytes count the dropped copies',
     ('moe_stats', 1): 'your bytes count the copies whose expert is on t',
     ('moe_stats', 2): 'your bytes count the dispatch only',

@@ -1,5 +1,5 @@
 """Partial credit: a multi-point exercise scores per part (the ring's non-causal and causal
-cases, capacity without and with drops), each part's verdict and message reach the
+cases, capacity's copies per expert and which copies), each part's verdict and message reach the
 feedback, and GitHub Classroom gets one test of one point per part."""
 import json
 from pathlib import Path
@@ -30,7 +30,8 @@ def test_every_multi_point_exercise_names_its_parts():
         if ex.points > 1:
             assert ex.parts and sum(p for _, p in ex.parts) == ex.points, ex.id
     assert [p for p, _ in EXERCISES["ring_attention"].parts] == ["non-causal", "causal"]
-    assert [p for p, _ in EXERCISES["capacity"].parts] == ["without drops", "with drops"]
+    assert [p for p, _ in EXERCISES["capacity"].parts] == ["copies kept per expert",
+                                                           "which copies are dropped"]
 
 
 def test_in_part_selects_and_counts():
@@ -49,12 +50,12 @@ def graded(tmp_path_factory):
     ring = _reduced("02_ring_attention.ipynb",
                     lambda s: s.replace("positions[r], k_pos, causal)", "positions[r], k_pos, False)"))
     (sub / "02_ring_attention.ipynb").write_text(json.dumps(ring))
-    # capacity keeps everything (right where nothing is dropped, wrong where copies are)
+    # capacity serves choice by choice (the right count per expert, not the right copies)
     cap = _reduced("05_moe_dispatch.ipynb", lambda s: s.replace(
-        "def capacity_keep(experts, E, capacity_factor):",
-        "def capacity_keep(experts, E, capacity_factor):\n"
-        "    return np.ones(np.shape(experts), dtype=bool)\n"
-        "def _unused(experts, E, capacity_factor):"))
+        "    for t in range(N):                        # first come, first served\n"
+        "        for j in range(k):\n",
+        "    for j in range(k):\n"
+        "        for t in range(N):\n"))
     (sub / "05_moe_dispatch.ipynb").write_text(json.dumps(cap))
     out = base / "out"
     status = main([str(sub), "--student", "ann", "--seed", "9", "-j", "2", "--no-results",
@@ -72,7 +73,8 @@ def test_a_part_right_scores_its_point(graded):
     assert got == {"non-causal": ("passed", 1), "causal": ("failed", 0)}
     assert ring["mistake"] == "ring_attention: attention without the causal mask"
     cap = graded["entries"]["capacity"]
-    assert {p["part"]: p["points"] for p in cap["parts"]} == {"without drops": 1, "with drops": 0}
+    assert {p["part"]: p["points"] for p in cap["parts"]} == {"copies kept per expert": 1,
+                                                              "which copies are dropped": 0}
     assert cap["points"] == 1
 
 
@@ -80,7 +82,8 @@ def test_each_part_reaches_the_feedback(graded):
     md = (graded["out"] / "fb" / "ann.md").read_text()
     assert "### ring_attention: failed (1/2)" in md
     assert "non-causal: passed (1/1)" in md and "causal: failed (0/1)" in md
-    assert "with drops: failed (0/1)" in md and "without drops: passed (1/1)" in md
+    assert "which copies are dropped: failed (0/1)" in md
+    assert "copies kept per expert: passed (1/1)" in md
 
 
 def test_classroom_gets_one_point_per_part(graded):

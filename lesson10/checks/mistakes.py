@@ -205,6 +205,10 @@ def block_attention_mistake(q, k, v, q_pos, k_pos, causal, causal_passed, out) -
          lambda: attention(q / np.sqrt(d), k, v, causal=causal, q_pos=q_pos, k_pos=k_pos)),
         ("your scores are not scaled: attention divides q.k by sqrt(d)",
          lambda: attention(q * np.sqrt(d), k, v, causal=causal, q_pos=q_pos, k_pos=k_pos)),
+        ("your row maximum includes the masked keys: with a masked key far above the visible "
+         "ones, exp(score - max) underflows to 0 for every key the query sees (out 0, lse "
+         "-inf); the maximum to subtract is over the keys the query may see",
+         lambda: max_over_all_keys(q, k, v, q_pos, k_pos) if causal else None),
     ]
     found = first([o, lse], [(text, lambda m=make: None if (c := m()) is None or
                               same(list(c), [ref_o, ref_l]) else list(c)) for text, make in cands])
@@ -231,6 +235,24 @@ def block_attention_mistake(q, k, v, q_pos, k_pos, causal, causal_passed, out) -
     return None
 
 
+def max_over_all_keys(q, k, v, q_pos, k_pos):
+    """(out, lse) of causal attention whose softmax subtracts the row maximum over every key,
+    the masked ones too."""
+    x = np.einsum("iad,jad->aij", q, k) / np.sqrt(q.shape[-1])
+    m = x.max(-1, keepdims=True)
+    with np.errstate(all="ignore"):
+        p = np.where(np.asarray(k_pos)[None, None, :] <= np.asarray(q_pos)[None, :, None],
+                     np.exp(x - m), 0.0)
+        tot = p.sum(-1)
+        lse = np.where(tot > 0, np.log(np.where(tot > 0, tot, 1.0)) + m[..., 0], -np.inf)
+        out = np.einsum("aij,jad->iad", p / np.where(tot > 0, tot, 1.0)[..., None], v)
+    return out, lse.T
+
+
+_NO_SHIFT = ("your merge has no max shift: exp overflows (or underflows to 0) at lse = {}; "
+             "subtract the larger of the two lse before exp")
+
+
 def merge_mistake(o1, l1, o2, l2, out) -> str | None:
     try:
         o, lse = (np.asarray(x, dtype=float) for x in out)
@@ -244,18 +266,25 @@ def merge_mistake(o1, l1, o2, l2, out) -> str | None:
     with np.errstate(all="ignore"):
         top = np.maximum(l1, l2)
         if (np.isnan(lse) | np.isnan(o).any(-1))[both].any():
-            return ("NaN where both sides saw no key: the shift is then -inf, and -inf - (-inf) "
-                    "is NaN; two empty sides merge to o = 0, lse = -inf")
+            unshifted = np.log(np.exp(l1) + np.exp(l2))       # a merge without the max shift
+            plain = (np.exp(l1 - unshifted)[..., None] * o1 + np.exp(l2 - unshifted)[..., None] * o2,
+                     unshifted)
+            return Diagnosis(["NaN where both sides saw no key: the shift is then -inf, and "
+                              "-inf - (-inf) is NaN; two empty sides merge to o = 0, lse = -inf"]
+                             + ([_NO_SHIFT.format(800)] if same([o, lse], list(plain)) else []))
         bad = ~(np.isfinite(lse) | both) | ~np.isfinite(o).all(-1)
         if bad.any():
             big = float(np.abs(top[bad & np.isfinite(top)]).max()) if (bad & np.isfinite(top)).any() \
                 else 0.0
             if big > 300:
-                return (f"your merge has no max shift: exp overflows (or underflows to 0) at lse = "
-                        f"{big:.0f}; subtract the larger of the two lse before exp")
+                return _NO_SHIFT.format(f"{big:.0f}")
         m = np.where(np.isfinite(top), top, 0.0)
         w1, w2 = np.exp(l1 - m), np.exp(l2 - m)
+    tie = (l1 == l2) & np.isfinite(l1)
     cands = [
+        ("where lse1 == lse2 your merge keeps side 1: two sides of equal mass weigh 1/2 each "
+         "(and the lse grows by log 2); a guard for two empty sides must ask for -inf, not for "
+         "equal lse", lambda: (np.where(tie[..., None], o1, ref_o), None)),
         ("you averaged the two outputs: each side's weight is its share of the probability mass, "
          "exp(lse_i - lse)", lambda: ((o1 + o2) / 2, None)),
         ("each weight multiplies the other side's output: exp(lse1 - lse) belongs to o1",

@@ -55,6 +55,35 @@ def _one_per_rank(exercise, out, where, shape, hint):
               f"with one {shape} array per rank", show=False, hint=hint)
 
 
+_ALIAS_HINT = ("aliasing: a result that is (or is a view of) an input array changes when the "
+               "caller changes that input, and the other way round; at t = 1 the sum or the "
+               "gather of one shard holds the same values as the shard, but the notebook's "
+               "rule holds there too: build new arrays for your results (a copy where "
+               "nothing else creates one)")
+
+
+def aliased(out, inputs, name, where) -> str | None:
+    """What a returned array shares memory with among the caller's ``inputs`` (the arrays
+    ``name[i]``), as the text of a failure, or None: the exercise asks for new arrays, at
+    t = 1 too. The check reports it after the values (a wrong value is the clearer lead)."""
+    try:
+        results = [o for o in out if isinstance(o, np.ndarray)]
+    except TypeError:
+        return None
+    for r, o in enumerate(results):
+        for i, x in enumerate(inputs):
+            if isinstance(x, np.ndarray) and np.shares_memory(o, x):
+                return (f"{where}: the result of rank {r} is your input {name}[{i}] itself (it "
+                        f"shares its memory), not a new array")
+    return None
+
+
+def refuse_aliases(exercise, found) -> None:
+    """Fail with the first aliasing that :func:`aliased` found, if any."""
+    if found:
+        fail_check(exercise, "", found[0], show=False, hint=_ALIAS_HINT)
+
+
 def reduce_scatter_dtype_mistake(xs, out) -> str | None:
     """An integer accumulator: float partials summed into an integer array (every sum cut
     to a whole number), whether the result stays integer or is converted back."""
@@ -106,7 +135,7 @@ def check_reduce_scatter(reduce_scatter, rng):
     """``reduce_scatter(xs) -> list``: ``xs[r]`` is rank r's ``(s, h)`` partial sum; rank i
     must get the sum over ranks of rows ``i*s/t .. (i+1)*s/t - 1``."""
     from ..sim.comm import SimGroup
-    err, cases, run = 0.0, _cases(rng), Cases("reduce_scatter")
+    err, cases, run, alias = 0.0, _cases(rng), Cases("reduce_scatter"), []
     for where, t, _c, _h, xs in cases:
         with run.case():
             target = SimGroup(t).reduce_scatter([x.astype(float) for x in xs], axis=0)
@@ -116,8 +145,11 @@ def check_reduce_scatter(reduce_scatter, rng):
             err = max(err, compare_shards(
                 "reduce_scatter", out, target, where=where, what="the summed shard",
                 axes=("token", "hidden"), hint=_rs_hint(xs, out)))
+            alias += [a for a in [aliased(out, xs, "xs", where)] if a]
     run.verdict()
-    return f"{len(cases)} cases (t = 1..5, c = 1..4, integer inputs), max error {err:.1e}"
+    refuse_aliases("reduce_scatter", alias)
+    return (f"{len(cases)} cases (t = 1..5, c = 1..4, integer inputs; new arrays, at t = 1 "
+            f"too), max error {err:.1e}")
 
 
 @register_exercise("all_gather", NB01, 1, "all-gather along the sequence")
@@ -125,7 +157,7 @@ def check_all_gather(all_gather, rng):
     """``all_gather(shards) -> list``: every rank gets the ``t`` shards concatenated in
     rank order along the sequence axis."""
     from ..sim.comm import SimGroup
-    err, cases, run = 0.0, _cases(rng), Cases("all_gather")
+    err, cases, run, alias = 0.0, _cases(rng), Cases("all_gather"), []
     for where, t, c, _h, xs in cases:
         with run.case():
             shards = [x[:c].copy() for x in xs]
@@ -136,8 +168,11 @@ def check_all_gather(all_gather, rng):
             err = max(err, compare_shards(
                 "all_gather", out, target, where=where, what="the gathered tensor",
                 axes=("token", "hidden"), hint=_ag_hint(shards, out)))
+            alias += [a for a in [aliased(out, shards, "shards", where)] if a]
     run.verdict()
-    return f"{len(cases)} cases (t = 1..5, c = 1..4): every rank holds all tokens in rank order"
+    refuse_aliases("all_gather", alias)
+    return (f"{len(cases)} cases (t = 1..5, c = 1..4; new arrays, at t = 1 too): every rank "
+            f"holds all tokens in rank order")
 
 
 _SP_CALL = "sp_forward(partials, op, reduce_scatter=..., all_gather=...)"

@@ -44,6 +44,22 @@ def _large_qk(rng, sq, sk, a, d):
     return q, k
 
 
+_HIDDEN_ABOVE = "masked keys far above the visible ones (scores +1000 masked, -1000 visible)"
+
+
+def _hidden_above(rng, q_pos, k_pos, a, d):
+    """q, k where every query sees only the keys before all queries, at scores of about
+    -1000, while the keys it may not see score about +1000: a row maximum taken over all
+    keys, masked ones too, makes every visible exp(score - max) underflow to 0."""
+    u = rng.standard_normal((a, d))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    amp = np.sqrt(1000.0 * np.sqrt(d))
+    sign = np.where(k_pos < q_pos.min(), -1.0, 1.0)
+    q = rng.uniform(0.95, 1.05, size=(len(q_pos), 1, 1)) * amp * u[None]
+    k = (sign * rng.uniform(0.95, 1.05, size=len(k_pos)))[:, None, None] * amp * u[None]
+    return q, k
+
+
 def _block_cases(rng, n_random=8):
     """(kind, sq, sk, a, d, causal) of the fixed cases, then the random batch."""
     fixed = [("random positions, causal", 3, 5, 2, 4, True),
@@ -55,7 +71,8 @@ def _block_cases(rng, n_random=8):
              ("diagonal block: keys at the same positions as the queries", 4, 4, 2, 3, True),
              ("integer-valued q, k, v", 3, 4, 2, 2, True),
              ("one query, uneven sizes", 1, 6, 3, 5, True),
-             ("causal not passed (default True)", 5, 3, 2, 3, None)]
+             ("causal not passed (default True)", 5, 3, 2, 3, None),
+             (_HIDDEN_ABOVE, 3, 5, 2, 3, True)]
     rand = []
     for _ in range(n_random):
         big = rng.random() < 0.25
@@ -75,8 +92,9 @@ def check_block_attention(block_attention, rng):
         with run.case():
             err = max(err, _block_case(block_attention, rng, kind, sq, sk, a, d, causal))
     run.verdict()
-    return (f"{len(cases)} cases (shuffled positions, empty rows, scores of +-1000, a diagonal "
-            f"block, integer-valued inputs, not causal), max error {err:.1e}")
+    return (f"{len(cases)} cases (shuffled positions, empty rows, scores of +-1000, masked keys "
+            f"far above the visible ones, a diagonal block, integer-valued inputs, not causal), "
+            f"max error {err:.1e}")
 
 
 def _block_case(block_attention, rng, kind, sq, sk, a, d, causal) -> float:
@@ -99,7 +117,11 @@ def _block_case(block_attention, rng, kind, sq, sk, a, d, causal) -> float:
         k_pos = q_pos.copy()                   # key == query is visible (<=, not <)
     if kind.startswith("integer"):
         q_pos, k_pos = np.arange(sq) + sk, np.arange(sk)   # every query sees every key
+    if kind == _HIDDEN_ABOVE:               # keys 0, 1 seen by every query, 5.. by none
+        q_pos, k_pos = np.arange(sq) + 2, np.r_[0, 1, np.arange(sk - 2) + sq + 2]
     q_pos, k_pos = rng.permutation(q_pos), rng.permutation(k_pos)   # any order must work
+    if kind == _HIDDEN_ABOVE:
+        q, k = _hidden_above(rng, q_pos, k_pos, a, d)
     o_t, l_t = attention(q, k, v, causal=causal is not False, q_pos=q_pos, k_pos=k_pos)
     args = (q, k, v, q_pos, k_pos) + (() if causal is None else (causal,))
     out = run_student("block_attention", block_attention, ("q", "k", "v", "q_pos", "k_pos"), *args)
@@ -119,7 +141,8 @@ def _merge_cases(rng, n_random=8):
     fixed = ["ordinary", "large lse (about +800)", "small lse (about -800)",
              "lse1 about +800, lse2 about -800", "lse near +-1000, the sign per row",
              "one side saw no key (lse -inf)",
-             "both sides saw no key in some rows", "integer-valued o1, o2"]
+             "both sides saw no key in some rows", "integer-valued o1, o2",
+             "equal finite lse on both sides (each side weighs 1/2)"]
     return fixed + [f"random {i}" for i in range(n_random)]
 
 
@@ -146,6 +169,8 @@ def check_merge(merge, rng):
             l1, l2 = l1 + 1000 * sign, l2 + 1000 * sign
         if kind.startswith("integer"):
             o1, o2 = (rng.integers(-5, 6, size=(s, a, d)).astype(float) for _ in range(2))
+        if kind.startswith("equal"):
+            l2 = l1.copy()
         if kind.startswith("random"):
             scale = float(rng.choice([1.0, 300.0, 1000.0]))
             l1, l2 = l1 * scale, l2 * scale + float(rng.normal(0, scale))
@@ -166,7 +191,8 @@ def check_merge(merge, rng):
         with run.case():
             err = max(err, _merge_case(merge, ref_merge, kind, o1, l1, o2, l2))
     run.verdict()
-    return f"{len(kinds)} cases (lse of +-800, far apart, -inf on one or both sides), max error {err:.1e}"
+    return (f"{len(kinds)} cases (lse of +-800, far apart, equal, -inf on one or both sides), max "
+            f"error {err:.1e}")
 
 
 def _merge_case(merge, ref_merge, kind, o1, l1, o2, l2) -> float:

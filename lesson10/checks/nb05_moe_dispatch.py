@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from . import mistakes
+from .capacity_edges import capacities, fixed_float32_traps, float32_capacities, float32_traps
 from .core import (
     Cases,
     as_pair,
@@ -57,6 +58,7 @@ def _route_cases(rng, n_random=8):
              ("large logits (about +-1000)", 1000.0 * np.where(rng.random((5, 1)) < 0.5, -1, 1)
               + 3 * rng.standard_normal((5, 6)), 3),
              ("logits hundreds apart (their softmax probabilities underflow to 0)", apart, 4),
+             ("logits thousands apart, the chosen ones too", 2.5 * apart[:5, :5], 3),
              ("k = 1", rng.standard_normal((6, 5)) * 2, 1),
              ("k = E", rng.standard_normal((4, 4)) * 2, 4),
              ("one token", rng.standard_normal((1, 8)), 2)]
@@ -102,11 +104,23 @@ def _route_mistake(logits, k, experts, gates):
             ("exp of logits of about 1000 overflows: subtract the row maximum first",
              unless(big, lambda: raw / raw.sum(axis=1, keepdims=True))),
         ])
-    if big and not np.isfinite(gates).all():
-        return mistakes.Diagnosis(["your gates are not finite where the logits are about 1000: "
-                                   "exp(1000) overflows; subtract the row's largest chosen "
-                                   "logit before exp"] + list(getattr(found, "mistakes", ())))
-    return found
+    with np.errstate(all="ignore"):
+        mean = np.exp(chosen - chosen.mean(axis=1, keepdims=True))
+        mean = mean / mean.sum(axis=1, keepdims=True)
+        plain = raw / raw.sum(axis=1, keepdims=True)          # no shift at all
+    finite = np.isfinite(gates)
+    if finite.all():
+        return found
+    texts, as_mean = [], np.array_equal(finite, np.isfinite(mean))
+    if big and (np.array_equal(finite, np.isfinite(plain)) or not as_mean):
+        texts.append("your gates are not finite where the logits are about 1000: exp(1000) "
+                     "overflows; subtract the row's largest chosen logit before exp")
+    if as_mean:
+        texts.append("your gates are not finite where the chosen logits lie thousands apart, as "
+                     "a softmax shifted by the mean of the chosen logits is: the largest logit "
+                     "minus the mean is still in the thousands and its exp overflows; subtract "
+                     "the row's largest chosen logit, so that no exp exceeds 1")
+    return mistakes.Diagnosis(texts + list(getattr(found, "mistakes", ()))) if texts else found
 
 
 def _wrong_experts(z, k, t, yours_z, want_z):
@@ -200,6 +214,11 @@ def _capacity_cases(rng, n_random=6):
         ("CF 4: nothing dropped", 16, 8, 2, 4.0, dict(skew=1.0))]
     for label, N, E, k, cf, kw in fixed:
         cases.append((label, N, E, k, cf, _choices(rng, N, E, k, **kw)))
+    traps = float32_traps()       # searched, not drawn: float32(cf) lands on C + 1
+    drawn = [("random, ", traps[int(i)]) for i in rng.choice(len(traps), size=2, replace=False)]
+    for how, (cf, N, E, k, C) in [("", t) for t in fixed_float32_traps()] + drawn:
+        cases.append((f"{how}CF {cf} * {k} * {N} / {E} = {C} exactly, and float32({cf}) is a "
+                      f"little above {cf}", N, E, k, cf, _choices(rng, N, E, k, hot=N)))
     for i in range(n_random):    # any 2-decimal factor and size: no table of C covers them
         E = log_int(rng, 2, 64)
         k = int(rng.integers(1, min(E, 4) + 1))
@@ -207,27 +226,6 @@ def _capacity_cases(rng, n_random=6):
         cf = round(float(rng.uniform(0.25, 4.0)), 2)
         cases.append((f"random {i}, skewed router", N, E, k, cf, _choices(rng, N, E, k, skew=1.5)))
     return cases
-
-
-def _float_products(cf, k, N, E):
-    """CF k N / E evaluated in floats in the orders a student may write it (each order
-    rounds differently)."""
-    from itertools import permutations
-    out = set()
-    for a, b, c in permutations((float(cf), k, N)):
-        out.update({a * b * c / E, a * b / E * c, a / E * b * c, a * (b * c / E), a * (b / E) * c,
-                    a * b * (c / E)})
-    return out
-
-
-def capacities(N: int, E: int, k: int, cf) -> set:
-    """Every C that the lesson's formula ``ceil(CF k N / E)`` gives: the exact ceiling (the
-    factor read as the decimal it is written as, or as the binary number it is stored as)
-    and the ceiling of the float product, in any order of the operations. They differ only
-    where the exact product is an integer and a float product lands just above it."""
-    from fractions import Fraction
-    exact = {math.ceil(Fraction(repr(float(cf))) * k * N / E), math.ceil(Fraction(float(cf)) * k * N / E)}
-    return exact | {math.ceil(p) for p in _float_products(cf, k, N, E)}
 
 
 @recognised
@@ -246,8 +244,14 @@ def _capacity_mistake(yours, experts, E, k, N, cf, allowed, C):
                                   f"nearest integer; the capacity rounds up",
              "without k": lambda c: "your capacity leaves out k: every token sends k copies, so "
                                     "the mean load per expert is k N / E"}
-    firsts = [("floor", math.floor(x)), ("plus one", C + 1), ("nearest", round(x)),
-              ("without k", math.ceil(Fraction(repr(float(cf))) * N / E))]
+    single = float32_capacities(N, E, k, cf)
+    texts["float32"] = lambda c: (f"your experts keep {c} copies, C = {C}: that is CF k N / E "
+                                  f"computed from float32({cf}) = {float(np.float32(cf)):.9g}, a "
+                                  f"little above {cf}, so the product lands just above {C} and "
+                                  f"rounds up; compute C in float64 (a Python float) or exactly")
+    firsts = [("float32", c) for c in sorted(single)] + [
+        ("floor", math.floor(x)), ("plus one", C + 1), ("nearest", round(x)),
+        ("without k", math.ceil(Fraction(repr(float(cf))) * N / E))]
     found = [texts[name](c) for name, c in firsts
              if c not in allowed and np.array_equal(yours, ref_keep(experts, E, c))]
     flat = np.asarray(experts).ravel()
@@ -275,7 +279,8 @@ def _drops(N, E, k, cf, experts) -> bool:
     return any(not ref_keep(experts, E, c).all() for c in allowed)
 
 
-def _capacity_case(capacity_keep, label, N, E, k, cf, experts):
+def _capacity_case(capacity_keep, label, N, E, k, cf, experts, which=True):
+    """One routing: the copies each expert keeps, and (``which``) which ones."""
     from ..sim.moe import expert_capacity
     from ..sim.moe import keep_within_capacity as ref_keep
     C = expert_capacity(N, E, k, cf)
@@ -308,6 +313,8 @@ def _capacity_case(capacity_keep, label, N, E, k, cf, experts):
                        "capacity_factor=None means no limit at all" if cf is None else
                        "an expert keeps a copy while fewer than C copies have reached it, C "
                        "being CF k N / E rounded up: all N tokens count, with their k copies"))
+    if not which:
+        return
     compare_arrays("capacity", yours, target, where=where, what=(
                        f"keep (the right number of copies per expert, C = {allowed[pick]}, but not "
                        f"the right copies)"), axes=("token", "choice"), exact=True,
@@ -315,8 +322,14 @@ def _capacity_case(capacity_keep, label, N, E, k, cf, experts):
                              "token 1's, ...; an expert that is full drops every later copy"))
 
 
+#: the parts of the capacity exercise: how many copies each expert keeps (every routing:
+#: no limit, no drops, drops), and which copies (the routings with drops); each is lost by
+#: an answer that keeps every copy, or none
+CAPACITY_PARTS = ("copies kept per expert", "which copies are dropped")
+
+
 @register_exercise("capacity", NB05, 2, "capacity factor: which copies are dropped", "capacity_keep",
-                   parts=(("without drops", 1), ("with drops", 1)))
+                   parts=((CAPACITY_PARTS[0], 1), (CAPACITY_PARTS[1], 1)))
 def check_capacity(capacity_keep, rng):
     """``capacity_keep(experts, E, capacity_factor) -> bool (N, k)``: every expert accepts at
     most ``C = ceil(capacity_factor * k * N / E)`` copies, first come first served in token
@@ -326,13 +339,16 @@ def check_capacity(capacity_keep, rng):
     cases = _capacity_cases(rng)
     run = Cases("capacity")
     for label, N, E, k, cf, experts in cases:
-        if not in_part("with drops" if _drops(N, E, k, cf, experts) else "without drops"):
+        count = in_part(CAPACITY_PARTS[0])
+        which = _drops(N, E, k, cf, experts) and in_part(CAPACITY_PARTS[1])
+        if not (count or which):
             continue
         with run.case():
-            _capacity_case(capacity_keep, label, N, E, k, cf, experts)
+            _capacity_case(capacity_keep, label, N, E, k, cf, experts, which)
     run.verdict()
     return (f"{len(cases)} routings (capacity factors whose float product is off by one, "
-            f"empty experts, None) drop the right copies")
+            f"factors that float32 rounds across an integer, empty experts, None) drop the "
+            f"right copies")
 
 
 def _moe_case(rng, Ne, E, k, T, h, cf, e, logits=None):

@@ -1,13 +1,15 @@
 """The parts of a multi-point exercise, and the mistakes a check recognised.
 
 **Parts.** An exercise worth several points names its parts (``register_exercise(...,
-parts=(("non-causal", 1), ("causal", 1)))``: the ring's two cases, capacity with and
-without drops). Its check's body asks :func:`in_part` of each case (or each comparison)
+parts=(("non-causal", 1), ("causal", 1)))``: the ring's two cases, capacity's copies per
+expert and which copies). Its check's body asks :func:`in_part` of each case (or each comparison)
 which part it belongs to. With no part being judged (a notebook's check cell) every case
 belongs, so the check is the same as ever; the grader's judge runs the body once per part
 inside :func:`judging`, and only that part's cases run: a part's points are won or lost on
 its own cases. The number of cases a part ran is counted, so that a part with no case is
-never passed by default.
+never passed by default. Every part has cases that a constant or trivial answer fails
+(nothing kept, everything kept, zeros), and a part whose inputs could be few draws its
+random cases from ranges too large to tabulate (``tests/test_checks_parts.py``).
 
 **Mistakes.** The hint functions of :mod:`.mistakes` (``*_mistake``) and the checks' own
 diagnoses report, through :func:`note_mistake`, which known mistake an answer was found to

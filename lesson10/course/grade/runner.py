@@ -404,7 +404,7 @@ class Serve:
             try:
                 result = fn(*args, **kwargs)
                 tree, out = wire.encode([result, [list(args), dict(kwargs)]], [])
-                reply = {"op": "result", "value": tree}
+                reply = {"op": "result", "value": tree, "aliases": wire.shared(result, args)}
             except wire.WireError as exc:
                 reply, out = {"op": "error", "type": "ValueError",
                               "message": f"the grader cannot read what your function returned: "

@@ -288,3 +288,57 @@ def _header(raw: bytes) -> tuple[dict, list[int]]:
     if not all(type(k) is str for k in msg):
         raise WireError("malformed message: its keys must be strings")
     return msg, sizes
+
+
+# --------------------------------------------------------------------------- aliasing
+def _arrays(x, path, depth=0):
+    """``(path, array)`` of every array in ``x`` (lists and tuples, a few levels deep)."""
+    if isinstance(x, np.ndarray):
+        yield path, x
+    elif isinstance(x, (list, tuple)) and depth < 3:
+        for i, y in enumerate(list(x)):
+            yield from _arrays(y, path + [i], depth + 1)
+
+
+def shared(result, args) -> list:
+    """``[[path in result, path in args], ...]``: the arrays of ``result`` that share memory
+    with an argument of the same shape (an input handed back, or a view of all of it). The
+    sandbox sends them with the result, so that the judge's check sees the aliasing that
+    the check cell sees (:func:`relink`)."""
+    found: list = []
+    try:
+        inputs = list(_arrays(list(args), []))
+        for rpath, r in _arrays(result, []):
+            for apath, a in inputs:
+                if r.shape == a.shape and np.shares_memory(r, a):
+                    found.append([rpath, apath])
+                    break
+    except Exception:  # noqa: BLE001 - too hard to tell, odd sequences: no link, never an error
+        pass
+    return found
+
+
+def relink(result, links, args):
+    """``result`` with each array that :func:`shared` named replaced by the judge's own
+    argument it aliased in the sandbox (``links`` from the other side: malformed paths are
+    ignored)."""
+    def at(x, path):
+        for i in path:
+            x = x[int(i)]
+        return x
+
+    def put(x, path, value):
+        if not path:
+            return value
+        items = list(x)
+        items[int(path[0])] = put(items[int(path[0])], path[1:], value)
+        return tuple(items) if isinstance(x, tuple) else items
+    for link in links if isinstance(links, list) else ():
+        try:
+            rpath, apath = link
+            target = at(list(args), apath)
+            if isinstance(target, np.ndarray) and at(result, rpath).shape == target.shape:
+                result = put(result, list(rpath), target)
+        except (TypeError, ValueError, IndexError, KeyError, AttributeError):
+            continue
+    return result
