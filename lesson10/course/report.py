@@ -271,10 +271,10 @@ def _notes(rows: list[dict]) -> list[str]:
     """What changed the judge's points: overrides and the late policy."""
     n_over = sum(1 for r in rows for e in r["exercises"] if "override" in e)
     n_late = sum(len(r.get("late", [])) for r in rows)
-    out = [f"{n_over} exercises overridden by the instructor (reasons in the table of every "
-           f"student)"] if n_over else []
+    out = [f"Exercises overridden by the instructor: {n_over} (the reasons are in the table of "
+           f"every student)"] if n_over else []
     if any("due" in r for r in rows):
-        out.append(f"{n_late} notebooks handed in late")
+        out.append(f"Notebooks handed in late: {n_late}")
     return out
 
 
