@@ -114,7 +114,8 @@ def test_the_seed_is_in_every_report_and_replays(graded, tmp_path):
     assert all(r["seed"] == 11 for r in report["notebooks"])
     assert all(r["seed"] == 11 for r in report["students"])
     out = graded["out"]
-    assert "seed 11" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()               # students read it: no seed
+    assert "seed 11" not in summary and "--seed" not in summary
     assert 'name="seed" value="11"' in (out / "junit.xml").read_text()
     first = next(r for r in report["notebooks"] if r["student"] == "sec2/s01")
     assert main([str(graded["wrong"]), "--seed", "11", "--output", str(tmp_path / "again.json"),

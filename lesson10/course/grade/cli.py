@@ -27,9 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from . import accounting, adjust, gradebook, late, lms, outputs, overrides, sandbox, standin, store
+from . import adjust, archives, gradebook, late, lms, nbread, outputs, overrides, sandbox, standin, store
 from .notebook import Options, grade_notebook
-from .submission_files import Helpers, helper_files, read_regular
+from .submission_files import Helpers, helper_files
 
 #: modules the judge imports before any notebook runs (the checks and their references):
 #: what is on disk later does not matter
@@ -82,8 +82,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="GiB of address space for each process that runs student code "
                         "(default 4)")
     p.add_argument("--seed", type=int, default=None,
-                   help="seed of the hidden cases (default: a secret one, written into every "
-                        "report as 'seed'; pass it again to replay a grading run exactly)")
+                   help="seed of the hidden cases (default: a new secret one for each run, "
+                        "written into the instructor's reports as 'seed', never into the "
+                        "students' feedback; a run that stopped is resumed with its own). "
+                        "Pass it again to replay a grading run exactly")
+    p.add_argument("--replay", action="store_true",
+                   help="grade with the seed the results folder keeps (the same cases as "
+                        "before) instead of a new one; without it, grading a student again "
+                        "draws new cases")
     p.add_argument("--no-sandbox", action="store_true",
                    help="grade where bubblewrap cannot run (macOS, no user namespaces): the "
                         "cells then run as a plain child process, and every report says "
@@ -91,14 +97,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _helpers(plan: gradebook.Plan, contents: dict, student_from: str | None) -> dict:
+def _helpers(plan: gradebook.Plan, contents: dict, student_from: str | None,
+             real: dict | None = None) -> dict:
     """Each graded notebook's helper modules: the student's own files beside it (in a
-    folder several students share, the ones named after the student)."""
+    folder several students share, the ones named after the student); ``real``: shown
+    path -> the file on disk (a notebook unpacked from a zip)."""
+    def folder(it) -> str:
+        return os.path.dirname(os.path.abspath((real or {}).get(it.path, it.path)))
+
     sharing: dict[str, set[str]] = {}
     for it in plan.graded + list(plan.ignored.values()):
-        sharing.setdefault(os.path.abspath(it.path.parent), set()).add(it.student)
-    return {it.path: helper_files(it.path, student=it.student, student_from=student_from,
-                                  sharing=sorted(sharing[os.path.abspath(it.path.parent)]))
+        sharing.setdefault(folder(it), set()).add(it.student)
+    return {it.path: helper_files(Path((real or {}).get(it.path, it.path)), student=it.student,
+                                  student_from=student_from, sharing=sorted(sharing[folder(it)]))
             if contents.get(it.path) is not None else Helpers() for it in plan.graded}
 
 
@@ -218,15 +229,11 @@ def _results_store(args) -> store.Store | None:
     return None
 
 
-def _seed(args, box: store.Store | None) -> int:
-    stored = box.seed() if box is not None else None
-    if args.seed is not None:
-        if stored is not None and stored != args.seed:
-            raise store.StoreError(
-                f"the results folder {box.folder} holds a grading with seed {stored}; give "  # type: ignore[union-attr]
-                f"--seed {stored} to go on with it, or another folder (--resume DIR)")
-        return args.seed
-    return stored if stored is not None else int.from_bytes(os.urandom(8), "little")
+def _limits(args) -> dict:
+    """The options that change a verdict: part of each results key (:func:`store.key`)."""
+    return {"cell_timeout": args.timeout, "exercise_timeout": args.exercise_timeout,
+            "notebook_timeout": args.notebook_timeout, "memory_gib": args.memory,
+            "sandboxed": not args.no_sandbox}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if box is not None:
             box.prepare()
-        seed = _seed(args, box)
+        seed = store.choose_seed(box, args.seed, args.replay)
     except (store.StoreError, OSError) as exc:
         return _fail(str(exc))
     problem = _adjustments(args, box)
@@ -250,30 +257,31 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(f"{args.results} holds no graded class (no class.json)")
         reports_all, plan_all = store.load(old, box)  # type: ignore[arg-type]
         adjust.save(box.folder, args.adjust)  # type: ignore[union-attr]
-        rows = outputs.write(args, plan_all, reports_all, seed, all(
+        rows = outputs.write(args, plan_all, reports_all, old.get("seed", seed), all(
             r.get("sandboxed", True) for r in reports_all))
         return exit_status(reports_all, args.fail_under, students=rows)
 
+    with tempfile.TemporaryDirectory(prefix="lesson10-zips-") as unzipped:
+        return _batch(args, box, seed, old, Path(unzipped))
+
+
+def _batch(args, box, seed: int, old, unzipped: Path) -> int:
+    """Grade the files named on the command line (zips unpacked into ``unzipped``) and
+    write every output; the exit status."""
     # every file is read before any student code runs: no submission can change another
-    paths = gradebook.find_notebooks(args.notebooks)
-    others = accounting.find_others(args.notebooks)
+    found = archives.gather(args.notebooks, unzipped, nbread.MAX_NOTEBOOK_BYTES)
+    paths, others, contents = found.paths, found.others, found.contents
     if not paths and args.student is None:
         return _fail("no notebook found in " + ", ".join(map(str, args.notebooks)))
-    contents: dict[Path, bytes | None] = {}
-    for path in paths:
-        try:                                    # a link or a device is no notebook of theirs
-            contents[path] = read_regular(path)
-        except OSError:
-            contents[path] = None
     try:
-        plan = _plan(args, paths, contents, others, old)
+        plan = _plan(args, paths, contents, others, old, found)
     except (gradebook.PlanError, OSError) as exc:
         return _fail(str(exc))
     adjust.note_times(args.adjust, paths)
     late.choose_on_time(plan, args.adjust.policy, args.adjust.times)
-    helpers = _helpers(plan, contents, args.student_from)
+    helpers = _helpers(plan, contents, args.student_from, found.real)
     keys = {it.path: store.key(contents[it.path], helpers[it.path], seed=seed,
-                               notebook=it.notebook) for it in plan.graded}
+                               notebook=it.notebook, limits=_limits(args)) for it in plan.graded}
     sandboxed = not args.no_sandbox
     try:
         results = _grade(args, plan, contents, helpers, keys, box, seed)
@@ -285,13 +293,14 @@ def main(argv: list[str] | None = None) -> int:
     root = _root(paths, others, old)
     doc = store.merge(old, store.class_doc(plan, keys, seed=seed, root=root))
     box.save_class(doc)
+    box.end()
     adjust.save(box.folder, args.adjust)
     reports_all, plan_all = store.load(doc, box)
     rows = outputs.write(args, plan_all, reports_all, seed, sandboxed, batch=(plan, results))
     return exit_status(reports_all, args.fail_under, students=rows)
 
 
-def _plan(args, paths, contents, others, old) -> gradebook.Plan:
+def _plan(args, paths, contents, others, old, found=None) -> gradebook.Plan:
     """Who handed in what (a results folder's roster and class folder where it has them);
     raises PlanError for a batch that cannot be graded as asked."""
     roster = gradebook.read_roster(args.roster) if args.roster else None
@@ -299,7 +308,10 @@ def _plan(args, paths, contents, others, old) -> gradebook.Plan:
         roster = old.get("roster")
     plan = gradebook.plan(paths, contents, student=args.student,
                           student_from=args.student_from, roster=roster, others=others,
-                          base=old.get("root") if old is not None else None)
+                          base=old.get("root") if old is not None else None,
+                          anchors=found.unpacked.zips if found is not None else (),
+                          notes=found.unpacked.refused if found is not None else None,
+                          real=found.real if found is not None else None)
     for name in plan.not_on_roster():
         print(f"grade: warning: {name} is not on the roster", file=sys.stderr)
     for option in ("gradescope", "classroom"):
@@ -357,21 +369,26 @@ def _grade(args, plan, contents, helpers, keys, box, seed) -> list[dict]:
               for it in plan.graded}
     todo = [it for it in plan.graded if stored[it.path] is None]
     if box is not None:
-        box.save_seed(seed)
+        box.begin(seed)
         if len(todo) < len(plan.graded):
             print(f"grade: {len(plan.graded) - len(todo)} of {len(plan.graded)} notebooks "
                   f"already graded in {box.folder}", file=sys.stderr)
     fresh: dict = {}
     save = (lambda it, rep: box.put(keys[it.path], rep)) if box is not None else None
-    if todo:
+    first = _firsts(todo, contents, keys)
+    unique = [it for it in todo if first.get(it.path, it) is it]
+    if unique:
         opts, box_dir = _options(args, seed)
         try:
             with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-                for it, rep in zip(todo, pool.map(lambda it: _one(args, opts, it, contents,
-                                                                  helpers, save), todo)):
+                for it, rep in zip(unique, pool.map(lambda it: _one(args, opts, it, contents,
+                                                                    helpers, save), unique)):
                     fresh[it.path] = rep
         finally:
             _remove(box_dir)
+    for it in todo:
+        if it.path not in fresh:
+            fresh[it.path] = _same_as(args, first[it.path], fresh[first[it.path].path], it, seed)
     out = []
     for it in plan.graded:
         copies = [p for p, chosen in plan.ignored.items() if chosen is it]
@@ -380,6 +397,31 @@ def _grade(args, plan, contents, helpers, keys, box, seed) -> list[dict]:
     if box is not None:
         print(f"grade: results in {box.folder} (the same command, or --resume "
               f"{box.folder}, grades only what is not there)", file=sys.stderr)
+    return out
+
+
+def _firsts(todo: list, contents: dict, keys: dict) -> dict:
+    """``path -> the item graded for it``: of byte-identical files (the same results key:
+    bytes, helpers, notebook, seed, limits) the first is graded, once for all of them."""
+    seen: dict[str, gradebook.Item] = {}
+    out = {}
+    for it in todo:
+        if contents.get(it.path) is not None:
+            out[it.path] = seen.setdefault(keys[it.path], it)
+    return out
+
+
+def _same_as(args, graded: gradebook.Item, rep: dict, item: gradebook.Item, seed: int) -> dict:
+    """The report of ``item``, a file identical to ``graded``: its verdicts, its student and
+    path (and, with --save-executed, its own executed copy)."""
+    out = {**rep, "student": item.student, "notebook": str(item.path)}
+    if args.save_executed:
+        from .notebook import executed_path
+        src = executed_path(args.save_executed, graded.student, graded.path)
+        dst = executed_path(args.save_executed, item.student, item.path)
+        if src.is_file() and src != dst:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
     return out
 
 

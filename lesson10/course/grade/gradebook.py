@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...checks import EXERCISES
-from . import accounting, course
+from . import accounting, course, nbread
 from .accounting import SKIP_FOLDERS
 
 #: how one of several copies of a notebook is chosen (README "Instructors" says the same)
@@ -169,7 +168,7 @@ def student_keys(paths: list[Path], student: str | None = None,
         keys = {}
         for p in paths:
             m = rx.search(_posix(p))
-            name = (m.group("student") or "").strip() if m else ""
+            name = safe_text((m.group("student") or "").strip()) if m else ""
             if m is None or not name:
                 raise PlanError(f"--student-from {student_from!r} finds no student in "
                                 f"{_posix(p)!r}")
@@ -187,6 +186,24 @@ def student_keys(paths: list[Path], student: str | None = None,
     return _merge_nested(keys, common)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def safe_text(text):
+    """``text`` (or every string in a list or dict of them) as any file takes it: a name
+    read from the file system with surrogate escapes (bytes that are not UTF-8, such as a
+    Windows zip's Latin-1 folder names) gets those bytes as Latin-1 letters (``Jos\\udce9``
+    is ``José``); other lone surrogates become U+FFFD."""
+    if isinstance(text, str):
+        return _SURROGATE.sub(lambda m: chr(ord(m.group()) - 0xDC00)
+                              if 0xDC80 <= ord(m.group()) <= 0xDCFF else "\ufffd", text)
+    if isinstance(text, dict):
+        return {safe_text(k): safe_text(v) for k, v in text.items()}
+    if isinstance(text, (list, tuple)):
+        return type(text)(safe_text(v) for v in text)
+    return text
+
+
 #: folder names that wrap a student's notebooks rather than name a student: a GitHub zip
 #: (``lesson10-main``, ``<repo>-master``), the course's own folders, Colab's folder
 WRAPPERS = re.compile(r"^(notebooks?|solutions|submissions?|colab notebooks|"
@@ -199,7 +216,13 @@ def folder_student(folder: str, common: str, roster=None) -> tuple[str, str]:
     ``alice`` when the roster says so); else the folders under ``common`` up to the first
     wrapper (:data:`WRAPPERS`: ``alice/lesson10-main/notebooks`` is ``alice``)."""
     rel = os.path.relpath(folder, common)
-    parts = [] if rel == "." else list(Path(rel).parts)
+    # a zip's name is no folder of a student's: what it holds stands where it stands; but
+    # a zip of the class's folder that holds a wrapper (alice.zip: notebooks/...) is named
+    # after its student
+    raw = [] if rel == "." else list(Path(rel).parts)
+    parts = [safe_text(p) for p in raw if not p.lower().endswith(".zip")]
+    if raw and raw[0].lower().endswith(".zip") and (not parts or WRAPPERS.match(parts[0])):
+        parts.insert(0, safe_text(raw[0][:-4]))
     if roster:
         names = set(roster)
         for size in range(len(parts), 0, -1):
@@ -209,7 +232,8 @@ def folder_student(folder: str, common: str, roster=None) -> tuple[str, str]:
                     return name, os.path.join(common, *parts[:i + size])
     depth = next((i for i, part in enumerate(parts) if i and WRAPPERS.match(part)), len(parts))
     if depth == 0:
-        return os.path.basename(common) or "student", common
+        name = safe_text(os.path.basename(common))
+        return (name[:-4] if name.lower().endswith(".zip") else name) or "student", common
     return "/".join(parts[:depth]), os.path.join(common, *parts[:depth])
 
 
@@ -241,23 +265,21 @@ def safe_parts(student: str) -> list[str]:
 # --------------------------------------------------------------------------- the plan
 def _look(path: Path, content: bytes | None) -> tuple[str | None, int, bool]:
     """``(course notebook id or None, NotImplementedError lines, readable)`` of one file,
-    from its bytes (read before any student code ran)."""
-    nb, readable = {}, False
-    if content is not None:
-        try:
-            nb = json.loads(content.decode("utf-8"))
-            readable = isinstance(nb, dict) and isinstance(nb.get("cells"), list)
-        except (UnicodeDecodeError, ValueError):
-            nb = {}
-    if not readable:
+    from its bytes (read before any student code ran), read and validated by
+    :func:`.nbread.read`: a file it refuses is unreadable, whatever is in it."""
+    nb = nbread.read(path, content)[0] if content is not None else None
+    if nb is None:
         return course.identify({}, path)[0], 1 << 30, False
-    stubs = 0
-    for cell in nb["cells"]:
-        if isinstance(cell, dict) and cell.get("cell_type") == "code":
-            src = cell.get("source", "")
-            src = "".join(src) if isinstance(src, list) else str(src)
-            stubs += len(re.findall(r"raise\s+NotImplementedError", src))
+    stubs = sum(len(re.findall(r"raise\s+NotImplementedError", cell.get("source", "")))
+                for cell in nb.cells if cell.get("cell_type") == "code")
     return course.identify(nb, path)[0], stubs, True
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _rank(item: Item):
@@ -295,13 +317,17 @@ def _flat_downloads(items: list[Item]) -> list[str]:
 
 def plan(paths: list[Path], contents: dict, *, student: str | None = None,
          student_from: str | None = None, roster: list[str] | None = None,
-         others=(), base: str | None = None) -> Plan:
+         others=(), base: str | None = None, anchors=(), notes: dict | None = None,
+         real: dict | None = None) -> Plan:
     """Which file of whom to grade. ``contents``: path -> bytes (None: unreadable or absent);
     ``others``: the batch's files that are not notebooks (:func:`.accounting.find_others`),
-    each listed in the plan's ``not_graded`` under its student."""
+    each listed in the plan's ``not_graded`` under its student (``notes``: absolute path ->
+    the reason, where it is not :func:`.accounting.reason`'s); ``anchors``: files that only
+    say where a student's files stand (the zips unpacked, :mod:`.archives`); ``real``: path
+    -> the file on disk, for a path shown inside a zip."""
     others = list(others)
     if student is None and student_from is None:
-        keys = student_keys(list(paths) + others, roster=roster, base=base)
+        keys = student_keys(list(paths) + others + list(anchors), roster=roster, base=base)
     else:
         keys = student_keys(paths, student, student_from)
         for o in others:
@@ -309,11 +335,8 @@ def plan(paths: list[Path], contents: dict, *, student: str | None = None,
     items = []
     for p in paths:
         nid, stubs, readable = _look(p, contents.get(p))
-        try:
-            mtime = p.stat().st_mtime
-        except OSError:
-            mtime = 0.0
-        items.append(Item(p, keys[p][0], nid, stubs, mtime, readable, keys[p][1]))
+        items.append(Item(p, keys[p][0], nid, stubs, _mtime(Path((real or {}).get(p, p))),
+                          readable, keys[p][1]))
     groups: dict[tuple, list[Item]] = {}
     for it in items:
         if it.notebook is not None and contents.get(it.path) is not None:
@@ -342,7 +365,7 @@ def plan(paths: list[Path], contents: dict, *, student: str | None = None,
             "when all of these files are one student's.")
     graded = [it for it in items if it.path not in ignored]
     found = sorted({it.student for it in items})
-    not_graded = _not_graded(others, keys, paths, found, base)
+    not_graded = _not_graded(others, keys, paths, found, base, notes or {})
     found = sorted(set(found) | {s for s in not_graded if s is not None})
     names = list(roster) if roster is not None else []
     names += [s for s in found if s not in names]
@@ -361,7 +384,7 @@ def _other_key(path: Path, student: str | None, student_from: str | None):
     return (name, _posix(path)[:m.end("student")]) if m and name else None
 
 
-def _not_graded(others, keys, paths, students, base=None) -> dict:
+def _not_graded(others, keys, paths, students, base=None, notes=None) -> dict:
     """student (or None) -> [{"path", "reason"}] of the files not graded. A file in the
     batch's common folder itself, when the batch has several students, is no student's."""
     if not others:
@@ -373,7 +396,7 @@ def _not_graded(others, keys, paths, students, base=None) -> dict:
         common = base
     out: dict = {}
     for o in others:
-        why = reasons.get(os.path.abspath(o))
+        why = (notes or {}).get(os.path.abspath(o), reasons.get(os.path.abspath(o)))
         if why is None:
             continue
         key = keys.get(o)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...checks.verdict import Status
-from . import course, judge, sandbox, session
-from .submission_files import MAX_HELPER_BYTES, MAX_HELPERS, Helpers, Refused, helper_files, read_regular
+from . import course, judge, nbread, sandbox, session
+from .submission_files import MAX_HELPER_BYTES, MAX_HELPERS, Helpers, helper_files
 
 __all__ = ["MAX_HELPERS", "MAX_HELPER_BYTES", "Helpers", "Options", "grade_notebook", "helper_files",
            "notebook_report"]
@@ -62,22 +62,9 @@ def _zero(notebook_id, status: Status, message: str) -> list[dict]:
 
 
 def _read(path: Path, content: bytes | None):
-    """``(notebook dict, None)`` or ``(None, why not)``."""
-    try:
-        import warnings
-
-        import nbformat
-        text = (read_regular(path) if content is None else content).decode("utf-8")
-        with warnings.catch_warnings():          # cells without ids: normal in old files
-            warnings.simplefilter("ignore")
-            nb = nbformat.reads(text, as_version=4)
-    except Refused as exc:
-        return None, f"cannot read the notebook: {exc}"
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the submission's fault
-        return None, f"cannot read the notebook: {type(exc).__name__}: {str(exc)[:200]}"
-    if not isinstance(nb.get("cells"), list):
-        return None, "cannot read the notebook: it has no list of cells"
-    return nb, None
+    """``(notebook dict, None)`` or ``(None, why not)``: read and validated by
+    :func:`.nbread.read` (nbformat's reader and validator, within the grader's limits)."""
+    return nbread.read(path, content)
 
 
 def executed_path(folder, student: str, path: Path) -> Path:

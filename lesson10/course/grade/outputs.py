@@ -92,38 +92,35 @@ def write(args, the_plan, results: list[dict], seed: int, sandboxed: bool, *,
     ``(plan, results)`` of the notebooks of this run, is what the one-student outputs
     (``--gradescope``, ``--classroom``) are written from."""
     adj = getattr(args, "adjust", None)
-    rows = adjust.apply(gradebook.rows(results, the_plan), adj)
-    for row in rows:
-        row["seed"] = seed
+    raw = adjust.apply(gradebook.rows(results, the_plan), adj)
+    for row in raw:                 # the seed of the student's files (a regrade draws anew)
+        row["seed"] = next((r["seed"] for r in results if r["student"] == row["student"]
+                            and r.get("seed") is not None), seed)
+    # every name and path as any file takes it (a Latin-1 folder: surrogate escapes)
+    rows, results = gradebook.safe_text(raw), gradebook.safe_text(results)
     doc = class_doc(results, rows, the_plan, seed=seed, sandboxed=sandboxed,
                     timings=getattr(args, "timings", False))
-    flags = extras(args, doc, rows, adj)
+    flags = gradebook.safe_text(extras(args, doc, raw, adj))     # it reads the files
+    if "similarity" in doc:
+        doc["similarity"] = flags
     text = json.dumps(doc, indent=1) + "\n"
     notes = [] if sandboxed else ["Not sandboxed: graded with --no-sandbox."]
     if args.output:
         args.output.write_text(text, encoding="utf-8")
     if args.csv:
         args.csv.write_text(reports.class_csv(results, rows, seed=seed), encoding="utf-8")
-    b_plan, b_results = batch if batch is not None else (the_plan, results)
     if args.gradescope or args.classroom:
-        b_rows = adjust.apply(gradebook.rows(b_results, b_plan), adj)
-        if args.gradescope:
-            args.gradescope.write_text(reports.gradescope(b_results, b_rows, seed=seed,
-                                                          sandboxed=sandboxed, notes=notes),
-                                       encoding="utf-8")
-        if args.classroom:
-            args.classroom.write_text(json.dumps(classroom.runner_results(
-                b_results, b_rows, seed=seed, sandboxed=sandboxed), indent=1) + "\n",
-                encoding="utf-8")
+        _one_student(args, batch if batch is not None else (the_plan, results), adj,
+                     seed=seed, sandboxed=sandboxed, notes=notes)
     if args.junit:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
         args.junit.write_text(reports.junit(results, rows, seed=seed, timestamp=stamp),
                               encoding="utf-8")
     if args.markdown:
         with open(args.markdown, "a", encoding="utf-8") as f:
-            f.write(reports.markdown(results, rows, seed=seed, sandboxed=sandboxed))
-    if args.feedback:
-        feedback.write(args.feedback, rows, results, seed=seed, sandboxed=sandboxed)
+            f.write(reports.markdown(results, rows, seed=None, sandboxed=sandboxed))
+    if args.feedback:                       # what students read: no seed (STUDENT_OUTPUTS)
+        feedback.write(args.feedback, rows, results, seed=None, sandboxed=sandboxed)
     if getattr(args, "report", None):
         from .. import report as class_report
         class_report.write(args.report, rows, results, seed=seed, flags=flags,
@@ -131,6 +128,28 @@ def write(args, the_plan, results: list[dict], seed: int, sandboxed: bool, *,
     print(text if args.json else reports.table(results, rows, seed=seed),
           end="" if args.json else "\n")
     return rows
+
+
+#: the outputs a student reads: they never name the seed (an answer book for it would
+#: score), which only the instructor's outputs (--json, --output, --csv, --junit, the table,
+#: the class report, Gradescope's hidden extra_data) carry
+STUDENT_OUTPUTS = ("feedback", "markdown", "gradescope", "save_executed")
+
+
+def _one_student(args, batch: tuple, adj, *, seed, sandboxed, notes) -> None:
+    """``--gradescope`` and ``--classroom``, from ``batch`` (``(plan, results)``)."""
+    b_plan, b_results = batch
+    b_rows = gradebook.safe_text(adjust.apply(gradebook.rows(b_results, b_plan), adj))
+    b_results = gradebook.safe_text(b_results)
+    if args.gradescope:
+        doc = json.loads(reports.gradescope(b_results, b_rows, seed=None, sandboxed=sandboxed,
+                                            notes=notes))
+        doc["extra_data"]["seed"] = seed             # hidden from the student
+        args.gradescope.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    if args.classroom:
+        args.classroom.write_text(json.dumps(classroom.runner_results(
+            b_results, b_rows, seed=seed, sandboxed=sandboxed), indent=1) + "\n",
+            encoding="utf-8")
 
 
 def extras(args, doc: dict, rows: list[dict], adj) -> dict | None:
@@ -152,11 +171,12 @@ def extras(args, doc: dict, rows: list[dict], adj) -> dict | None:
 
 
 def annotate(folder: Path, rep: dict, seed: int) -> None:
-    """Make ``--save-executed``'s copy of a just graded notebook say what the grade says."""
+    """Make ``--save-executed``'s copy of a just graded notebook say what the grade says
+    (not the seed: the student may read it)."""
     from .notebook import executed_path
     target = executed_path(folder, rep["student"], Path(rep["notebook"]))
     if target.is_file() and rep["exercises"]:
         try:
-            feedback.annotate_executed(target, rep, seed=seed)
+            feedback.annotate_executed(target, gradebook.safe_text(rep), seed=None)
         except Exception as exc:  # noqa: BLE001 - the grades are written already
             print(f"grade: warning: cannot add the grade to {target}: {exc}", file=sys.stderr)

@@ -1,20 +1,28 @@
 """The results folder: nothing of a long grading run is lost.
 
 Each graded notebook's report is written as soon as it is known, to
-``DIR/results/<key>.json``, where the key is the SHA-256 of the course version, the seed,
-the course notebook the file is, its bytes and its helper modules: the same submission
-graded again with the same seed and course gets the same verdicts, so a stored report is
-reused instead. ``DIR/seed`` keeps the batch's seed (a secret one too), and
-``DIR/class.json`` the class as planned (who handed in what, copies and files not graded,
-the roster). A run that stops (Ctrl-C, a killed runner, a crash) is resumed by the same
-command, or ``grade --resume DIR``: only what has no stored report is graded, and the outputs
-are those of one uninterrupted run. Grading one student again into the same folder replaces
-that student's part of ``class.json``, and the class outputs are written from all of it.
+``DIR/results/<key>.json``, where the key is the SHA-256 of everything that can change a
+verdict: the course version and the grader's own code (:func:`code_version`), the seed, the
+limits (cell, exercise and notebook timeouts, memory, sandboxed or not), the course notebook
+the file is, its bytes and its helper modules. The same submission graded again with the
+same seed, limits and code gets the same verdicts, so a stored report is reused instead; a
+longer ``--exercise-timeout`` is another key, and "timed out" is never reused under it.
+
+``DIR/seed`` keeps the seed of the latest run (a secret one too), and ``DIR/running`` says
+that run has not finished. A run that stops (Ctrl-C, a killed runner, a crash) is resumed by
+the same command, or ``grade --resume DIR``: its seed is taken again, only what has no stored
+report is graded, and the outputs are those of one uninterrupted run. A run after a finished
+one is a regrade: it draws a new secret seed, so a student graded again meets new cases
+(``--replay`` takes the stored seed again, ``--seed S`` a given one). ``DIR/class.json``
+keeps the class as planned (who handed in what, with the seed each file was graded with,
+copies and files not graded, the roster); grading one student again replaces that student's
+part of it, and the class outputs are written from all of it.
 
 Files are written to a temporary name and renamed, so a kill leaves no half-written report.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -27,16 +35,32 @@ import lesson10
 FORMAT = 1
 
 
-def key(content: bytes | None, helpers, *, seed: int, notebook: str | None) -> str:
-    """The key of one notebook's result: course version, seed, course notebook, bytes and
+@functools.cache
+def code_version() -> str:
+    """A digest of the course package's code (the grader, the checks, what the sandbox
+    ships): any change of it is another results key."""
+    root = Path(lesson10.__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        if "__pycache__" not in path.parts:
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def key(content: bytes | None, helpers, *, seed: int, notebook: str | None,
+        limits: dict | None = None) -> str:
+    """The key of one notebook's result: course version and code, seed, ``limits`` (the
+    options that change a verdict: timeouts, memory, sandbox), course notebook, bytes and
     helper files (``[(name, text)]``) of the submission."""
     h = hashlib.sha256()
-    for part in (f"lesson10 {lesson10.__version__} format {FORMAT}", f"seed {seed}",
-                 f"notebook {notebook}"):
+    for part in (f"lesson10 {lesson10.__version__} format {FORMAT} code {code_version()}",
+                 f"seed {seed}", f"notebook {notebook}",
+                 "limits " + json.dumps(limits or {}, sort_keys=True)):
         h.update(part.encode() + b"\0")
     h.update(b"content\0" + (content if content is not None else b"<unreadable>") + b"\0")
     for name, text in helpers or ():
-        h.update(f"helper {name}\0".encode() + str(text).encode("utf-8", "replace") + b"\0")
+        h.update(f"helper {name}\0".encode("utf-8", "surrogateescape")
+                 + str(text).encode("utf-8", "replace") + b"\0")
     for note in getattr(helpers, "notes", ()):     # files refused: their reasons are in the report
         h.update(b"refused\0" + str(note).encode("utf-8", "replace") + b"\0")
     return h.hexdigest()[:32]
@@ -86,6 +110,22 @@ class Store:
     def save_seed(self, seed: int) -> None:
         _write(self.folder / "seed", f"{seed}\n")
 
+    def begin(self, seed: int) -> None:
+        """A run with ``seed`` starts: kept until :meth:`end`, so a run that stops is
+        resumed with its seed."""
+        self.save_seed(seed)
+        _write(self.folder / "running", f"{seed}\n")
+
+    def end(self) -> None:
+        try:
+            (self.folder / "running").unlink()
+        except FileNotFoundError:
+            pass
+
+    def unfinished(self) -> bool:
+        """Whether the latest run stopped before it wrote the class (resume it)."""
+        return (self.folder / "running").is_file()
+
     def get(self, k: str) -> dict | None:
         try:
             doc = json.loads((self.folder / "results" / f"{k}.json").read_text(encoding="utf-8"))
@@ -117,7 +157,7 @@ def class_doc(the_plan, keys: dict, *, seed: int, root: str) -> dict:
     for it in the_plan.graded:
         students.setdefault(it.student, {"graded": [], "ignored": [], "not_graded": []})
         students[it.student]["graded"].append({"path": str(it.path), "key": keys[it.path],
-                                               "notebook": it.notebook})
+                                               "notebook": it.notebook, "seed": seed})
     for path, chosen in the_plan.ignored.items():
         students[chosen.student]["ignored"].append({"path": str(path),
                                                     "graded": str(chosen.path)})
@@ -178,7 +218,7 @@ def load(doc: dict, store: Store):
                                       error=f"no stored result (key {g['key']}) in {store.folder}:"
                                             f" grade this student again", student=name)
             copies = [i["path"] for i in part["ignored"] if i["graded"] == g["path"]]
-            reports.append(finish(rep, name, g["path"], doc.get("seed"), copies))
+            reports.append(finish(rep, name, g["path"], g.get("seed", doc.get("seed")), copies))
             items[g["path"]] = Item(Path(g["path"]), name, g.get("notebook"))
     ignored = {Path(i["path"]): items.get(i["graded"], Item(Path(i["graded"]), name, None))
                for name, part in doc["students"].items() for i in part["ignored"]}
@@ -192,3 +232,26 @@ def load(doc: dict, store: Store):
                     students=list(doc["students"]), roster=doc.get("roster"),
                     not_graded=not_graded)
     return reports, the_plan
+
+
+def choose_seed(box: Store | None, given: int | None, replay: bool) -> int:
+    """The seed of a run: ``given`` (``--seed``); with ``replay``, the one ``box`` keeps; the
+    seed of a run that stopped (a resume); else a new secret one (a regrade meets new cases)."""
+    stored = box.seed() if box is not None else None
+    unfinished = box is not None and box.unfinished()
+    if given is not None:
+        if unfinished and stored is not None and stored != given:
+            raise StoreError(
+                f"the results folder {box.folder} holds an unfinished grading with seed "  # type: ignore[union-attr]
+                f"{stored}; give --seed {stored} (or --replay) to go on with it, or another "
+                f"folder (--resume DIR)")
+        return given
+    if replay:
+        if stored is None:
+            where = f"{box.folder} keeps none" if box is not None else "there is none here"
+            raise StoreError(f"--replay grades with the seed a results folder keeps, and "
+                             f"{where}; give --resume DIR, or --seed S")
+        return stored
+    if unfinished and stored is not None:
+        return stored
+    return int.from_bytes(os.urandom(8), "little")
