@@ -7,6 +7,7 @@ both fail when the case is rejected or a peer stops answering. Skipped where nam
 be made (not root, no ``ip``); the namespaces and every process in them are removed at the end,
 also when a test fails.
 """
+import math
 import os
 import re
 import signal
@@ -40,6 +41,21 @@ def hosts():
     with TwoHosts() as h:
         yield h
     assert not set(h.names) & set(_netns()), "the namespaces were left behind"
+
+
+@pytest.fixture(scope="module")
+def run_s(hosts) -> float:
+    """Seconds one small ring run across the two hosts takes here and now (four ranks started
+    on two nodes): the calibration of the limits that must let a start through, since
+    ``--peer-timeout`` bounds the ranks' joining too (machines differ 4x, and this one is shared)."""
+    res = torchrun_two(hosts, ["ring", *SMALL], timeout=600)
+    assert res.status == (0, 0), _show(res)
+    return res.wall_s
+
+
+def _peer_timeout(run_s: float) -> int:
+    """A peer timeout that a slow start never hits: 6 s, or one whole small run where that is longer."""
+    return max(6, math.ceil(run_s))
 
 
 def _netns() -> list[str]:
@@ -106,8 +122,8 @@ def _stop_node_1(record: dict):
     return _stop_node(record)
 
 
-def test_a_stopped_peer_ends_node_0_within_the_peer_timeout(hosts):
-    peer_timeout, slack = 6, 25
+def test_a_stopped_peer_ends_node_0_within_the_peer_timeout(hosts, run_s):
+    peer_timeout, slack = _peer_timeout(run_s), max(25, 2 * run_s)
     stopped = {}
     # --seq 4096: long enough that the stop lands mid-run, not after the verdict
     res = torchrun_two(hosts, ["moe", *SMALL, "--seq", "4096", "--peer-timeout", str(peer_timeout)],
@@ -116,19 +132,19 @@ def test_a_stopped_peer_ends_node_0_within_the_peer_timeout(hosts):
     assert res.status[0] not in (0, None), _show(res)
     assert res.exit_s[0] - stopped["at"] < peer_timeout + slack, (res.exit_s, stopped)
     node0 = res.output[0]
-    assert "a peer stopped answering" in node0 and "--peer-timeout 6 s" in node0, _show(res)
+    assert "a peer stopped answering" in node0 and f"--peer-timeout {peer_timeout} s" in node0, _show(res)
     assert 3 in _exit_code(node0) and _exit_code(node0) <= {3, -signal.SIGTERM}, _show(res)
     assert REPORT not in node0
     # node 1 (stopped) was killed at the end, with everything else in the namespaces
     assert not hosts.pids(0) and not hosts.pids(1)
 
 
-def test_a_peer_agent_stopped_after_the_run_does_not_hold_node_0_at_the_exit_barrier(hosts):
+def test_a_peer_agent_stopped_after_the_run_does_not_hold_node_0_at_the_exit_barrier(hosts, run_s):
     """SIGSTOP of node 1's torchrun alone, while its ranks run: they finish, the run passes, and
     node 0's torchrun then waits at its exit barrier for node 1's agent (300 s, fixed in torch).
     The watcher left by node 0's first rank ends it within --peer-timeout + AGENT_GRACE."""
     from lesson10.runs.agent import AGENT_GRACE
-    peer_timeout, slack = 6, 20
+    peer_timeout, slack = _peer_timeout(run_s), max(20, 2 * run_s)
     stopped = {}
     res = torchrun_two(hosts, ["ring", *SMALL, "--seq", "256", "--peer-timeout", str(peer_timeout)],
                        timeout=180, during=_stop_node(stopped, 1, "torch.distributed.run"), grace=2)
@@ -207,22 +223,24 @@ def test_node_limited_moe_moves_fewer_bytes_over_the_link(hosts):
     assert "two_level dispatch, rank 0 from the routing" in runs["limited"].output[0]
 
 
-def test_the_runs_time_limit_is_enforced_in_every_rank(hosts):
+def test_the_runs_time_limit_is_enforced_in_every_rank(hosts, run_s):
     """A stopped peer with a long --peer-timeout: --timeout ends node 0's ranks and says so."""
-    res = torchrun_two(hosts, ["ring", *SMALL, "--seq", "256", "--peer-timeout", "120",
-                               "--timeout", "8"], timeout=120, during=_stop_node_1({}), grace=2)
+    limit = max(8, math.ceil(run_s))              # the run is stopped, so any limit must end it
+    res = torchrun_two(hosts, ["ring", *SMALL, "--seq", "256", "--peer-timeout", str(15 * limit),
+                               "--timeout", str(limit)], timeout=15 * limit, during=_stop_node_1({}),
+                       grace=2)
     node0 = res.output[0]
-    assert res.status[0] not in (0, None) and res.exit_s[0] < 60, _show(res)
-    assert "did not finish within --timeout 8 s" in node0, _show(res)
+    assert res.status[0] not in (0, None) and res.exit_s[0] < max(60, 5 * limit), _show(res)
+    assert f"did not finish within --timeout {limit} s" in node0, _show(res)
     assert 4 in _exit_code(node0) and _exit_code(node0) <= {4, -signal.SIGTERM}, _show(res)
 
 
-def test_losing_the_c10d_store_host_ends_the_other_node(hosts):
+def test_losing_the_c10d_store_host_ends_the_other_node(hosts, run_s):
     """SIGSTOP of the whole node that hosts the c10d store (its torchrun and its ranks): node 1's
     ranks give up within --peer-timeout (exit 3), and its torchrun, which would wait on the lost
     store for good, is ended by the watcher they leave behind within AGENT_GRACE more."""
     from lesson10.runs.agent import AGENT_GRACE
-    peer_timeout, slack = 6, 15
+    peer_timeout, slack = _peer_timeout(run_s), max(15, 2 * run_s)
     stopped = {}
     res = torchrun_two(hosts, ["ring", *SMALL, "--seq", "256", "--peer-timeout", str(peer_timeout)],
                        timeout=180, rdzv="c10d", during=_stop_node(stopped, 0, "python"), grace=5)
@@ -231,7 +249,8 @@ def test_losing_the_c10d_store_host_ends_the_other_node(hosts):
     took = res.exit_s[1] - stopped["at"]
     assert took < peer_timeout + AGENT_GRACE + slack, (took, _show(res))
     node1 = res.output[1]
-    assert node1.count("a peer stopped answering") == 2 and "--peer-timeout 6 s" in node1, _show(res)
+    assert node1.count("a peer stopped answering") == 2 and f"--peer-timeout {peer_timeout} s" in node1, \
+        _show(res)
     assert "ending it with SIGKILL" in node1, _show(res)
     assert not hosts.pids(1, match="torch.distributed.run"), "node 1's torchrun still runs"
 
