@@ -12,7 +12,7 @@
 # make test-redteam  : the grader's batches of cheats, edge cases and seeds (minutes)
 # make test-loaded   : test-slow and test-redteam with every core kept busy by tests/cpu_hog.py
 #                      (no verdict may depend on the machine's speed; run it after touching a limit)
-# .ci/run runs lint and all five.
+# .ci/run runs every target above but lab and test-loaded (too long for CI), each step timed.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin

@@ -217,8 +217,9 @@ def _run_all_notebook6(page, base, token, name):
                            timeout=90_000, polling=500)
     # widgetsnbextension 3.6 first loads the kernel's widgets: it asks the "jupyter.widget.control"
     # comm (ipywidgets 7.7 has none), then re-opens every model the kernel lists; a widget created
-    # during that load is re-opened and closed, and its view hidden. Let the load finish first.
-    time.sleep(6)
+    # during that load is re-opened and closed, and its view hidden. Let the load finish first
+    # (6 s on an idle machine; longer in proportion on a busy one).
+    time.sleep(6 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
     page.evaluate("() => Jupyter.notebook.execute_all_cells()")
     _wait_for_cells(page, """() => Jupyter.notebook.get_cells().filter(c => c.cell_type === 'code')
                                    .map(c => typeof c.input_prompt_number === 'number' ? 'done'
