@@ -156,7 +156,8 @@ def expression_depth(src: str) -> int:
         return 0
     except (RecursionError, MemoryError):
         return _TOO_DEEP
-    deepest, stack = 0, [(tree, 1)]
+    deepest = 0
+    stack: list[tuple[ast.AST, int]] = [(tree, 1)]
     while stack:
         node, depth = stack.pop()
         deepest = max(deepest, depth)
