@@ -174,7 +174,9 @@ def stamp(path: str, mtime: float | None) -> dict:
         m = NAME_TIME.search(part)
         if m:
             try:
-                t = datetime(*(int(m.group(k) or 0) for k in ("y", "mo", "d", "h", "mi", "s")))
+                y, mo, d, h, mi, sec = (int(m.group(k) or 0)
+                                        for k in ("y", "mo", "d", "h", "mi", "s"))
+                t = datetime(y, mo, d, h, mi, sec)
             except ValueError:
                 continue
             return {"time": t.astimezone().timestamp(), "source": "time in the file name",

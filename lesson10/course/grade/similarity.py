@@ -55,8 +55,8 @@ class _Strip(ast.NodeTransformer):
 
     def _body(self, node):
         body = node.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(
-                getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+        first = body[0].value if body and isinstance(body[0], ast.Expr) else None
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
             node.body = body[1:] or [ast.Pass()]
         return node
 
@@ -118,7 +118,7 @@ def _runs(body):
                     break
 
 
-def normalised(fn: ast.FunctionDef) -> list:
+def normalised(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list:
     """The body of ``fn`` with names and docstrings stripped."""
     stripped = _Strip().visit(ast.parse(ast.unparse(fn)).body[0])
     return stripped.body
