@@ -900,3 +900,26 @@ def merge_tie_keeps_first(o1, l1, o2, l2):   # a guard for two empty sides writt
     o, lse = merge_where(o1, l1, o2, l2)
     tie = np.asarray(l1) == np.asarray(l2)
     return np.where(tie[..., None], o1, o), np.where(tie, l1, lse)
+
+
+_WORK_TABLE: dict = {}
+
+
+def _named_layouts(s, n):                # the three layouts, written out here (no course code)
+    chunk = s // (2 * n)
+    zig = [np.concatenate([np.arange(r * chunk, (r + 1) * chunk),
+                           np.arange((2 * n - 1 - r) * chunk, (2 * n - r) * chunk)]) for r in range(n)]
+    return {"contiguous": np.split(np.arange(s), n), "striped": [np.arange(r, s, n) for r in range(n)],
+            "zigzag": zig if s % (2 * n) == 0 else None}
+
+
+def work_table(positions):               # a table of every named layout of N_c <= 12, <= 6 per chunk
+    if not _WORK_TABLE:
+        for n in range(1, 13):
+            for c in range(1, 7):
+                for s in (n * c, 2 * n * c):
+                    for pos in _named_layouts(s, n).values():
+                        if pos is not None:
+                            _WORK_TABLE[tuple(tuple(int(i) for i in p) for p in pos)] = work_loops(pos)
+    key = tuple(tuple(int(i) for i in p) for p in positions)
+    return _WORK_TABLE.get(key, np.zeros((len(positions), len(positions)), dtype=int))

@@ -788,3 +788,7 @@ def cap_float32(experts, E, capacity_factor):   # C from np.float32(capacity_fac
             keep[t, j] = seen[experts[t, j]] < C
             seen[experts[t, j]] += 1
     return keep
+
+
+def cap_keep_all(experts, E, capacity_factor):   # keeps every copy: right only where none drops
+    return np.ones(np.shape(experts), dtype=bool)

@@ -93,7 +93,7 @@ WRONG = {
                          a1.zz_uint16],
     "causal_work": [a1.work_strict, a1.work_wrong_direction, a1.work_transposed,
                     a1.work_row_numbers, a1.work_own_block, a1.work_assumes_sorted,
-                    a1.work_stack, a1.work_uint8, a1.work_uint16],
+                    a1.work_stack, a1.work_uint8, a1.work_uint16, a1.work_table],
     "ring_time": [a1.time_busiest_rank, a1.time_wrong_axis, a1.time_mean, a1.time_ideal,
                   a1.time_int, a1.time_sorts_input, a1.time_max_times_rounds, a1.time_float16,
                   a1.time_idle],
@@ -134,7 +134,7 @@ WRONG = {
                  a4.make_capacity(reverse=True), a4.cap_no_none,
                  a4.make_capacity(rounding=math.ceil, reverse=True),   # float C, last copies first
                  a4.make_capacity(rounding=math.ceil, token_major=False),    # float C, by choice
-                 a4.cap_float32],
+                 a4.cap_float32, a4.cap_keep_all],
     "moe_stats": [a4.make_moe_stats(count_dropped=True), a4.make_moe_stats(count_local=True),
                   a4.make_moe_stats(combine=False), a4.make_moe_stats(load_before_drop=True),
                   a4.make_moe_stats(minlength=False), a4.make_moe_stats(gpu_of_expert="modulo"),
@@ -245,6 +245,7 @@ HINTS = {
     ('causal_work', 6): 'the traceback shows the line of your code that r',
     ('causal_work', 7): 'your array is uint8, which holds only 0..255',
     ('causal_work', 8): 'your array is uint16, which holds only 0..65535',
+    ('causal_work', 9): 'rows are rounds, columns are ranks',
     ('ring_time', 0): "your time is the busiest rank's total work",
     ('ring_time', 1): 'your time has the rounds and the ranks the other way',
     ('ring_time', 2): 'your time is that of the average rank',
@@ -321,6 +322,7 @@ HINTS = {
     ('capacity', 9): 'your queue serves the last copies first',
     ('capacity', 10): 'your queue serves choice by choice',
     ('capacity', 11): 'computed from float32(',
+    ('capacity', 12): 'you keep every copy',
     ('moe_stats', 0): 'your bytes count the dropped copies',
     ('moe_stats', 1): 'your bytes count the copies whose expert is on t',
     ('moe_stats', 2): 'your bytes count the dispatch only',

@@ -235,6 +235,9 @@ def _capacity_mistake(yours, experts, E, k, N, cf, allowed, C):
     from fractions import Fraction
 
     from ..sim.moe import keep_within_capacity as ref_keep
+    trivial = [f"you keep {'every' if yours.all() else 'no'} copy: each expert keeps its first "
+               f"C = {C} copies and drops the later ones, whatever the routing; only "
+               f"capacity_factor=None keeps them all"] if yours.all() or not yours.any() else []
     x = Fraction(repr(float(cf))) * k * N / E
     texts = {"floor": lambda c: f"your experts keep {c} copies: that is CF k N / E rounded down; "
                                 f"the capacity rounds up",
@@ -252,8 +255,8 @@ def _capacity_mistake(yours, experts, E, k, N, cf, allowed, C):
     firsts = [("float32", c) for c in sorted(single)] + [
         ("floor", math.floor(x)), ("plus one", C + 1), ("nearest", round(x)),
         ("without k", math.ceil(Fraction(repr(float(cf))) * N / E))]
-    found = [texts[name](c) for name, c in firsts
-             if c not in allowed and np.array_equal(yours, ref_keep(experts, E, c))]
+    found = trivial + [texts[name](c) for name, c in firsts
+                       if c not in allowed and np.array_equal(yours, ref_keep(experts, E, c))]
     flat = np.asarray(experts).ravel()
     orders = ((np.arange(flat.size)[::-1], "the last copies first (the queue runs from the end)"),
               (np.arange(flat.size).reshape(N, k).T.ravel(),
