@@ -76,6 +76,15 @@ def _references():
     }
 
 
+@pytest.fixture()
+def course_code_allowed(monkeypatch):
+    """The course's own code as the answer: the check cell refuses it in a student's
+    function (lesson10/checks/refused.py), so these tests lift that rule."""
+    from lesson10.checks import refused
+    monkeypatch.setattr(refused, "WITHHELD", {})
+
+
+@pytest.mark.usefixtures("course_code_allowed")
 @pytest.mark.parametrize("name", sorted(_references()))
 def test_course_reference_passes(name, capsys):
     _check(name)(_references()[name], seed=7)
@@ -659,6 +668,7 @@ def _run_check(name, fn):
     ("merge", lambda *a: sim.merge(*a)),
     ("zigzag_positions", lambda s, n: layouts.shard_positions(s, n, "zigzag")),
 ])
+@pytest.mark.usefixtures("course_code_allowed")
 def test_checks_reject_complex_and_text_arrays(name, ref):
     """A complex answer used to pass (its imaginary part was dropped), text was parsed."""
     def to(kind):
@@ -673,6 +683,7 @@ def test_checks_reject_complex_and_text_arrays(name, ref):
             _run_check(name, _right_then(to(kind), ref))
 
 
+@pytest.mark.usefixtures("course_code_allowed")
 def test_checks_reject_complex_and_text_numbers():
     from lesson10 import cost
     right = lambda s, h, n, g=1, e=2: cost.comm_bytes("ulysses", s, h, n, g=g, e=e)  # noqa: E731

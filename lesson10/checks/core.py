@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import depends, feedback
+from . import depends, feedback, refused, returns
 from .diagnosis import Cases, Diagnosis, parts, with_wrapped_count
 from .feedback import CheckFailed, fallback
 from .precision import (
@@ -143,13 +143,13 @@ def _show(v: Verdict) -> None:
 # --------------------------------------------------------------------------- the decorator
 def _call(fn, *args, **kwargs):
     """Call the student's function; NotImplementedError passes through, any other error
-    becomes a CheckFailed that names the function and the error."""
+    becomes a CheckFailed that names the function and the error. What it returns is taken
+    by the return rule (:func:`.returns.plain`: exact numbers, torch tensors ... converted,
+    the same as in the grader; :class:`~.returns.ReturnRefused` otherwise)."""
     try:
-        return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise
-    except CheckFailed:
-        raise
+        out = fn(*args, **kwargs)
+    except (NotImplementedError, CheckFailed, returns.ReturnRefused):
+        raise                 # (a ReturnRefused here: the grader's sandbox applied the rule)
     except Exception as exc:  # noqa: BLE001 - any bug in student code is reported
         name = getattr(fn, "__name__", "your function")
         called = ", ".join(describe_value(a) for a in args)
@@ -158,6 +158,7 @@ def _call(fn, *args, **kwargs):
             f"  it was called with: {called}\n"
             f"hint: the traceback shows the line of your code that raised; try your function "
             f"on the example in the notebook first") from exc
+    return returns.plain(out)         # the return rule, as the grader applies it (:mod:`.returns`)
 
 
 def describe_value(x) -> str:
@@ -209,8 +210,9 @@ def register_exercise(exercise: str, notebook: str, points: int, title: str, fun
                 verdict = Verdict.of(ex, Status.FAILED, msg)
             else:
                 rng = np.random.default_rng(seed_of(exercise) if seed is None else seed)
-                verdict = judge_body(ex, student_fn, rng, name="your function",
-                                     run=lambda fn, r: depends.run_body(exercise, body, fn, r))
+                with refused.guard(exercise, notebook):   # the grader's rule on course code
+                    verdict = judge_body(ex, student_fn, rng, name="your function",
+                                         run=lambda fn, r: depends.run_body(exercise, body, fn, r))
             _judged(student_fn, verdict)
             return _show(verdict)
 

@@ -25,11 +25,13 @@ served, gets another result.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .core import CheckFailed, describe_value, fail_check, failure_message
+from .returns import same_process
 from .served_attention import ServedAttention, plural
 from .served_attention import numeric_array as _array
 from .served_attention import same_values as _same
@@ -50,10 +52,13 @@ class Referee:
     def __init__(self, exercise: str, where: str):
         self.exercise, self.where = exercise, where
         self.problem: str | None = None
+        self._pid = os.getpid()
 
-    def guard(self) -> None:
+    def guard(self, what: str = "served function") -> None:
         """Called at the start of every served call: once a rule is broken, every later
-        call raises the same problem (so the code cannot carry on as if nothing happened)."""
+        call raises the same problem (so the code cannot carry on as if nothing happened).
+        A call from another process (a pool worker) is refused (:func:`.returns.same_process`)."""
+        same_process(self._pid, what)
         if self.problem is not None:
             raise RuleBroken(self.problem)
 
@@ -179,7 +184,7 @@ class RingNetwork(_Served):
         """``xs[r]``: what rank r sends to rank r + 1 (an array, or a tuple/list of arrays such
         as ``(k, v, k_pos)``). Returns ``out`` with ``out[r]`` what rank r received."""
         ref, n = self._ref, self._n
-        ref.guard()
+        ref.guard("ring_shift")
         self._calls += 1
         call = f"in call {self._calls} of ring_shift"
         if not isinstance(xs, (list, tuple)) or len(xs) != n:
@@ -336,7 +341,7 @@ class AllToAllNetwork(_Served):
         """``blocks[i][j]``: the array rank i sends to rank j. Returns ``out`` with
         ``out[j][i]`` the block rank j received from rank i (fresh copies)."""
         ref, n = self._ref, self._n
-        ref.guard()
+        ref.guard("all_to_all")
         self._calls += 1
         if self._refuse is not None:
             ref.breach(*self._refuse)

@@ -63,7 +63,7 @@ class ServedAttention:
     def __call__(self, q, k, v, causal=False, q_pos=None, k_pos=None):
         from ..sim.attention import attention
         ref = self._ref
-        ref.guard()
+        ref.guard("attention kernel")
         n, a, a_kv = len(self._qh), self._a, self._a_kv
         q, k, v = (numeric_array(x) for x in (q, k, v))
         if q is None or k is None or v is None:

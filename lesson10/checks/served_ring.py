@@ -61,7 +61,7 @@ class ServedBlockAttention:
     def __call__(self, q, k, v, q_pos, k_pos, causal=True):
         from ..sim.attention import attention
         ref, n = self._ref, len(self._q)
-        ref.guard()
+        ref.guard("block_attention")
         q, k, v = (numeric_array(x) for x in (q, k, v))
         qp, kp = numeric_array(q_pos), numeric_array(k_pos)
         if q is None or k is None or v is None or qp is None or kp is None:
@@ -179,7 +179,7 @@ class ServedMerge:
     def __call__(self, o1, lse1, o2, lse2):
         from ..sim.attention import merge
         ref = self._ref
-        ref.guard()
+        ref.guard("merge")
         arrs = [numeric_array(x) for x in (o1, lse1, o2, lse2)]
         if any(a is None for a in arrs):
             ref.breach("merge got something that is not an array of numbers",

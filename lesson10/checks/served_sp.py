@@ -11,9 +11,12 @@ the first rule of the method an answer broke.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from . import mistakes
+from .returns import same_process
 from .served_attention import numeric_array, plural, same_values
 
 __all__ = ["ServedSP"]
@@ -29,8 +32,10 @@ class _Fn:
 
     def __init__(self, name, fn):
         self.__name__, self._fn = name, fn
+        self._pid = os.getpid()
 
     def __call__(self, *args, **kwargs):
+        same_process(self._pid, self.__name__)          # not from a pool worker
         return self._fn(*args, **kwargs)
 
     def __repr__(self) -> str:

@@ -9,6 +9,7 @@ grader's judge (:mod:`lesson10.course.grade.judge`)::
     NotImplementedError    -> not attempted (the function is still a stub)
     CheckFailed            -> failed        (what differs, where, and a hint)
     StudentError           -> failed        (the student's function raised)
+    ReturnRefused          -> failed        (it returned what the return rule refuses)
     any other Exception    -> failed        (the check could not use the answer)
 
 The judge adds only what crosses its process boundary (a fork that hung or died, an error
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .feedback import CheckFailed
+from .returns import ReturnRefused
 
 
 class Status(str, enum.Enum):
@@ -99,6 +101,11 @@ def not_attempted_message(name: str) -> str:
             f"run its check again")
 
 
+def refused_return_message(exercise: str, sentence: str) -> str:
+    """A return the return rule refuses, in the check cell and in the grader alike."""
+    return f"check_{exercise} failed: {sentence}"
+
+
 def judge_body(ex: _Exercise, fn, rng, *, name: str | None = None,
                passthrough: tuple[type[BaseException], ...] = (), run=None) -> Verdict:
     """Run ``ex.body(fn, rng)`` and turn what happens into a :class:`Verdict` (the ladder
@@ -115,6 +122,8 @@ def judge_body(ex: _Exercise, fn, rng, *, name: str | None = None,
         return Verdict.of(ex, Status.NOT_ATTEMPTED, not_attempted_message(name))
     except CheckFailed as exc:
         return Verdict.of(ex, Status.FAILED, str(exc))
+    except ReturnRefused as exc:          # the return rule (:mod:`.returns`), one sentence
+        return Verdict.of(ex, Status.FAILED, refused_return_message(ex.id, str(exc)))
     except StudentError as exc:
         return Verdict.of(ex, Status.FAILED, f"check_{ex.id} failed: {exc}",
                           cause=exc.__cause__, raised=True)

@@ -12,25 +12,10 @@ import re
 from pathlib import Path
 
 from ...checks import EXERCISES
+from ...checks.refused import USE_INSTEAD, use_instead  # noqa: F401 - one table with the check cell
 
 #: course notebooks that have no exercise (graded 0 of 0, not executed)
 NOTEBOOKS_WITHOUT_EXERCISES = ("06_multiprocess",)
-
-#: what an exercise should use instead of the course's code (said when it calls some)
-USE_INSTEAD = {
-    "sp_forward": "use the reduce_scatter, all_gather and op the check passes in",
-    "ring_attention": "use the group, block_attention and merge the check passes in",
-    "seq_to_heads": "split with NumPy and move the blocks with the group the check passes in",
-    "heads_to_seq": "split with NumPy and move the blocks with the group the check passes in",
-    "ulysses_attention": "use your seq_to_heads and heads_to_seq with the group, and the "
-                         "attention kernel, that the check passes in",
-    "causal_work": "count the visible pairs with NumPy",
-}
-
-
-def use_instead(exercise_id: str) -> str:
-    return USE_INSTEAD.get(exercise_id, "write it with NumPy and the functions you wrote")
-
 
 
 def course_notebooks() -> list[str]:
@@ -107,15 +92,47 @@ def identify(nb: dict, path: Path) -> tuple[str | None, str]:
                   f"notebook id ({', '.join(known)})")
 
 
+def _text(value) -> str:
+    """A metadata field as text ("" for a missing one, or one of another type)."""
+    return value.strip() if isinstance(value, str) else ""
+
+
+def kernel_language(nb) -> tuple[str, str]:
+    """``(language, kernel name)`` a notebook was saved with: the language from
+    ``metadata.language_info.name``, else ``metadata.kernelspec.language`` (lower case; ""
+    when neither says), and the kernel's name for messages. Fields of the wrong type
+    count as missing."""
+    meta = nb.get("metadata") if isinstance(nb, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    spec = meta.get("kernelspec") if isinstance(meta.get("kernelspec"), dict) else {}
+    info = meta.get("language_info") if isinstance(meta.get("language_info"), dict) else {}
+    lang = _text(info.get("name")) or _text(spec.get("language"))
+    name = _text(spec.get("name")) or _text(spec.get("display_name"))
+    return lang.lower(), name
+
+
+#: kernel names of other languages, for a notebook whose metadata names no language
+_OTHER_KERNELS = (("ir", "r"), ("julia", "julia"), ("ijulia", "julia"), ("javascript", "javascript"),
+                  ("ijavascript", "javascript"), ("bash", "bash"), ("xcpp", "c++"),
+                  ("evcxr", "rust"), ("gophernotes", "go"), ("scala", "scala"), ("java", "java"),
+                  (".net-", ".net"), ("octave", "octave"), ("matlab", "matlab"))
+
+
 def language_problem(nb: dict) -> str | None:
-    """Why this is not a Python notebook (its kernel), or None."""
-    meta = nb.get("metadata", {})
-    spec = meta.get("kernelspec") or {}
-    lang = (spec.get("language") or (meta.get("language_info") or {}).get("name") or "python")
-    name = spec.get("name") or "python3"
-    if str(lang).lower() != "python" or not str(name).lower().startswith(("python", "py")):
-        return f"not a Python notebook (kernel {name!r}, language {lang!r})"
-    return None
+    """Why this is not a Python notebook, or None. The kernel's language decides, never its
+    name: a conda kernel (``conda-env-ml-py``), xeus-python (``xpython``), pyenv or venv
+    kernels are Python; a notebook that names no language is taken as Python (the grader
+    runs it as Python and judges what it does)."""
+    lang, name = kernel_language(nb)
+    if not lang:                    # no language said: only a kernel known for another one
+        lang = next((other for prefix, other in _OTHER_KERNELS
+                     if name.lower().startswith(prefix)), "")
+    if lang in ("", "python", "python3", "ipython", "ipython3"):
+        return None
+    kernel = f"kernel {name!r}, " if name else ""
+    return (f"not a Python notebook ({kernel}language {lang!r}): it was saved from a "
+            f"{lang} kernel; open it with a Python 3 kernel, run it, save it, and hand it in "
+            f"again")
 
 
 #: magics that run their text as Python in the kernel (``%%time``, ``%timeit x``, ...): a
@@ -195,3 +212,55 @@ def code_cells(nb: dict) -> list[tuple[int, str]]:
         if src.strip():
             out.append((i, src))
     return out
+
+
+def _is_not_implemented(node: ast.Raise) -> bool:
+    exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError" or \
+        isinstance(exc, ast.Attribute) and exc.attr == "NotImplementedError"
+
+
+def _blocks(node):
+    """The statement lists inside ``node`` (a function's body, both sides of an ``if``,
+    the handlers of a ``try``, the cases of a ``match`` ...)."""
+    for field in ("body", "orelse", "finalbody"):
+        inner = getattr(node, field, None)
+        if isinstance(inner, list):
+            yield inner
+    for part in list(getattr(node, "handlers", [])) + list(getattr(node, "cases", [])):
+        yield part.body
+
+
+def _live_raises(body: list) -> int:
+    """``raise NotImplementedError`` statements of a block that can run: a block's
+    statements after its ``return``, ``raise``, ``break`` or ``continue`` are dead."""
+    count = 0
+    for node in body:
+        if isinstance(node, ast.Raise):
+            return count + int(_is_not_implemented(node))
+        count += sum(_live_raises(inner) for inner in _blocks(node))
+        if isinstance(node, (ast.Return, ast.Break, ast.Continue)):
+            return count
+    return count
+
+
+def unwritten(nb) -> int:
+    """How many exercises of ``nb`` are left unwritten, for the copy rule: the
+    ``raise NotImplementedError`` statements its code cells can still execute (read as
+    Python, :func:`ast`): a stub kept as a comment, or as dead code after a ``return``,
+    does not count. A cell that is not Python counts its ``raise NotImplementedError``
+    words."""
+    count = 0
+    cells = nb.get("cells", []) if isinstance(nb, dict) else []
+    for cell in cells if isinstance(cells, list) else []:
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        src = cell.get("source", "")
+        src = "".join(map(str, src)) if isinstance(src, list) else str(src)
+        try:
+            tree = ast.parse(_as_python(src))
+        except (SyntaxError, ValueError):
+            count += len(re.findall(r"raise\s+NotImplementedError", src))
+            continue
+        count += _live_raises(tree.body)
+    return count

@@ -38,14 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...checks import EXERCISES
-from . import accounting, course, nbread
+from . import accounting, course, nbread, submission_files
 from .accounting import SKIP_FOLDERS
 
 #: how one of several copies of a notebook is chosen (README "Instructors" says the same)
-COPY_RULE = ("the file with the fewest exercises left unwritten (code cells that still raise "
-             "NotImplementedError); on a tie the most recently modified file; then a name "
-             "without a copy's decoration ('Copy of ', '-Copy1', ' (1)'); then the shortest "
-             "path, then the path in alphabetical order")
+COPY_RULE = ("never a symbolic link beside a real file; the file with the fewest exercises "
+             "left unwritten (raise NotImplementedError statements its code can still run, "
+             "comments and code after a return not counted); on a tie the most recently "
+             "modified file; then a name without a copy's decoration ('Copy of ', '-Copy1', "
+             "' (1)'); then the shortest path, then the path in alphabetical order")
 
 
 #: the statuses an exercise can have in a row, and what each means
@@ -270,9 +271,7 @@ def _look(path: Path, content: bytes | None) -> tuple[str | None, int, bool]:
     nb = nbread.read(path, content)[0] if content is not None else None
     if nb is None:
         return course.identify({}, path)[0], 1 << 30, False
-    stubs = sum(len(re.findall(r"raise\s+NotImplementedError", cell.get("source", "")))
-                for cell in nb.cells if cell.get("cell_type") == "code")
-    return course.identify(nb, path)[0], stubs, True
+    return course.identify(nb, path)[0], course.unwritten(nb), True
 
 
 def _mtime(path: Path) -> float:
@@ -341,7 +340,7 @@ def plan(paths: list[Path], contents: dict, *, student: str | None = None,
     for it in items:
         if it.notebook is not None and contents.get(it.path) is not None:
             groups.setdefault((it.student, it.notebook), []).append(it)   # a missing file: its own
-    ignored: dict[Path, Item] = {}
+    ignored: dict[Path, Item] = submission_files.links_beside_files(items, groups, _rank)
     collisions = []
     for (who, nid), group in groups.items():
         if len(group) < 2:

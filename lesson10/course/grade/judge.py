@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from ...checks import parts as checks_parts
+from ...checks.returns import ReturnRefused
 from ...checks.verdict import Status, Verdict, judge_body
 from . import course, wire
 
@@ -41,6 +42,8 @@ def remote_error(type_name: str, message: str) -> BaseException:
     """An exception standing for one raised on the other side (never unpickled)."""
     if type_name == "NotImplementedError":
         return NotImplementedError(message)
+    if type_name == "ReturnRefused":          # the return rule's refusal, said as the check cell does
+        return ReturnRefused(message)
     cls = type(str(type_name)[:80] or "Error", (RemoteError,), {})
     return cls(message)
 

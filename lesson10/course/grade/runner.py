@@ -11,7 +11,9 @@ stand-in (:mod:`.standin`): no course code. When a cell calls
 2. the runner forks. The child is the notebook exactly as it is at that cell, with no
    thread a library started (a fork keeps only the calling thread); it serves the
    judge's calls of ``fn`` on the channel (arguments and results are plain data, see
-   :mod:`.wire`; a callable argument is a stub that calls the judge back) and exits;
+   :mod:`.wire`; what ``fn`` returns is first taken by the check cell's return rule,
+   :mod:`lesson10.checks.returns`, copied here as ``_lesson10_returns``; a callable
+   argument is a stub that calls the judge back, from this process only) and exits;
 3. the parent waits for the child (killing it at the exercise's time limit), then
    prints the verdict the judge sends as the check cell's output, and goes on.
 
@@ -49,6 +51,7 @@ def _set_path() -> None:
 # only when it runs: a test that imports this file must not change its own path
 if __name__ == "__main__":
     _set_path()
+import _lesson10_returns as returns  # noqa: E402 - the return rule (lesson10/checks/returns.py)
 import _lesson10_wire as wire  # noqa: E402
 
 OUTPUT_CAP = 100_000            # characters of output kept per cell
@@ -368,6 +371,36 @@ def _wait(pid: int, timeout: float) -> str:
             time.sleep(min(left, 0.01))
 
 
+class _Callback:
+    """What the judge serves, on this side: each call asks the judge over the channel.
+    Threads of the judged process share the channel (one callback at a time, under
+    ``lock``); another process (a forked pool worker, or a spawned one, which gets a
+    :class:`~lesson10.checks.returns.Elsewhere` when this is pickled) is refused with the
+    sentence the check cell says (``returns.other_process``): its bytes would interleave
+    with this process's on the channel."""
+
+    def __init__(self, conn, lock, fid: int, name: str):
+        self._conn, self._lock, self._fid = conn, lock, fid
+        self.__name__ = self.__qualname__ = name
+        self._pid = os.getpid()
+
+    def __call__(self, *args, **kwargs):
+        returns.same_process(self._pid, self.__name__)
+        tree, blobs = wire.encode(returns.plain([list(args), dict(kwargs)]), [])
+        with self._lock:
+            self._conn.send({"op": "callback", "id": self._fid, "args": tree}, blobs)
+            msg, blobs = self._conn.recv()
+        if msg.get("op") == "return":
+            return wire.decode(msg["value"], blobs)
+        raise _remote(str(msg.get("type", "Error")), str(msg.get("message", "")))
+
+    def __reduce__(self):
+        return (returns.Elsewhere, (self.__name__,))
+
+    def __repr__(self) -> str:
+        return f"<the check's {self.__name__}>"
+
+
 class Serve:
     """The judged child's side of a channel: call ``fn`` as the judge asks."""
 
@@ -378,19 +411,7 @@ class Serve:
         self.lock = threading.Lock()
 
     def _stub(self, fid: int, name: str):
-        conn, lock = self.conn, self.lock
-
-        def stub(*args, **kwargs):
-            tree, blobs = wire.encode([list(args), dict(kwargs)], [])
-            with lock:
-                conn.send({"op": "callback", "id": fid, "args": tree}, blobs)
-                msg, blobs = conn.recv()
-            if msg.get("op") == "return":
-                return wire.decode(msg["value"], blobs)
-            raise _remote(str(msg.get("type", "Error")), str(msg.get("message", "")))
-
-        stub.__name__ = stub.__qualname__ = name
-        return stub
+        return _Callback(self.conn, self.lock, fid, name)
 
     def serve(self, fn):
         while True:
@@ -402,7 +423,7 @@ class Serve:
                 return
             args, kwargs = wire.decode(msg["args"], blobs, make_fn=self._stub)
             try:
-                result = fn(*args, **kwargs)
+                result = returns.plain(fn(*args, **kwargs))     # as the check cell takes it
                 tree, out = wire.encode([result, [list(args), dict(kwargs)]], [])
                 reply = {"op": "result", "value": tree, "aliases": wire.shared(result, args)}
             except wire.WireError as exc:

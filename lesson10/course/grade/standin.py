@@ -9,8 +9,9 @@ while nothing of the course is there to call, copy or read.
 
 It is written from the package's *source text* (the ``ast`` of each module), so making
 it imports nothing of the package, torch-using ``spmd`` included. The folder it fills
-also holds the two files of the grader that run in the sandbox: the runner
-(``_lesson10_runner.py``) and the wire (``_lesson10_wire.py``); they are not course code.
+also holds the files of the grader that run in the sandbox: the runner
+(``_lesson10_runner.py``), the wire (``_lesson10_wire.py``) and the return rule the check
+cell applies too (``_lesson10_returns.py``, from ``checks/returns.py``); none is course code.
 
 A two-line example: the real ``lesson10/sim/ring.py`` defines ``ring_attention`` and
 ``lesson10/sim/__init__.py`` re-exports it; the stand-in's ``sim/ring.py`` then says
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import lesson10
 
+from ...checks.refused import REFUSAL
 from .withheld import ADAPTERS, WITHHELD, is_real, real_module
 
 #: modules of the package that are written specially (the rest become stubs)
@@ -45,7 +47,7 @@ JUDGING = None
 def _refuse(name):
     if JUDGING is not None:
         exercise, instead = JUDGING
-        raise NotAvailable(f"exercise {exercise} may not call {name}; {instead}")
+        raise NotAvailable(_REFUSAL.format(exercise=exercise, name=name, instead=instead))
     raise NotAvailable(
         f"{name} is not available while the grader runs this notebook: the sandbox holds a "
         f"stand-in lesson10 with the course's names but none of its code. Your exercises "
@@ -367,10 +369,12 @@ def write(folder: Path, source: Path | None = None, notebook: str | None = None)
     (pkg / "course" / "grade").mkdir(parents=True, exist_ok=True)
     (pkg / "course" / "grade" / "__init__.py").write_text(
         '"""The grader is not in the sandbox."""\n', encoding="utf-8")
-    (pkg / "_standin.py").write_text(_STANDIN_HELPERS + ADAPTERS, encoding="utf-8")
+    helpers = _STANDIN_HELPERS + f"\n\n_REFUSAL = {REFUSAL!r}\n" + ADAPTERS
+    (pkg / "_standin.py").write_text(helpers, encoding="utf-8")
     here = Path(__file__).parent
     shutil.copyfile(here / "wire.py", folder / "_lesson10_wire.py")
     shutil.copyfile(here / "runner.py", folder / "_lesson10_runner.py")
+    shutil.copyfile(here.parent.parent / "checks" / "returns.py", folder / "_lesson10_returns.py")
     for path in folder.rglob("*"):
         os.chmod(path, 0o555 if path.is_dir() else 0o444)
     os.chmod(folder, 0o555)

@@ -142,3 +142,25 @@ def helper_files(notebook: Path, *, student: str | None = None, sharing: Sequenc
     finally:
         os.close(dir_fd)
     return out
+
+
+def is_link(path: Path) -> bool:
+    """Whether ``path`` is a symbolic link (never read, never graded beside a real file)."""
+    try:
+        return stat.S_ISLNK(os.stat(path, follow_symlinks=False).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def links_beside_files(items, groups: dict, rank) -> dict:
+    """``{path of a link: the item graded instead}`` for every symbolic link in ``items``
+    that stands beside a real file of the same student and notebook (``groups``: (student,
+    notebook) -> the readable items; ``rank``: the copy rule's sort key). Such a link is
+    named among the copies not graded and skipped: it never becomes the student's notebook,
+    whatever it points to. A link alone stays in the plan (its report says it is refused)."""
+    out = {}
+    for it in items:
+        real = groups.get((it.student, it.notebook))
+        if it.notebook is not None and real and it not in real and is_link(it.path):
+            out[it.path] = min(real, key=rank)
+    return out

@@ -183,6 +183,9 @@ class Served:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} offering {', '.join(self._names)}>"
 
+    def __reduce__(self):            # pickled for a spawned worker: its stubs refuse there
+        return (Served, ({name: self.__dict__[name] for name in self._names},))
+
 
 def check_shape(msg: dict, cell) -> bool:
     """Whether a runner's ``check`` request has the shape the runner sends: from the cell
@@ -261,7 +264,11 @@ class Conn:
         the deadline :class:`Timeout`."""
         (n,) = struct.unpack(">Q", self._read(8, deadline))
         if n > MAX_HEADER:
-            raise WireError(f"message header of {n} bytes is over the limit")
+            raise WireError(f"the channel is out of step: a message announced a header of {n} "
+                            f"bytes (over the limit of {MAX_HEADER // 2**20} MiB). Something besides "
+                            f"the grader wrote to the channel, such as a forked multiprocessing "
+                            f"pool worker calling what the check served: call it from your "
+                            f"function's own process (threads are fine)")
         raw = self._read(n, deadline)
         msg, sizes = _header(raw)
         if sum(sizes) + n > MAX_BYTES:

@@ -23,55 +23,13 @@ from __future__ import annotations
 
 import ast
 
+from ...checks.refused import WITHHELD
+
 #: the modules (paths under lesson10/) shipped as real code, the rest being stubs
 REAL = ("layouts.py", "cost.py", "topology.py", "sim/")
 
 #: notebook -> {qualified name as defined: the student's function, "adapter:NAME" or None}
-WITHHELD: dict[str, dict[str, str | None]] = {
-    "01_sequence_parallel": {
-        "lesson10.sim.comm.SimGroup.reduce_scatter": "adapter:group_reduce_scatter",
-        "lesson10.sim.comm.SimGroup.all_gather": "adapter:group_all_gather",
-        "lesson10.sim.comm.SimGroup.all_reduce": "adapter:group_all_reduce",
-        "lesson10.sim.comm.SimGroup._sum": None,
-        "lesson10.sim.sp.sp_forward": "sp_forward",
-        "lesson10.sim.sp.tp_forward": "adapter:tp_forward",
-        "lesson10.cost.comm_bytes": "adapter:comm_bytes",
-        "lesson10.cost.all_reduce_bytes": None,
-        "lesson10.cost.reduce_scatter_bytes": None,
-        "lesson10.cost.all_gather_bytes": None,
-    },
-    "02_ring_attention": {
-        "lesson10.sim.attention.attention": "adapter:attention",
-        "lesson10.sim.attention.merge": "merge",
-        "lesson10.sim.ring.ring_attention": "ring_attention",
-    },
-    "03_load_balance": {
-        "lesson10.layouts.shard_positions": "adapter:shard_positions",
-        "lesson10.layouts._token_work": "adapter:token_work",
-        "lesson10.layouts.ring_time": "ring_time",
-        "lesson10.sim.ring.ring_attention": "adapter:ring_by_documents",
-    },
-    "04_ulysses": {
-        "lesson10.sim.ulysses.seq_to_heads": "seq_to_heads",
-        "lesson10.sim.ulysses.heads_to_seq": "heads_to_seq",
-        "lesson10.sim.ulysses._all_to_all_axes": None,
-        "lesson10.sim.ulysses.ulysses_attention": "adapter:ulysses_attention",
-        "lesson10.cost.comm_bytes": "adapter:comm_bytes",
-        "lesson10.cost.usp_bytes": "adapter:usp_bytes",
-    },
-    "05_moe_dispatch": {
-        "lesson10.sim.moe.route_topk": "adapter:route_topk",
-        "lesson10.sim.capacity.keep_within_capacity": "adapter:keep_within_capacity",
-        "lesson10.sim.capacity._queues": None,
-        "lesson10.sim.capacity.arrival_order": None,
-        "lesson10.cost.expert_capacity": "adapter:expert_capacity",
-        "lesson10.sim.moe._kept_per_source": None,
-        "lesson10.sim.moe.simulate_moe": "adapter:simulate_moe",
-        "lesson10.sim.moe.moe_layer": None,
-        "lesson10.sim.moe.moe_reference": None,
-        "lesson10.sim.moe.switch_aux_loss": "switch_aux_loss",
-    },
-}
+#: (one table with the check cell, which refuses the same calls: :mod:`lesson10.checks.refused`)
 
 #: stand-ins built from the student's functions (they run in the sandbox, in _standin.py);
 #: each is course code that is no exercise's answer: the lesson's closed forms of the other
