@@ -113,9 +113,11 @@ def test_the_time_is_stated_at_the_top(name):
 
 
 def test_each_notebook_starts_easy_and_ends_hard_where_the_order_allows():
+    assert _functions(_cells("01_sequence_parallel")) == ["reduce_scatter", "all_gather", "sp_bytes", "sp_forward"]
     assert _functions(_cells("02_ring_attention")) == ["merge", "block_attention", "ring_attention"]
     assert _functions(_cells("03_load_balance"))[0] == "ring_time"
     assert _functions(_cells("04_ulysses"))[-1] == "ulysses_attention"
+    assert _functions(_cells("05_moe_dispatch"))[-1] == "moe_stats"
 
 
 def test_the_contradictions_of_the_review_are_gone():

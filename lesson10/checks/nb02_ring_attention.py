@@ -409,7 +409,7 @@ def _ring_diagnosis(out, full_in, kernel, causal, swap, large, where) -> None:
         fail_check("ring_attention", where, "your output is not finite where the scores are near "
                    "+-1000 (the lse of a block is then about +-1000)", show=False,
                    hint="e^1000 overflows and e^-1000 is 0: a merge that exponentiates the lse "
-                        "needs the max shift, as in your merge of exercise 2 (or use the merge "
+                        "needs the max shift, as in your merge of exercise 1 (or use the merge "
                         "you were given)")
     known = mask_mistakes(q, k, v, pos, local_rows=True) if causal else {}
     diagnose("ring_attention", out, {**known, **_ring_mistakes(q, k, v, pos, causal)}, where)
