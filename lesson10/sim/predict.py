@@ -28,7 +28,7 @@ def _show(x) -> str:
     return f"{x:.4g}"
 
 
-def _numeric(prediction, truth: float, unit: str, rtol: float, atol: float) -> str:
+def _numeric(prediction, truth: Real, unit: str, rtol: float, atol: float) -> str:
     if isinstance(prediction, bool) or not isinstance(prediction, Real):
         return (f"your prediction {prediction!r} is not a number: write a number (in {unit or 'the unit asked'}), "
                 f"then run this cell again. The answer: {_show(truth)} {unit}".rstrip())
