@@ -79,6 +79,8 @@ def test_every_exercise_notebook_carries_its_id_and_function_names_match_the_che
         assert course.identify(nb, Path("renamed.ipynb"))[0] == path.stem
     for path in sorted((ROOT / "solutions").glob("*.ipynb")):
         assert path.stem in course.course_notebooks()
+        if path.stem in course.NOTEBOOKS_WITHOUT_EXERCISES:    # 06: checked in Jupyter only, not registered
+            continue
         text = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
         for ex_id, fn in re.findall(r"check_(\w+)\((\w+)\)", text):
             assert course.function_name(ex_id) == fn, (path.name, ex_id)

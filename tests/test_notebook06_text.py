@@ -1,5 +1,6 @@
 """Notebook 06 says what it runs: the methods it launches, how long it takes, the block sizes
-of its c* sweep, and why a timing may contradict the lesson (issue 16)."""
+of its c* sweep, and why a timing may contradict the lesson (issue 16); its two exercises, its
+launches' time limits and its numbers said as the code computes them (issue 31)."""
 import inspect
 import json
 import re
@@ -20,10 +21,43 @@ def test_intro_names_every_method_it_runs_and_a_measured_duration():
     assert "six methods" in intro and "four methods" not in intro
     for method in ("ring", "ulysses", "moe", "allgather", "usp"):
         assert method in code.lower(), method
-    assert "under a minute" not in intro
-    low, high = map(int, re.search(r"(\d+) to (\d+) seconds", intro).groups())
-    assert 0 < low < high
+    assert "under a minute" not in intro and "no exercises" not in intro
+    assert "Two exercises" in intro and "checked in Jupyter only" in intro
+    measured = re.search(r"Running it took about (\d+) minutes .*?\(measured: (\d+) s at load (\d+)", intro, re.S)
+    assert measured, intro
+    minutes, seconds = int(measured.group(1)), int(measured.group(2))
+    assert 0 < minutes < 30 and abs(seconds / 60 - minutes) < 1         # the two say the same
     assert any("time.perf_counter() - t_start" in c for c in cells)   # and it prints its own
+
+
+def test_every_launch_has_a_limit_that_follows_the_machine():
+    """Under load the 60 s default stopped USP and the c* sweep (issue 31): each launch of the
+    notebook passes launch_timeout(...), which grows with the load."""
+    code = "\n".join(c for c in _cells() if "launch(" in c)
+    calls = re.findall(r"(?<![\w.])launch\((?!my_worker|\.\.\.)", code)   # my_worker: refused before any start
+    assert len(calls) >= 12
+    assert code.count("timeout=launch_timeout(") == len(calls)
+
+
+def test_the_text_says_the_numbers_the_code_uses():
+    cells = _cells()
+    timing = next(c for c in cells if "time_attention" in c and "launch(" in c)
+    reps = int(re.search(r"SEQ, REPS = \d+, (\d+)", timing).group(1))
+    text = next(c for c in cells if "We time causal ring attention" in c)
+    assert f"the median of {reps} timed" in text and "median of 3" not in "".join(text.split())
+    nodes = next(c for c in cells if "The flat all-to-all sends one copy per" in c)
+    assert "about as many" not in nodes and "8,960" in nodes and "9,984" in nodes
+    assert any("assert flat_limited >= flat" in c for c in cells)    # the cell checks the claim
+
+
+def test_two_exercises_each_with_a_check_cell_that_launches_ranks():
+    cells = _cells()
+    for name, check in (("def ring_shift(", "check_ring_shift(ring_shift)"),
+                        ("class GatherFromSP(torch.autograd.Function)", "check_gather_from_sp(GatherFromSP)")):
+        at = next(i for i, c in enumerate(cells) if name in c)
+        assert "### BEGIN SOLUTION" in cells[at] and "dist." in cells[at]
+        assert check in cells[at + 1]
+        assert len(cells[at - 1].split()) <= 250                       # the exercise text
 
 
 def test_timing_section_says_when_the_machine_is_busy_or_zigzag_loses():
@@ -40,10 +74,14 @@ def test_cstar_sweep_sizes_are_the_ones_the_text_explains():
 
 
 def test_the_exercise_copy_runs_the_same_code():
-    """make test runs notebook 06 once, from solutions/ (it has no exercises): the copy in
-    notebooks/ must hold the same code cells, or it would go untested there."""
-    def code(path):
+    """make test runs notebook 06 once, from solutions/: the copy in notebooks/ must hold the
+    same code cells but for the exercises' stubs, or it would go untested there."""
+    from lesson10.course.build import strip_solutions
+
+    def code(path, strip=False):
         nb = json.loads(path.read_text(encoding="utf-8"))
-        return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+        cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+        return [strip_solutions(c) if strip else c for c in cells]
     exercise = NB.parent.parent / "notebooks" / NB.name
-    assert code(exercise) == code(NB) and len(code(NB)) > 5
+    assert code(exercise) == code(NB, strip=True) and len(code(NB)) > 5
+    assert code(exercise) != code(NB)                     # the exercises are stubs there
