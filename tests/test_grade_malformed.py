@@ -189,3 +189,12 @@ def test_the_old_malformed_shapes_are_still_caught_when_given_as_a_dict():
             import nbformat
             nbformat.validate(copy.deepcopy(raw))
         assert "ValidationError" in type(info.value).__name__
+
+
+def test_the_cell_count_limit(monkeypatch):
+    data = json.dumps(_solution()).encode()
+    monkeypatch.setattr(nbread, "MAX_CELLS", len(_solution()["cells"]) - 1)
+    nb, why = nbread.read(Path("x.ipynb"), data)
+    assert nb is None and "cells, over the grader's limit" in why
+    monkeypatch.setattr(nbread, "MAX_CELLS", len(_solution()["cells"]))
+    assert nbread.read(Path("x.ipynb"), data)[1] is None

@@ -30,7 +30,7 @@ def _notebook() -> bytes:
 def _plan(tmp_path: Path, batch: archives.Batch) -> gradebook.Plan:
     return gradebook.plan(batch.paths, batch.contents, others=batch.others,
                           anchors=batch.unpacked.zips, notes=batch.unpacked.refused,
-                          real=batch.real)
+                          real=batch.real, named=batch.unpacked.named)
 
 
 def test_a_canvas_zip_with_a_zip_inside_counts_for_its_student(tmp_path):
@@ -166,3 +166,30 @@ def test_the_student_of_a_lone_zip_is_its_name(tmp_path):
     batch = archives.gather([z], tmp_path / "u")
     assert [it.student for it in _plan(tmp_path, batch).graded] == ["carol"]
     assert json.loads(batch.contents[batch.paths[0]])["nbformat"] == 4
+
+
+def test_a_file_over_the_limit_inside_a_zip_costs_its_points_only(tmp_path, monkeypatch, capsys):
+    """Refused files are reported before any code runs (no sandbox needed)."""
+    from lesson10.course.grade import main, nbread
+    monkeypatch.setattr(nbread, "MAX_NOTEBOOK_BYTES", len(_notebook()) - 1)
+    (tmp_path / "class" / "carol").mkdir(parents=True)
+    (tmp_path / "class" / "carol" / "hw.zip").write_bytes(_zip({NB03: _notebook()}))
+    out = tmp_path / "r.json"
+    status = main([str(tmp_path / "class"), "--no-sandbox", "--output", str(out), "--no-results"])
+    assert status == 1                                    # points lost, no grader error
+    (rep,) = json.loads(out.read_text())["notebooks"]
+    assert rep["ok"] and rep["student"] == "carol" and rep["notebook"].endswith(f"hw.zip/{NB03}")
+    assert {e["status"] for e in rep["exercises"]} == {"unreadable"}
+    assert "limit" in rep["feedback"][0]
+
+
+def test_a_students_zip_beside_the_others_folders_is_named_after_them(tmp_path):
+    cls = tmp_path / "class"
+    (cls / "alice").mkdir(parents=True)
+    (cls / "alice" / NB03).write_bytes(_notebook())
+    (cls / "bob.zip").write_bytes(_zip({f"lesson10-main/notebooks/{NB03}": _notebook()}))
+    (cls / "carol.zip").write_bytes(_zip({NB03: _notebook()}))
+    (cls / "late.zip").write_bytes(_zip({f"dave/{NB03}": _notebook()}))
+    batch = archives.gather([cls], tmp_path / "u")
+    assert sorted(it.student for it in _plan(tmp_path, batch).graded) == \
+        ["alice", "bob", "carol", "dave"]

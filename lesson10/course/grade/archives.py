@@ -38,11 +38,13 @@ class UnsafeArchive(ValueError):
 class Unpacked:
     """What the archives of a batch hold: ``roots`` (folders to search, as the command line's
     folders are), ``shown`` (real path -> the path inside the zip that the outputs show),
-    ``zips`` (every zip unpacked, as shown: its folder's student owns what it holds) and
-    ``refused`` (zip as shown -> why it was not unpacked)."""
+    ``zips`` (every zip unpacked, as shown: its folder's student owns what it holds),
+    ``named`` (those of them named on the command line) and ``refused`` (zip as shown (its
+    absolute path) -> why it was not unpacked)."""
     roots: list[Path] = field(default_factory=list)
     shown: dict[str, Path] = field(default_factory=dict)
     zips: list[Path] = field(default_factory=list)
+    named: list[Path] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
     members: int = 0
     size: int = 0
@@ -138,6 +140,7 @@ def _extract(archive: Path, target: Path, budget: Unpacked) -> None:
 def unpack(paths, tmp: Path) -> Unpacked:
     """Unpack every zip of ``paths`` (nested ones too) into ``tmp``; see the module."""
     out = Unpacked()
+    given = {os.path.abspath(p) for p in paths if not Path(p).is_dir()}
     todo = [(z, Path(z), 1) for z in find_zips(paths)]
     while todo:
         real, shown, level = todo.pop(0)
@@ -155,6 +158,8 @@ def unpack(paths, tmp: Path) -> Unpacked:
         out.roots.append(Path(os.path.abspath(target)))
         out.shown[str(out.roots[-1])] = shown
         out.zips.append(shown)
+        if level == 1 and os.path.abspath(shown) in given:
+            out.named.append(shown)
         todo += [(z, out.show(z), level + 1) for z in find_zips([target])]
     return out
 

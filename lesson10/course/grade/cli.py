@@ -284,7 +284,7 @@ def _batch(args, box, seed: int, old, unzipped: Path) -> int:
                                notebook=it.notebook, limits=_limits(args)) for it in plan.graded}
     sandboxed = not args.no_sandbox
     try:
-        results = _grade(args, plan, contents, helpers, keys, box, seed)
+        results = _grade(args, plan, contents, helpers, keys, box, seed, found.real)
     except _SetupError as exc:
         return _fail(str(exc))
     if box is None:
@@ -311,7 +311,8 @@ def _plan(args, paths, contents, others, old, found=None) -> gradebook.Plan:
                           base=old.get("root") if old is not None else None,
                           anchors=found.unpacked.zips if found is not None else (),
                           notes=found.unpacked.refused if found is not None else None,
-                          real=found.real if found is not None else None)
+                          real=found.real if found is not None else None,
+                          named=found.unpacked.named if found is not None else ())
     for name in plan.not_on_roster():
         print(f"grade: warning: {name} is not on the roster", file=sys.stderr)
     for option in ("gradescope", "classroom"):
@@ -362,7 +363,7 @@ def _options(args, seed: int) -> tuple[Options, Path]:
     return opts, box_dir
 
 
-def _grade(args, plan, contents, helpers, keys, box, seed) -> list[dict]:
+def _grade(args, plan, contents, helpers, keys, box, seed, real=None) -> list[dict]:
     """Each graded file's report, in the plan's order: the stored one where the results
     folder has it, else graded now and stored at once."""
     stored = {it.path: box.get(keys[it.path]) if box is not None else None
@@ -382,7 +383,7 @@ def _grade(args, plan, contents, helpers, keys, box, seed) -> list[dict]:
         try:
             with ThreadPoolExecutor(max_workers=args.jobs) as pool:
                 for it, rep in zip(unique, pool.map(lambda it: _one(args, opts, it, contents,
-                                                                    helpers, save), unique)):
+                                                                    helpers, save, real), unique)):
                     fresh[it.path] = rep
         finally:
             _remove(box_dir)
@@ -425,8 +426,10 @@ def _same_as(args, graded: gradebook.Item, rep: dict, item: gradebook.Item, seed
     return out
 
 
-def _one(args, opts: Options, item: gradebook.Item, contents, helpers, save=None) -> dict:
-    """Grade one file; its report goes to the results folder as soon as it is known."""
+def _one(args, opts: Options, item: gradebook.Item, contents, helpers, save=None,
+         real=None) -> dict:
+    """Grade one file (read from ``real[path]``, the file on disk, when it came from a zip);
+    its report goes to the results folder as soon as it is known."""
     path = item.path
     if not args.json:
         print(f"grading {path} ({item.student}) ...", file=sys.stderr, flush=True)
@@ -434,8 +437,9 @@ def _one(args, opts: Options, item: gradebook.Item, contents, helpers, save=None
     mine = replace(opts, standin=opts.standin.parent / standin.folder_for(item.notebook)) \
         if opts.standin is not None else opts
     try:
-        rep = grade_notebook(path, mine, content=contents[path], files=helpers[path],
-                             student=item.student)
+        rep = grade_notebook(Path((real or {}).get(path, path)), mine, content=contents[path],
+                             files=helpers[path], student=item.student)
+        rep["notebook"] = str(path)
     except Exception as exc:  # noqa: BLE001 - a grader bug: report it, go on
         from .notebook import notebook_report
         # the plan knows which notebook it is: its row says "grader error" once, not

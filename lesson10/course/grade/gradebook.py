@@ -148,11 +148,13 @@ def _posix(path: Path) -> str:
 
 def student_keys(paths: list[Path], student: str | None = None,
                  student_from: str | None = None, roster: list[str] | None = None,
-                 base: str | None = None) -> dict[Path, tuple[str, str]]:
+                 base: str | None = None, anchors=(), named=()) -> dict[Path, tuple[str, str]]:
     """``path -> (student, where)`` (see the module's docstring). ``where`` tells apart two
     places that give the same name: the student's folder (folder keys), the path up to the
     end of the ``student`` group (``--student-from``), nothing (``--student``). ``base``: the
-    class's folder (a results folder's), used instead of the common parent under it."""
+    class's folder (a results folder's), used instead of the common parent under it.
+    ``anchors``: zips unpacked (their folder is where their files stand), ``named``: the
+    absolute paths of those named on the command line (each names its student)."""
     if student is not None:
         if not student.strip():
             raise PlanError("--student needs a name")
@@ -175,15 +177,20 @@ def student_keys(paths: list[Path], student: str | None = None,
                                 f"{_posix(p)!r}")
             keys[p] = (name, _posix(p)[:m.end("student")])
         return keys
-    folders = {p: os.path.dirname(os.path.abspath(p)) for p in paths}
+    folders = {p: os.path.dirname(os.path.abspath(p)) for p in list(paths) + list(anchors)}
     if not folders:
         return {}
     common = os.path.commonpath(list(folders.values()))
     if base and (common == base or common.startswith(base.rstrip(os.sep) + os.sep)):
         common = base                   # some students of a class graded again
     keys = {}
+    # a zip in the class's folder beside other students' files is named after its student
+    tops = {os.path.relpath(folders[p], common).split(os.sep)[0] for p in paths}
+    zips = {os.path.join(common, t) for t in tops if t.lower().endswith(".zip")} \
+        if len(tops) > 1 else set()
+    zips |= {os.path.abspath(z) for z in named}
     for p, folder in folders.items():
-        keys[p] = folder_student(folder, common, roster)
+        keys[p] = folder_student(folder, common, roster, zips)
     return _merge_nested(keys, common)
 
 
@@ -211,18 +218,17 @@ WRAPPERS = re.compile(r"^(notebooks?|solutions|submissions?|colab notebooks|"
                       r"lesson10([^a-z0-9].*)?|.+-(main|master))$", re.IGNORECASE)
 
 
-def folder_student(folder: str, common: str, roster=None) -> tuple[str, str]:
+def folder_student(folder: str, common: str, roster=None, zips=()) -> tuple[str, str]:
     """``(student, student folder)`` of a file in ``folder``: with a roster, the longest
     run of folder names under ``common`` that is a roster name (``sec1/alice/x`` is
     ``alice`` when the roster says so); else the folders under ``common`` up to the first
-    wrapper (:data:`WRAPPERS`: ``alice/lesson10-main/notebooks`` is ``alice``)."""
+    wrapper (:data:`WRAPPERS`: ``alice/lesson10-main/notebooks`` is ``alice``). A zip's
+    name is no folder, except a zip of ``zips`` (absolute paths) right under ``common``
+    holding a wrapper or the files themselves: it names its student (``alice.zip``)."""
     rel = os.path.relpath(folder, common)
-    # a zip's name is no folder of a student's: what it holds stands where it stands; but
-    # a zip of the class's folder that holds a wrapper (alice.zip: notebooks/...) is named
-    # after its student
     raw = [] if rel == "." else list(Path(rel).parts)
     parts = [safe_text(p) for p in raw if not p.lower().endswith(".zip")]
-    if raw and raw[0].lower().endswith(".zip") and (not parts or WRAPPERS.match(parts[0])):
+    if raw and os.path.join(common, raw[0]) in zips and (not parts or WRAPPERS.match(parts[0])):
         parts.insert(0, safe_text(raw[0][:-4]))
     if roster:
         names = set(roster)
@@ -317,16 +323,18 @@ def _flat_downloads(items: list[Item]) -> list[str]:
 def plan(paths: list[Path], contents: dict, *, student: str | None = None,
          student_from: str | None = None, roster: list[str] | None = None,
          others=(), base: str | None = None, anchors=(), notes: dict | None = None,
-         real: dict | None = None) -> Plan:
+         real: dict | None = None, named=()) -> Plan:
     """Which file of whom to grade. ``contents``: path -> bytes (None: unreadable or absent);
     ``others``: the batch's files that are not notebooks (:func:`.accounting.find_others`),
     each listed in the plan's ``not_graded`` under its student (``notes``: absolute path ->
     the reason, where it is not :func:`.accounting.reason`'s); ``anchors``: files that only
-    say where a student's files stand (the zips unpacked, :mod:`.archives`); ``real``: path
+    say where a student's files stand (the zips unpacked, :mod:`.archives`; ``named``: those
+    named on the command line, see :func:`folder_student`); ``real``: path
     -> the file on disk, for a path shown inside a zip."""
     others = list(others)
     if student is None and student_from is None:
-        keys = student_keys(list(paths) + others + list(anchors), roster=roster, base=base)
+        keys = student_keys(list(paths) + others, roster=roster, base=base, anchors=anchors,
+                            named=named)
     else:
         keys = student_keys(paths, student, student_from)
         for o in others:

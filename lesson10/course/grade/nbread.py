@@ -10,10 +10,10 @@ that stops the batch. In order:
 * the JSON itself, then nbformat's validator (``nbformat.validate``) on what it holds: a
   ``source`` list holding a number, ``"metadata": []``, ``"kernelspec": "python3"`` are
   invalid notebooks; then ``nbformat.reads`` (any nbformat 4 minor, older ones converted);
-* each cell's size (:data:`MAX_CELL_CHARS`), and the depth of the expressions in each code
-  cell (:data:`MAX_EXPR_DEPTH`): as written, as Jupyter runs it (IPython's transformation),
-  and with magic prefixes taken off (the code a ``%%time`` runs), so the check-cell scan
-  never meets an expression Python cannot parse.
+* the number of cells and each cell's size (:data:`MAX_CELLS`, :data:`MAX_CELL_CHARS`), and
+  the depth of the expressions in each code cell (:data:`MAX_EXPR_DEPTH`): as written, as
+  Jupyter runs it (IPython's transformation), and with magic prefixes taken off (the code a
+  ``%%time`` runs), so the check-cell scan never meets an expression Python cannot parse.
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ from .submission_files import Refused, read_regular
 MAX_NOTEBOOK_BYTES = 64 * 2**20
 #: how deep the JSON of a notebook may nest (a notebook needs about 10 levels)
 MAX_JSON_DEPTH = 100
-#: characters of one cell's source
-MAX_CELL_CHARS = 1_000_000
+#: characters of one cell's source, and cells of one notebook
+MAX_CELL_CHARS, MAX_CELLS = 1_000_000, 10_000
 #: how deep the syntax tree of a code cell may nest (hand-written code stays under 100)
 MAX_EXPR_DEPTH = 500
 
@@ -104,6 +104,10 @@ def parse(data: bytes):
     if not isinstance(raw, dict) or "nbformat" not in raw:
         raise NotebookRefused("it is JSON but no notebook (no 'nbformat' version field); "
                               "save it again from Jupyter")
+    cells = raw.get("cells")
+    if isinstance(cells, list) and len(cells) > MAX_CELLS:
+        raise NotebookRefused(f"it has {len(cells):,} cells, over the grader's limit of "
+                              f"{MAX_CELLS:,}; hand in the course's notebook with your code")
     caught: dict = {}
     with warnings.catch_warnings():           # cells without ids: normal in old files
         warnings.simplefilter("ignore")
