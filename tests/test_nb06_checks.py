@@ -30,7 +30,7 @@ SP = {"GatherFromSP": None, "GatherAllReduceBackward": "all_reduce", "GatherFull
 def reports():
     from lesson10.spmd.launch import launch
     jobs = [("ring", A.__file__, name) for name in RING] + [("sp", A.__file__, name) for name in SP]
-    outs = launch(A.judge_on_ranks, 3, jobs, timeout=nb06.launch_timeout(120), quiet=True)
+    outs = launch(A.judge_on_ranks, 3, jobs, backend="gloo", timeout=nb06.launch_timeout(120), quiet=True)
     return {name: [o[i] for o in outs] for i, (_, _, name) in enumerate(jobs)}
 
 

@@ -96,7 +96,8 @@ def _launch_on_ranks(worker, nprocs: int, obj, exercise: str):
         path.write_text(source, encoding="utf-8")
         limit = launch_timeout(60)
         try:
-            return launch(worker, nprocs, str(path), obj.__name__, timeout=limit, quiet=True)
+            return launch(worker, nprocs, str(path), obj.__name__, backend="gloo", timeout=limit,
+                          quiet=True)      # CPU tensors, also where there are GPUs
         except LaunchTimeout as err:
             fail_check(exercise, f"on {nprocs} ranks", f"the ranks did not finish within {limit:.0f} s "
                        f"and were stopped", show=False,
