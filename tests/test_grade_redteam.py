@@ -478,6 +478,24 @@ case("wrong_answer", "fault", edited(defs={"ring_time": (
     "def ring_time(work):\n    return np.asarray(work).max(axis=1).sum() + 1\n")}),
     lost=lose("ring_time", status={"failed"}))
 case("invalid_json", "fault", lambda ctx: '{"cells": [oops', lost=lose(*ALL03, status={"unreadable"}))
+# round 4 (issue 32): a malformed, deep or huge file costs only its own points
+UNREADABLE = lose(*ALL03, status={"unreadable"})
+case("source_holds_a_number", "fault", lambda ctx: {**B.reduced(NB03), "cells": [
+    {**c, "source": [c["source"], 3]} if i == 0 else c
+    for i, c in enumerate(B.reduced(NB03)["cells"])]}, lost=UNREADABLE)
+case("metadata_a_list", "fault", lambda ctx: {**B.reduced(NB03), "metadata": []},
+     lost=UNREADABLE)
+case("metadata_nested_deep", "fault", lambda ctx: json.dumps(B.reduced(NB03)).replace(
+    '"metadata": {', '"metadata": {"deep": ' + '{"a":' * 100_000 + "1" + "}" * 100_000 + ", ", 1),
+    lost=UNREADABLE)
+case("kernelspec_a_string", "fault", lambda ctx: B.with_metadata(B.reduced(NB03),
+                                                                 kernelspec="python3"),
+     lost=UNREADABLE)
+case("language_info_a_string", "fault", lambda ctx: B.with_metadata(B.reduced(NB03),
+                                                                    language_info="python"),
+     lost=UNREADABLE)
+case("expression_200000_terms", "fault", edited(at_end="x = " + "+".join(["1"] * 200_000)),
+     lost=UNREADABLE)
 case("renamed_with_id", "fault", edited(), file="homework.ipynb")
 case("renamed_without_id", "fault", lambda ctx: B.with_metadata(B.reduced(NB03), lesson10=None),
      notebook=None, file="homework.ipynb", lost={"(unknown notebook)": {"unknown notebook"}})

@@ -124,8 +124,12 @@ def parse(data: bytes):
 
 
 def _invalid(exc: Exception) -> str:
+    where = "/".join(map(str, getattr(exc, "absolute_path", None) or []))
     first = (str(getattr(exc, "message", "") or exc).strip().splitlines() or ["?"])[0]
-    return (f"it is not a valid notebook (nbformat's validator: {first[:200]}); open it in "
+    if len(first) > 120:                  # the message quotes the value: a cell's whole source
+        first = f"a value of the wrong type ({getattr(exc, 'validator', 'schema')})"
+    at = f" at {where}" if where else ""
+    return (f"it is not a valid notebook (nbformat's validator{at}: {first}); open it in "
             f"Jupyter and save it again, or hand in the course's notebook with your code")
 
 
