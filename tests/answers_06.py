@@ -72,6 +72,13 @@ def ring_shift_send_only(x, group=None):
     return x
 
 
+def ring_shift_fails_on_rank_0(x, group=None):
+    """Raises on one rank only: the others must not wait for it forever."""
+    if dist.get_rank() == 0:
+        raise ValueError("only rank 0 fails")
+    return ring_shift(x, group)
+
+
 def ring_shift_stub(x, group=None):
     raise NotImplementedError("your code here: replace this line")
 

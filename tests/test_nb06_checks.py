@@ -20,7 +20,8 @@ from lesson10.checks import nb06_multiprocess as nb06  # noqa: E402
 
 RING = {"ring_shift": None, "ring_shift_group_peer": None, "ring_shift_wrong_way": "direction",
         "ring_shift_no_wait": "no_wait", "ring_shift_group_ranks_as_peers": "global",
-        "ring_shift_into_x": "input", "ring_shift_send_only": "pair", "ring_shift_stub": "stub"}
+        "ring_shift_into_x": "input", "ring_shift_send_only": "pair", "ring_shift_stub": "stub",
+        "ring_shift_fails_on_rank_0": "raised"}
 SP = {"GatherFromSP": None, "GatherAllReduceBackward": "all_reduce", "GatherFullGradient": "grad_count",
       "GatherNoSum": "no_sum", "GatherWrongChunk": "other_chunk", "GatherOneGradient": "grad_count",
       "GatherBatchDim": "out_shape", "GatherStub": "stub"}
@@ -65,6 +66,13 @@ def test_an_all_reduce_backward_is_named_with_its_bytes(reports):
     assert "the values are right" in rep["what"] and "all_reduce of" in rep["what"]
     good = reports["GatherFromSP"][0]["ops"]
     assert "reduce_scatter of" in good and "all_reduce" not in good
+
+
+def test_a_rank_that_raises_alone_does_not_leave_the_others_waiting(reports):
+    """Its send is posted for it, so its neighbours finish the case (and the launch returns)."""
+    first = [cases[0] for cases in reports["ring_shift_fails_on_rank_0"]]
+    assert [r["problem"] for r in first] == ["raised", None, None]
+    assert "ValueError: only rank 0 fails" in first[0]["what"]
 
 
 def test_a_forgotten_wait_leaves_the_received_tensor_empty(reports):
