@@ -44,7 +44,8 @@ MAX_DEPTH = 32
 
 
 class ReturnRefused(Exception):
-    """What the student's function returned follows no case of the return rule."""
+    """What the student's function returned follows no case of the return rule (the whole
+    check fails with its sentence: no case can use such a value)."""
 
 
 class ServedElsewhere(RuntimeError):

@@ -120,10 +120,10 @@ def judge_body(ex: _Exercise, fn, rng, *, name: str | None = None,
         raise
     except NotImplementedError:
         return Verdict.of(ex, Status.NOT_ATTEMPTED, not_attempted_message(name))
-    except CheckFailed as exc:
-        return Verdict.of(ex, Status.FAILED, str(exc))
     except ReturnRefused as exc:          # the return rule (:mod:`.returns`), one sentence
         return Verdict.of(ex, Status.FAILED, refused_return_message(ex.id, str(exc)))
+    except CheckFailed as exc:
+        return Verdict.of(ex, Status.FAILED, str(exc))
     except StudentError as exc:
         return Verdict.of(ex, Status.FAILED, f"check_{ex.id} failed: {exc}",
                           cause=exc.__cause__, raised=True)
