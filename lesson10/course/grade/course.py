@@ -102,10 +102,11 @@ def kernel_language(nb) -> tuple[str, str]:
     ``metadata.language_info.name``, else ``metadata.kernelspec.language`` (lower case; ""
     when neither says), and the kernel's name for messages. Fields of the wrong type
     count as missing."""
-    meta = nb.get("metadata") if isinstance(nb, dict) else None
-    meta = meta if isinstance(meta, dict) else {}
-    spec = meta.get("kernelspec") if isinstance(meta.get("kernelspec"), dict) else {}
-    info = meta.get("language_info") if isinstance(meta.get("language_info"), dict) else {}
+    def field(d, key) -> dict:
+        value = d.get(key) if isinstance(d, dict) else None
+        return value if isinstance(value, dict) else {}
+    meta = field(nb, "metadata")
+    spec, info = field(meta, "kernelspec"), field(meta, "language_info")
     lang = _text(info.get("name")) or _text(spec.get("language"))
     name = _text(spec.get("name")) or _text(spec.get("display_name"))
     return lang.lower(), name
