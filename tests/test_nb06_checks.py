@@ -118,3 +118,24 @@ def test_launch_timeout_grows_with_the_load_and_never_falls_below_three_times(mo
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     assert nb06.launch_timeout(60) == pytest.approx(60 * factor)
+
+
+def test_ranks_that_hang_or_die_end_in_a_verdict(monkeypatch):
+    """A launch that timed out or lost a rank is a failed check with a hint, not a traceback."""
+    import importlib
+    launch_module = importlib.import_module("lesson10.spmd.launch")   # the module (spmd's launch is the function)
+    scope = _cell("def ring_shift(x, group=None):\n    return x\n", 4)
+
+    def hangs(*args, timeout, **kwargs):
+        raise launch_module.LaunchTimeout(timeout, [1, 2])
+
+    def dies(*args, **kwargs):
+        raise launch_module.RankError(2, "ProcessDied", "rank 2 exited (exit code 1)\n")
+
+    monkeypatch.setattr(launch_module, "launch", hangs)
+    with pytest.raises(CheckFailed, match="did not finish within .* s") as info:
+        nb06.check_ring_shift(scope["ring_shift"])
+    assert "hint: a rank waits for a message no rank sends" in str(info.value)
+    monkeypatch.setattr(launch_module, "launch", dies)
+    with pytest.raises(CheckFailed, match="rank 2: the rank stopped: ProcessDied"):
+        nb06.check_ring_shift(scope["ring_shift"])
