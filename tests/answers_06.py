@@ -150,6 +150,15 @@ class GatherBatchDim(GatherFromSP):
         return torch.cat(parts, dim=0)
 
 
+class GatherFailsOnRank0(GatherFromSP):
+    """Raises on one rank only: the others must not wait for it forever."""
+    @staticmethod
+    def forward(ctx, x, group=None):
+        if dist.get_rank() == 0:
+            raise ValueError("only rank 0 fails")
+        return GatherFromSP.forward(ctx, x, group)
+
+
 class GatherStub(GatherFromSP):
     @staticmethod
     def backward(ctx, dy):

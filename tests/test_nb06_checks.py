@@ -24,7 +24,7 @@ RING = {"ring_shift": None, "ring_shift_group_peer": None, "ring_shift_wrong_way
         "ring_shift_fails_on_rank_0": "raised"}
 SP = {"GatherFromSP": None, "GatherAllReduceBackward": "all_reduce", "GatherFullGradient": "grad_count",
       "GatherNoSum": "no_sum", "GatherWrongChunk": "other_chunk", "GatherOneGradient": "grad_count",
-      "GatherBatchDim": "out_shape", "GatherStub": "stub"}
+      "GatherBatchDim": "out_shape", "GatherStub": "stub", "GatherFailsOnRank0": "raised"}
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +68,11 @@ def test_an_all_reduce_backward_is_named_with_its_bytes(reports):
     assert "reduce_scatter of" in good and "all_reduce" not in good
 
 
-def test_a_rank_that_raises_alone_does_not_leave_the_others_waiting(reports):
-    """Its send is posted for it, so its neighbours finish the case (and the launch returns)."""
-    first = [cases[0] for cases in reports["ring_shift_fails_on_rank_0"]]
+@pytest.mark.parametrize("name", ["ring_shift_fails_on_rank_0", "GatherFailsOnRank0"])
+def test_a_rank_that_raises_alone_does_not_leave_the_others_waiting(reports, name):
+    """It makes the right calls it still owes, so its neighbours finish with right values (and
+    the launch returns)."""
+    first = [rep[0] if isinstance(rep, list) else rep for rep in reports[name]]
     assert [r["problem"] for r in first] == ["raised", None, None]
     assert "ValueError: only rank 0 fails" in first[0]["what"]
 

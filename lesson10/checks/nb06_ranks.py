@@ -285,7 +285,7 @@ def _gather_data(torch, n: int, r: int) -> dict:
     return {"full": full, "ws": ws, "mine": mine, "ref_out": ref_out.detach(), "ref_grad": ref.grad}
 
 
-def _run_gather(torch, cls, data: dict, r: int, watch: dict, path: str) -> dict:
+def _run_gather(torch, cls, data: dict, r: int, watch: dict, path: str, real: dict) -> dict:
     """Forward and backward of the student's Function; what came out, or the problem."""
     x = data["mine"].clone().requires_grad_(True)
     try:
@@ -293,13 +293,17 @@ def _run_gather(torch, cls, data: dict, r: int, watch: dict, path: str) -> dict:
         y = cls.apply(x, None)
         if not isinstance(y, torch.Tensor) or y.shape != data["ref_out"].shape:
             got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+            _pay_debts(torch, real, data, r, watch)
             return {"problem": "out_shape", "where": "forward", "what": f"forward returned {got}; the "
                     f"target is {tuple(data['ref_out'].shape)}, (b, s, h)"}
         watch["phase"] = "backward"
         (y * data["ws"][r]).sum().backward()
-    except NotImplementedError:
-        return {"problem": "stub"}
-    except Exception as exc:  # noqa: BLE001 - the student's error is the report
+    except BaseException as exc:
+        _pay_debts(torch, real, data, r, watch)
+        if not isinstance(exc, Exception):
+            raise
+        if isinstance(exc, NotImplementedError):
+            return {"problem": "stub"}
         text = student_error(exc, path)
         counted = "invalid gradient" in text or "incorrect number of gradients" in text
         return {"problem": "grad_count" if counted else "raised", "where": watch["phase"],
@@ -307,6 +311,19 @@ def _run_gather(torch, cls, data: dict, r: int, watch: dict, path: str) -> dict:
     finally:
         watch["phase"] = "after"
     return {"problem": None, "y": y.detach(), "grad": x.grad}
+
+
+def _pay_debts(torch, real: dict, data: dict, r: int, watch: dict) -> None:
+    """A rank that stopped early makes the right collectives it still owes its peers (the
+    forward's all-gather of its shard, the backward's reduce-scatter of its gradient), so that
+    peers with a right answer finish, with right values, and the verdict names this rank's error."""
+    made = {ph for ph, _, _ in watch["ops"]}
+    n = len(data["ws"])
+    if watch["phase"] == "forward" and "forward" not in made:
+        real["all_gather"]([torch.empty_like(data["mine"]) for _ in range(n)], data["mine"])
+    if "backward" not in made:
+        chunks = [c.contiguous() for c in data["ws"][r].chunk(n, dim=1)]
+        real["reduce_scatter"](torch.empty_like(chunks[0]), chunks)
 
 
 def _blocks(torch, y, full, n: int) -> list:
@@ -358,13 +375,13 @@ def gather_ranks(path: str, name: str = "GatherFromSP") -> dict:
            "what": "", "ops": ""}
     watch: dict = {"phase": "import", "ops": []}
     wrapped = {k: _watched_collective(dist, getattr(dist, k), k, watch) for k in COLLECTIVES}
-    with replaced(dist, **wrapped):
+    with replaced(dist, **wrapped) as real:
         try:
             cls = load_student(path, name)
         except Exception as exc:  # noqa: BLE001
             return dict(rep, problem="raised", where="importing your cell",
                         what=f"your cell raised {student_error(exc, path)}")
-        got = _run_gather(torch, cls, data, r, watch, path)
+        got = _run_gather(torch, cls, data, r, watch, path, real)
     if got["problem"] is not None:
         return dict(rep, **got)
     rep["ops"] = (f"forward: {_ops_text(watch['ops'], 'forward')}; backward: "
