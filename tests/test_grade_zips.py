@@ -193,3 +193,20 @@ def test_a_students_zip_beside_the_others_folders_is_named_after_them(tmp_path):
     batch = archives.gather([cls], tmp_path / "u")
     assert sorted(it.student for it in _plan(tmp_path, batch).graded) == \
         ["alice", "bob", "carol", "dave"]
+
+
+def test_members_that_cannot_be_written_refuse_the_archive(tmp_path):
+    """A file and a folder of one name, a name too long for the file system."""
+    assert "cannot be unpacked" in _refusal(tmp_path, _zip({"a": b"x", "a/b.txt": b"y"}))
+
+
+def test_a_name_too_long_refuses_the_archive(tmp_path):
+    assert "cannot be unpacked" in _refusal(tmp_path, _zip({"n" * 300 + ".txt": b"y"}))
+
+
+def test_an_unknown_compression_refuses_the_archive(tmp_path):
+    data = bytearray(_zip({"evil.txt": b"x"}))
+    for sig, at in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):   # compression method: 99 (AES)
+        i = data.index(sig) + at
+        data[i:i + 2] = (99).to_bytes(2, "little")
+    assert "cannot be unpacked" in _refusal(tmp_path, bytes(data))

@@ -126,15 +126,17 @@ def _extract(archive: Path, target: Path, budget: Unpacked) -> None:
             _check(info, name)
         for info, name in names:
             dest = target.joinpath(*[p for p in name.replace("\\", "/").split("/") if p])
-            if info.is_dir() or name.endswith(("/", "\\")):
-                dest.mkdir(parents=True, exist_ok=True)
-                continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
             try:
+                if info.is_dir() or name.endswith(("/", "\\")):
+                    dest.mkdir(parents=True, exist_ok=True)
+                    continue
+                dest.parent.mkdir(parents=True, exist_ok=True)
                 with zf.open(info) as src:
                     _copy(src, dest, budget)
-            except (zipfile.BadZipFile, OSError, RuntimeError, EOFError) as exc:
-                raise UnsafeArchive(f"its member {name!r} cannot be unpacked ({exc})") from None
+            except (zipfile.BadZipFile, OSError, ValueError, RuntimeError, EOFError,
+                    NotImplementedError) as exc:
+                raise UnsafeArchive(f"its member {name!r} cannot be unpacked "
+                                    f"({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def unpack(paths, tmp: Path) -> Unpacked:
@@ -149,7 +151,13 @@ def unpack(paths, tmp: Path) -> Unpacked:
             if level > MAX_NESTING:
                 raise UnsafeArchive(f"it is a zip inside {MAX_NESTING} zips")
             target.mkdir(parents=True)
-            _extract(real, target, out)
+            try:
+                _extract(real, target, out)
+            except UnsafeArchive:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one archive never stops the batch
+                raise UnsafeArchive(f"it cannot be unpacked ({type(exc).__name__}: "
+                                    f"{str(exc)[:200]})") from None
         except UnsafeArchive as exc:
             shutil.rmtree(target, ignore_errors=True)
             out.refused[os.path.abspath(shown)] = (f"an archive the grader does not unpack: "
