@@ -157,3 +157,16 @@ def test_the_latest_copy_on_time_is_graded(tmp_path):
     plan = gradebook.plan(paths, {p: p.read_bytes() for p in paths})
     late.choose_on_time(plan, _pol())                    # without the option: unchanged
     assert plan.graded[0].path == new
+
+
+def test_a_notebook_from_a_zip_has_the_zips_mark_and_time(tmp_path):
+    st = late.stamp("class/bob/bob_LATE_12_34_hw.zip/notebooks/03_load_balance.ipynb", None)
+    assert st["source"] == "Canvas LATE_ mark" and st["late_mark"] is True
+    archive = tmp_path / "class" / "ann" / "hw.zip"
+    put(archive, RING, DUE_EPOCH + 7 * HOUR, b"PK")
+    inside = str(archive / "notebooks" / f"{RING}.ipynb")
+    assert late.time_of(inside, {}) == DUE_EPOCH + 7 * HOUR
+    assert late.time_of(str(tmp_path / "gone.ipynb"), {}) is None
+    pol = _pol(penalty="1/hour")
+    assert late.seconds_late(late.stamp(inside, late.time_of(inside, {})), pol.due, "hour") \
+        == 7 * HOUR

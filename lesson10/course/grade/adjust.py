@@ -89,12 +89,12 @@ def from_args(args, kept: Adjustments | None = None) -> Adjustments:
 
 
 def note_times(adj: Adjustments, paths) -> None:
-    """Keep the modification time of each of ``paths`` (the files of this batch)."""
+    """Keep the modification time of each of ``paths`` (the files of this batch; one from a
+    zip has the zip's)."""
     for p in paths:
-        try:
-            adj.times[str(p)] = os.stat(p).st_mtime
-        except OSError:
-            pass
+        t = late.time_of(str(p), {})
+        if t is not None:
+            adj.times[str(p)] = t
 
 
 def apply(rows: list[dict], adj: Adjustments | None) -> list[dict]:

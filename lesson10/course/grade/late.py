@@ -3,14 +3,16 @@
 ``grade --due 2026-03-01T23:59`` (ISO 8601; without a zone it is this machine's local time)
 turns it on. Each graded notebook's hand-in time comes from the LMS's own marks first:
 
-1. a Canvas download name (``smithjane_12345_67890_02_ring_attention.ipynb``): Canvas puts
-   ``LATE_`` after the student's name of a late submission (``smithjane_LATE_12345_...``).
+1. a Canvas download name (``smithjane_12345_67890_02_ring_attention.ipynb``, or the name
+   of the zip the notebook came in): Canvas puts ``LATE_`` after the student's name of a late
+   submission (``smithjane_LATE_12345_...``).
    Canvas's mark decides: without ``LATE_`` the file is on time; with it, it is late by the
    file's time past the due time, or by one unit of the policy when the file's time says
    nothing later (an unzip that kept no times);
 2. a time written in the path (Moodle's downloads and many scripts put one there:
    ``2026-03-02_14-05``, ``20260302T1405``, ``2026-03-02 14:05:59``): it is the hand-in time;
-3. else the file's modification time (keep it: ``unzip`` keeps a zip's times).
+3. else the file's modification time (keep it: ``unzip`` keeps a zip's times); a notebook
+   the grader unpacked from a zip has the zip's time.
 
 A student's due time is ``--due`` moved by their extension: a column ``extension`` or
 ``due`` of the roster CSV, or ``--extensions FILE`` (a CSV ``student,extension``), where an
@@ -33,7 +35,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -165,12 +166,13 @@ def policy(due: str | None, penalty: str | None = None, cap: float | None = None
 def stamp(path: str, mtime: float | None) -> dict:
     """``{"time": epoch seconds or None, "source", "late_mark": True/False/None}`` of one
     file (see the module's docstring for the order)."""
-    name = os.path.basename(str(path))
-    canvas = CANVAS_NAME.match(name)
+    parts = Path(str(path)).parts
+    # the file's name, else the zip's that holds it (``bob_LATE_1_2_hw.zip/03_x.ipynb``)
+    canvas = next((m for m in (CANVAS_NAME.match(p) for p in reversed(parts[-3:])) if m), None)
     if canvas:
         return {"time": mtime, "source": "Canvas LATE_ mark" if canvas.group("late")
                 else "Canvas name (no LATE_ mark)", "late_mark": bool(canvas.group("late"))}
-    for part in reversed(Path(str(path)).parts):
+    for part in reversed(parts):
         m = NAME_TIME.search(part)
         if m:
             try:
@@ -200,13 +202,18 @@ def percent_of(late: float | None, pol: Policy) -> float:
     return min(pol.cap, units * pol.percent)
 
 
-def _time_of(path: str, times: dict) -> float | None:
-    if path in times:
-        return times[path]
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return None
+def time_of(path: str, times: dict) -> float | None:
+    """The modification time of ``path`` (kept in ``times``, else the file's); a file
+    unpacked from a zip (``class/bob/hw.zip/03_x.ipynb``) has the zip's."""
+    if str(path) in times:
+        return times[str(path)]
+    for p in [Path(str(path)), *Path(str(path)).parents]:
+        try:
+            if p.is_file():
+                return p.stat().st_mtime
+        except OSError:
+            return None
+    return None
 
 
 def apply(rows: list[dict], pol: Policy | None, times: dict) -> None:
@@ -219,7 +226,7 @@ def apply(rows: list[dict], pol: Policy | None, times: dict) -> None:
         row["due"] = due.isoformat(timespec="minutes")
         row["late"] = []
         for nid, path in row["notebooks"].items():
-            st = stamp(path, _time_of(path, times))
+            st = stamp(path, time_of(path, times))
             late = seconds_late(st, due, pol.unit)
             if late == 0:
                 continue
@@ -283,7 +290,7 @@ def choose_on_time(the_plan, pol: Policy | None, times: dict | None = None):
         due = pol.due_for(chosen.student)
         cands = []
         for p in [chosen.path, *copies]:
-            st = stamp(str(p), _time_of(str(p), times))
+            st = stamp(str(p), time_of(str(p), times))
             if seconds_late(st, due, pol.unit) == 0:
                 cands.append((st["time"] or 0.0, str(p), p))
         if not cands:
@@ -291,7 +298,7 @@ def choose_on_time(the_plan, pol: Policy | None, times: dict | None = None):
         best = max(cands)[2]
         if best == chosen.path:
             continue
-        new = replace(chosen, path=best, mtime=_time_of(str(best), times) or 0.0)
+        new = replace(chosen, path=best, mtime=time_of(str(best), times) or 0.0)
         the_plan.graded[i] = new
         for p in [chosen.path, *copies]:
             the_plan.ignored.pop(p, None)
