@@ -146,10 +146,10 @@ def test_member_names_that_are_not_utf8_are_decoded_as_a_file_system_does(tmp_pa
         z.writestr(info, b"")
     raw = "Jos\xe9".encode("latin-1")                 # a Windows zip: no UTF-8 flag
     info.filename = raw.decode("cp437")
-    assert archives._member_name(info) == os.fsdecode(raw)
+    assert archives.member_name(info) == os.fsdecode(raw)
     utf8 = zipfile.ZipInfo("Jos\u00e9")
     utf8.flag_bits |= 0x800
-    assert archives._member_name(utf8) == "José"
+    assert archives.member_name(utf8) == "José"
 
 
 def test_find_zips_skips_hidden_and_macosx(tmp_path):

@@ -73,7 +73,7 @@ def find_zips(paths) -> list[Path]:
     return list(dict.fromkeys(out))
 
 
-def _member_name(info: zipfile.ZipInfo) -> str:
+def member_name(info: zipfile.ZipInfo) -> str:
     """The member's name as a file system would decode it: UTF-8 where the archive says so
     (or where its bytes are), else its bytes with surrogate escapes."""
     if info.flag_bits & 0x800:
@@ -121,7 +121,7 @@ def _extract(archive: Path, target: Path, budget: Unpacked) -> None:
         if budget.members > MAX_MEMBERS:
             raise UnsafeArchive(f"it holds more than {MAX_MEMBERS} files (with the batch's "
                                 f"other archives)")
-        names = [(info, _member_name(info)) for info in infos]
+        names = [(info, member_name(info)) for info in infos]
         for info, name in names:
             _check(info, name)
         for info, name in names:

@@ -229,7 +229,7 @@ def _results_store(args) -> store.Store | None:
     return None
 
 
-def _limits(args) -> dict:
+def verdict_limits(args) -> dict:
     """The options that change a verdict: part of each results key (:func:`store.key`)."""
     return {"cell_timeout": args.timeout, "exercise_timeout": args.exercise_timeout,
             "notebook_timeout": args.notebook_timeout, "memory_gib": args.memory,
@@ -281,7 +281,7 @@ def _batch(args, box, seed: int, old, unzipped: Path) -> int:
     late.choose_on_time(plan, args.adjust.policy, args.adjust.times)
     helpers = _helpers(plan, contents, args.student_from, found.real)
     keys = {it.path: store.key(contents[it.path], helpers[it.path], seed=seed,
-                               notebook=it.notebook, limits=_limits(args)) for it in plan.graded}
+                               notebook=it.notebook, limits=verdict_limits(args)) for it in plan.graded}
     sandboxed = not args.no_sandbox
     try:
         results = _grade(args, plan, contents, helpers, keys, box, seed, found.real)
