@@ -160,7 +160,7 @@ def test_the_latest_copy_on_time_is_graded(tmp_path):
 
 
 def test_a_notebook_from_a_zip_has_the_zips_mark_and_time(tmp_path):
-    st = late.stamp("class/bob/bob_LATE_12_34_hw.zip/notebooks/03_load_balance.ipynb", None)
+    st = late.stamp("all.zip/bob_LATE_12_34_hw.zip/lesson10-main/notebooks/03_lb.ipynb", None)
     assert st["source"] == "Canvas LATE_ mark" and st["late_mark"] is True
     archive = tmp_path / "class" / "ann" / "hw.zip"
     put(archive, RING, DUE_EPOCH + 7 * HOUR, b"PK")

@@ -168,7 +168,7 @@ def stamp(path: str, mtime: float | None) -> dict:
     file (see the module's docstring for the order)."""
     parts = Path(str(path)).parts
     # the file's name, else the zip's that holds it (``bob_LATE_1_2_hw.zip/03_x.ipynb``)
-    canvas = next((m for m in (CANVAS_NAME.match(p) for p in reversed(parts[-3:])) if m), None)
+    canvas = next((m for m in (CANVAS_NAME.match(p) for p in reversed(parts)) if m), None)
     if canvas:
         return {"time": mtime, "source": "Canvas LATE_ mark" if canvas.group("late")
                 else "Canvas name (no LATE_ mark)", "late_mark": bool(canvas.group("late"))}
