@@ -362,3 +362,17 @@ def test_unwritten_reads_code_as_python():
                                "# raise NotImplementedError\n")) == 0
     assert course.unwritten(nb("def f(:\n    raise NotImplementedError\n")) == 1  # not Python
     assert course.unwritten({"cells": "x"}) == course.unwritten([]) == 0
+
+
+def test_every_withheld_function_is_guarded_in_the_check_cell_and_the_sandbox_says_the_same(
+        tmp_path):
+    from lesson10.course.grade import standin, withheld
+    assert withheld.WITHHELD is refused.WITHHELD                      # one table
+    for table in refused.WITHHELD.values():
+        for qualified in table:
+            found = refused._resolve(qualified)
+            assert found is not None and not found[0].__closure__, qualified
+    folder = standin.write(tmp_path / "box", notebook="05_moe_dispatch")
+    text = (folder / "lesson10" / "_standin.py").read_text()
+    assert f"_REFUSAL = {refused.REFUSAL!r}" in text and (folder / "_lesson10_returns.py").read_text() \
+        == Path(returns.__file__).read_text()
