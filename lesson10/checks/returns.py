@@ -35,10 +35,11 @@ import sys
 
 import numpy as np
 
-__all__ = ["ReturnRefused", "ServedElsewhere", "plain", "other_process", "same_process", "WHAT_TO_RETURN"]
+__all__ = ["ReturnRefused", "ServedElsewhere", "plain", "other_process", "same_process",
+           "WHAT_TO_RETURN"]
 
-WHAT_TO_RETURN = ("return NumPy arrays or numbers (a Python float or int, a NumPy scalar), or "
-                  "lists, tuples or dicts of them")
+WHAT_TO_RETURN = ("the checks take NumPy arrays or numbers (a Python float or int, a NumPy "
+                  "scalar), or lists, tuples or dicts of them")
 
 MAX_DEPTH = 32
 
@@ -85,10 +86,10 @@ def _torch(x):
         return None
     if x.device.type != "cpu":
         raise ReturnRefused(f"your function returned a torch tensor on {x.device}: move it to "
-                            f"the CPU (.cpu()) or {WHAT_TO_RETURN}")
+                            f"the CPU (.cpu()); {WHAT_TO_RETURN}")
     if x.dtype == torch.bfloat16:
         raise ReturnRefused("your function returned a bfloat16 torch tensor, which NumPy cannot "
-                            "hold: compute in float32 or float64 (.double()), or "
+                            "hold: compute in float32 or float64 (.double()); "
                             + WHAT_TO_RETURN)
     arr = np.array(x.detach().resolve_conj().resolve_neg().numpy())
     return arr[()] if arr.ndim == 0 else arr
