@@ -209,3 +209,33 @@ def test_expert_parallel_moe_inside_a_group(rank_results):
         for key in ("y", "dx", "router", "w1", "w2", "aux"):
             assert err[key] < TOL, (rank, key, err)
     assert any(out["moe"]["dropped"] > 0 for out in results)     # capacity 1.0 drops some copies
+
+
+@pytest.mark.parametrize("sizes", [[5, 0, 2, 1], [0, 0, 3], [0, 0], [1]])
+def test_grouped_expert_mlp_equals_a_loop_over_experts(sizes):
+    """The grouped matmul (one padded bmm per weight over the local experts) against a loop of
+    per-expert matmuls: outputs and gradients, uneven loads, experts with 0 tokens, rows of
+    the experts interleaved, and no rows at all."""
+    El, h, dff = len(sizes), 4, 3
+    g = torch.Generator().manual_seed(sum(sizes) + El)
+    eid = torch.repeat_interleave(torch.arange(El), torch.tensor(sizes))
+    eid = eid[torch.randperm(eid.numel(), generator=g)]                  # interleaved rows
+    x = torch.randn(eid.numel(), h, generator=g, dtype=torch.float64, requires_grad=True)
+    w1 = torch.randn(El, h, dff, generator=g, dtype=torch.float64, requires_grad=True)
+    w2 = torch.randn(El, dff, h, generator=g, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(eid.numel(), h, generator=g, dtype=torch.float64)
+    y = dmoe.grouped_expert_mlp(x, eid, w1, w2)
+    grads = torch.autograd.grad((y * dy).sum(), (x, w1, w2), allow_unused=False)
+    ref = torch.zeros_like(x)
+    for e in range(El):
+        rows = torch.nonzero(eid == e).reshape(-1)
+        ref = ref.index_add(0, rows, torch.relu(x[rows] @ w1[e]) @ w2[e])
+    ref_grads = torch.autograd.grad((ref * dy).sum(), (x, w1, w2), allow_unused=True)
+    assert y.shape == x.shape and torch.allclose(y, ref, atol=1e-12)
+    for got, want in zip(grads, ref_grads):
+        want = torch.zeros_like(got) if want is None else want
+        assert torch.allclose(got, want, atol=1e-12)
+    idle = torch.tensor(sizes) == 0                                      # no rows: zero gradient
+    assert torch.all(grads[1][idle] == 0) and torch.all(grads[2][idle] == 0)
+    if sum(sizes):
+        assert grads[2][~idle].abs().sum() > 0                           # and the others learn

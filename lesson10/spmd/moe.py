@@ -15,7 +15,8 @@
    copy goes to the rank of its expert, grouped by expert. Across nodes, the two-level
    dispatch of :mod:`lesson10.spmd.moe_dispatch` sends a token once per remote node and
    fans it out there (``dispatch="two_level"``, the default when the group spans nodes);
-4. **experts**: each local expert ``relu(x W1) W2`` runs on its rows (possibly none);
+4. **experts**: each local expert ``relu(x W1) W2`` runs on its rows (possibly none),
+   all of a rank's experts at once in one padded ``bmm`` (:func:`grouped_expert_mlp`);
 5. **combine**: the inverse all-to-all brings the outputs home; ``y[t] = sum_j
    gate[t, j] * out[t, j]`` over the kept copies (dropped copies add nothing; the
    residual connection is the caller's).
@@ -43,7 +44,7 @@ from .sp import copy_to_tp
 
 __all__ = ["ExpertParallelMoE", "all_to_all", "route_topk", "expert_capacity",
            "init_moe_weights", "moe_reference", "arrival_order", "switch_aux_loss",
-           "update_expert_bias"]
+           "update_expert_bias", "grouped_expert_mlp"]
 
 
 # ------------------------------------------------------------------ helpers
@@ -170,6 +171,24 @@ def arrival_order(experts: torch.Tensor, E: int) -> torch.Tensor:
     place = torch.empty_like(flat)
     place[perm] = torch.arange(flat.numel(), device=flat.device) - start[flat[perm]]
     return place.reshape(experts.shape)
+
+
+def grouped_expert_mlp(x: torch.Tensor, eid: torch.Tensor, w1: torch.Tensor,
+                       w2: torch.Tensor) -> torch.Tensor:
+    """``relu(x[i] W1[eid[i]]) W2[eid[i]]`` for every row, as one grouped matmul.
+
+    ``x (m, h)`` rows in any order, ``eid (m,)`` the local expert of each row, ``w1 (El, h,
+    d_ff)``, ``w2 (El, d_ff, h)``. The rows are placed into a zero-padded block per expert
+    ``(El, M, h)`` (``M`` = the largest expert's rows; an expert may have none) and each of the
+    two matmuls is one ``torch.bmm`` over all experts, not a Python loop. Padding rows are
+    zero, so they add nothing to any gradient. Returns ``(m, h)`` in the order of ``x``.
+    """
+    El = w1.shape[0]
+    place = arrival_order(eid.reshape(-1, 1), El).reshape(-1)      # row's slot in its block
+    M = int(place.max()) + 1 if place.numel() else 0
+    blocks = x.new_zeros(El, M, x.shape[1]).index_put((eid, place), x)   # (El, M, h)
+    out = torch.bmm(torch.relu(torch.bmm(blocks, w1)), w2)         # (El, M, h)
+    return out[eid, place]
 
 
 # -------------------------------------------------------------------- layer
@@ -340,16 +359,10 @@ class ExpertParallelMoE(nn.Module):
 
     def _local_experts(self, xr, recv_counts):
         """This rank's experts on the rows received, ``(source rank, expert)`` blocks; the
-        outputs in arrival order."""
+        outputs in arrival order (one grouped matmul, :func:`grouped_expert_mlp`)."""
         n, El = recv_counts.shape
         eid = torch.arange(El, device=xr.device).repeat(n).repeat_interleave(recv_counts.reshape(-1))
-        order = torch.sort(eid, stable=True).indices             # group rows by local expert
-        xg = xr[order]                                           # (m_recv, h) by expert
-        sizes = torch.bincount(eid, minlength=El).tolist()
-        outs = [torch.relu(xe @ self.w1[e]) @ self.w2[e]         # (rows_e, h), rows_e may be 0
-                for e, xe in enumerate(torch.split(xg, sizes))]
-        yg = torch.cat(outs) if outs else xg
-        return yg[torch.argsort(order)]                          # back to arrival order
+        return grouped_expert_mlp(xr, eid, self.w1, self.w2)
 
     def _balance_stats(self, logits, all_counts, kept, N) -> None:
         """Balancing statistics (global) and this rank's share of the Switch loss."""
