@@ -83,6 +83,9 @@ def _moe_args(p) -> None:
     g.add_argument("--capacity-factor", nargs="+", default=["none", "1.0", "1.25"],
                    help="moe: the capacity factors CF > 0 to time ('none': dropless; default "
                         "none 1.0 1.25)")
+    g.add_argument("--breakdown", action="store_true",
+                   help="moe: where a step's time goes (router, all-to-alls, expert GEMMs), the "
+                        "grouped expert matmul next to the former loop (moe_breakdown.md)")
 
 
 def _other_args(p) -> None:

@@ -14,7 +14,7 @@ from ..spmd.device import current_device, torch_dtype
 from . import harness
 from .harness import md_table, ms, save_figure, write_table
 
-__all__ = ["time_moe", "moe_table", "bench"]
+__all__ = ["time_moe", "moe_table", "bench", "moe_tokens"]
 
 
 def _popularity(E: int, seed: int = 0) -> torch.Tensor:
@@ -22,7 +22,7 @@ def _popularity(E: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(E, generator=torch.Generator().manual_seed(10_000 + seed), dtype=torch.float64)
 
 
-def _moe_tokens(T: int, h: int, rank: int, seed: int, dtype):
+def moe_tokens(T: int, h: int, rank: int, seed: int, dtype):
     """This rank's tokens ``x (T, h)`` and output gradient ``dy (T, h)``, seeded by (seed, rank)."""
     g = torch.Generator().manual_seed(1000 * seed + rank + 1)
     return (torch.randn(T, h, generator=g, dtype=torch.float64).to(dtype),
@@ -36,7 +36,7 @@ def _moe_dense_once(st, cfg, n):
         dt = torch_dtype(cfg.get("dtype", "float32"))
         h, E, d_ff, T, seed = cfg["h"], cfg["E"], cfg["d_ff"], cfg["T"], cfg.get("seed", 0)
         params = [w.clone().requires_grad_() for w in init_moe_weights(h, E, d_ff, seed, dt)]
-        xs, dys = zip(*(_moe_tokens(T, h, r, seed, dt) for r in range(n)))
+        xs, dys = zip(*(moe_tokens(T, h, r, seed, dt) for r in range(n)))
         x = torch.cat(xs).requires_grad_()
         bias = cfg.get("skew", 0.0) * _popularity(E, seed).to(params[0].dtype)
         st["dense"] = (x, torch.cat(dys), params, bias)
@@ -62,7 +62,7 @@ def _moe_step(cfg, st):
                                   dtype=dt).to(current_device())
         with torch.no_grad():
             layer.bias.copy_(cfg.get("skew", 0.0) * _popularity(cfg["E"], seed))
-        x, dy = (t.to(current_device()) for t in _moe_tokens(cfg["T"], cfg["h"], rank, seed, dt))
+        x, dy = (t.to(current_device()) for t in moe_tokens(cfg["T"], cfg["h"], rank, seed, dt))
         st.update(layer=layer, x=x.requires_grad_(), dy=dy)
     layer, x, dy = st["layer"], st["x"], st["dy"]
     layer.zero_grad(set_to_none=True)
@@ -152,13 +152,17 @@ def moe_table(rows: list[dict]) -> str:
 
 
 def bench(args, out_dir):
-    """Launch :func:`time_moe` for every ``--nproc``; write ``moe.md`` and ``moe.png``."""
+    """Launch :func:`time_moe` for every ``--nproc``; write ``moe.md`` and ``moe.png``
+    (``--breakdown``: :func:`lesson10.bench.moe_breakdown.bench_breakdown` instead)."""
     T, h, E, k, d_ff = args.tokens, args.hidden or 256, args.experts, args.topk, args.ffn or 512
     base = {"T": T, "h": h, "E": E, "k": k, "d_ff": d_ff, "dtype": args.dtype, "seed": 0}
     from ..runs.validate import check_moe, parse_capacity_factor
     cfs = tuple(parse_capacity_factor(c) for c in getattr(args, "capacity_factor",
                                                              ["none", "1.0", "1.25"]))
     skews = (0.0, 1.0, 2.0)
+    if getattr(args, "breakdown", False):    # where the time goes, grouped vs loop experts
+        from .moe_breakdown import bench_breakdown
+        return bench_breakdown(args, out_dir, base)
     for n in args.nproc:                     # (python -m lesson10 bench checked these already)
         for cf in cfs:
             check_moe(args, n, E, k, cf, where="bench moe")
