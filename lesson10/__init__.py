@@ -11,6 +11,6 @@ which tokens a rank holds, the lesson's closed forms, and which ranks share a no
 """
 __version__ = "0.2.0"
 
-from . import cost, layouts, topology  # noqa: E402
+from . import cost, layouts, topology
 
 __all__ = ["__version__", "cost", "layouts", "topology"]

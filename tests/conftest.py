@@ -82,7 +82,7 @@ class SharedLaunch:
                     todo = {k: make(n) for k, make in self._jobs().items() if k not in have}
                     try:
                         outs = launch(run_jobs, n, todo, timeout=timeout, quiet=True)
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 - every test of the shared run shows it
                         failure = exc          # this test shows it whole, the others its repr
                         for k in todo:
                             have[k] = RuntimeError(f"{exc!r}"[:4000])

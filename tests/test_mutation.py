@@ -94,8 +94,7 @@ _KEEP_CALLS = {"range", "len", "int", "float", "list", "tuple", "enumerate", "zi
 _DROP_KW = {"kind", "minlength", "keepdims", "side", "dtype"}
 
 
-def _mutations(node):
-    """(label, replacement builder) for one node; the builder gets a deep copy of the node."""
+def _operator_mutations(node):
     out = []
     if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _CMP:
         new = _CMP[type(node.ops[0])]
@@ -111,6 +110,11 @@ def _mutations(node):
                         lambda n, new=new: ast.BinOp(n.left, new(), n.right)))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         out.append(("drop -", lambda n: n.operand))
+    return out
+
+
+def _name_mutations(node):
+    out = []
     if isinstance(node, ast.Name) and node.id in _NAMES:
         out.append((f"{node.id}->{_NAMES[node.id]}", lambda n: ast.Name(_NAMES[n.id], n.ctx)))
     if isinstance(node, ast.Attribute) and node.attr in _NAMES:
@@ -121,6 +125,11 @@ def _mutations(node):
         for new in {0: (1,), 1: (0,), -1: (0,), 2: (1,)}.get(val, ()):
             out.append((f"axis {val}->{new}",
                         lambda n, new=new: ast.keyword("axis", ast.Constant(new))))
+    return out
+
+
+def _call_mutations(node):
+    out = []
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) == 1 \
             and not node.keywords and node.func.id not in _KEEP_CALLS:
         out.append((f"drop the call {node.func.id}(...)", lambda n: n.args[0]))
@@ -134,12 +143,23 @@ def _mutations(node):
             out.append(("drop the slice start", lambda n: ast.Slice(None, n.upper, n.step)))
         if node.upper is not None:
             out.append(("drop the slice end", lambda n: ast.Slice(n.lower, None, n.step)))
+    return out
+
+
+def _constant_mutations(node):
+    out = []
     if isinstance(node, ast.Constant) and type(node.value) is int and node.value in (0, 1, 2):
         new = {0: 1, 1: 0, 2: 1}[node.value]
         out.append((f"{node.value}->{new}", lambda n, new=new: ast.Constant(new)))
     if isinstance(node, ast.Constant) and type(node.value) is bool:
         out.append((f"{node.value}->{not node.value}", lambda n: ast.Constant(not n.value)))
     return out
+
+
+def _mutations(node):
+    """(label, replacement builder) for one node; the builder gets a deep copy of the node."""
+    return [m for rule in (_operator_mutations, _name_mutations, _call_mutations, _constant_mutations)
+            for m in rule(node)]
 
 
 class _Replace(ast.NodeTransformer):
@@ -218,7 +238,7 @@ def _run_all():
                 mns = dict(ns)
                 try:
                     exec(compile(mutated, f"{name}:mutant", "exec"), mns)
-                except Exception:            # a mutant that does not even compile/define: killed
+                except Exception:  # noqa: BLE001 - a mutant that does not even compile/define: killed
                     results.append((exercise, label, True))
                     continue
                 results.append((exercise, label, _killed(exercise, mns[fn_name])))

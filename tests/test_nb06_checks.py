@@ -13,10 +13,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-import answers_06 as A  # noqa: E402
+import answers_06 as A
 
-from lesson10.checks import CheckFailed  # noqa: E402
-from lesson10.checks import nb06_multiprocess as nb06  # noqa: E402
+from lesson10.checks import CheckFailed
+from lesson10.checks import nb06_multiprocess as nb06
 
 RING = {"ring_shift": None, "ring_shift_group_peer": None, "ring_shift_wrong_way": "direction",
         "ring_shift_no_wait": "no_wait", "ring_shift_group_ranks_as_peers": "global",

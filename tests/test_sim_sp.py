@@ -14,7 +14,7 @@ def layer_norm(x):
 def test_worked_example_a():
     """Lesson, worked example (a): t = 2, 4 tokens, h = 1."""
     partials = [np.array([1.0, 2, 3, 4]), np.array([10.0, 20, 30, 40])]
-    identity = lambda x: x  # noqa: E731
+    identity = lambda x: x
     g_tp = SimGroup(2, e=1)                         # e = 1: bytes count elements
     tp = tp_forward(partials, identity, g_tp)
     assert all(np.array_equal(t, [11, 22, 33, 44]) for t in tp)
@@ -62,7 +62,7 @@ def test_sp_is_wrong_for_an_op_that_mixes_tokens():
     """Only token-wise ops may run on s/t tokens: a mean over tokens breaks."""
     rng = np.random.default_rng(1)
     partials = [rng.standard_normal((8, 4)) for _ in range(2)]
-    mix = lambda x: x - x.mean(axis=0)  # noqa: E731
+    mix = lambda x: x - x.mean(axis=0)
     tp, sp = tp_forward(partials, mix), sp_forward(partials, mix)
     assert np.abs(tp[0] - sp[0]).max() > 1e-3
 

@@ -389,7 +389,7 @@ _MODULO = ("you put expert i on GPU i mod Ne: the experts of a GPU are consecuti
 
 
 def moe_stats_mistake(key, yours, experts, keep, Ne, E, h, e, e_passed) -> str | None:
-    v = lambda **kw: _moe_variant(experts, keep, Ne, E, h, e, **kw)  # noqa: E731
+    v = lambda **kw: _moe_variant(experts, keep, Ne, E, h, e, **kw)
     if key == "drop_rate":
         N, k = np.shape(experts)
         dropped = int((~np.asarray(keep, dtype=bool)).sum())

@@ -355,7 +355,7 @@ def _read(path: Path) -> dict:
         if nb.get("nbformat") != 4 or not isinstance(nb.get("cells"), list):
             raise ValueError(f"not an nbformat 4 notebook (nbformat = {nb.get('nbformat')!r})")
         return nb
-    except Exception as exc:  # noqa: BLE001 - report which file is broken
+    except Exception as exc:  # report which file is broken
         raise BuildError(f"{path}: cannot read the notebook ({type(exc).__name__}: {exc})") from exc
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from .text import Canvas, Labels, TextCacheRenderer  # noqa: F401 - figures use them through kit
+from .text import Canvas, Labels, TextCacheRenderer  # figures use them through kit
 
 __all__ = ["COLORS", "MARGINS", "BLANK", "RELEASE", "STYLE", "DPI", "new_figure", "legend", "png",
            "widgets", "fixed", "Parts", "reuse", "skeleton", "structured", "keep", "render", "View", "Canvas",

@@ -42,7 +42,7 @@ class Refused(ValueError):
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr (exit status 2)."""
 
-    def error(self, message):                       # noqa: D102 - argparse's hook
+    def error(self, message):  # argparse's hook
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 

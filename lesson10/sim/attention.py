@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layouts import visible  # noqa: F401  (the one visibility mask, re-exported)
+from ..layouts import visible  # the one visibility mask, re-exported
 from .validate import check_doc_ids, check_token_positions, real_finite
 
 __all__ = ["attention", "merge", "visible", "check_doc_ids"]

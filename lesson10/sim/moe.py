@@ -36,7 +36,7 @@ import numpy as np
 from .. import cost
 from ..cost import expert_capacity  # the one exact formula; re-exported here
 from ..topology import check_nodes
-from .capacity import arrival_order, keep_within_capacity  # noqa: F401  (re-exported)
+from .capacity import arrival_order, keep_within_capacity  # re-exported
 from .comm import Stats, check_shards
 from .nodes import node_bytes, node_limited_scores
 from .sampling import sample_topk

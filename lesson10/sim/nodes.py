@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..topology import check_nodes  # noqa: F401  (the rule, shared with spmd)
+from ..topology import check_nodes  # the rule, shared with spmd
 
 __all__ = ["check_nodes", "node_limited_scores", "node_bytes"]
 

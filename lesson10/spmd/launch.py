@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .device import DTYPES, current_device, synchronize, synchronize_device, torch_dtype  # noqa: F401
+from .device import DTYPES, current_device, synchronize, synchronize_device, torch_dtype
 
 __all__ = [
     "launch", "RankError", "LaunchTimeout", "choose_backend",
@@ -193,7 +193,7 @@ def _check_importable(fn) -> None:
                 f"worker {qual!r} is defined in a notebook / interactive session (__main__). {hint}")
     try:
         pickle.dumps(fn)
-    except Exception as e:  # pragma: no cover - depends on the object
+    except (pickle.PickleError, TypeError, AttributeError) as e:  # pragma: no cover - depends on the object
         raise ValueError(f"worker {qual!r} cannot be pickled by reference ({e}). {hint}") from None
 
 
@@ -244,11 +244,11 @@ def _entry(rank, nprocs, port, backend, timeout, threads, fn, args, kwargs, conn
         tb = traceback.format_exc()
         try:
             exc = pickle.dumps(e)
-        except Exception:
+        except Exception:  # noqa: BLE001 - an unpicklable error still reports its traceback
             exc = None
         try:
             conn.send(("err", (type(e).__name__, tb, exc, stage)))
-        except Exception:
+        except Exception:  # noqa: BLE001 - the caller is gone: nobody is left to tell
             pass
     finally:
         try:
@@ -412,7 +412,7 @@ def _collect(procs, conns, timeout):
             if exc is not None:
                 try:
                     original = pickle.loads(exc)
-                except Exception:
+                except Exception:  # noqa: BLE001 - any error class may fail to rebuild here
                     original = None
             others = "; ".join(f"rank {r2} {n2}: {t2.strip().splitlines()[-1]}"
                                for r2, n2, t2, _, _ in errors[1:])

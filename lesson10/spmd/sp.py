@@ -356,7 +356,7 @@ class ReferenceBlock(nn.Module):
                  dropout_seed: int = 1234, dtype=torch.float32, eps: float = 1e-5):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype)  # noqa: E731
+        rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype)
         self.ln = nn.LayerNorm(h, eps=eps, dtype=dtype)
         self.fc1 = nn.Linear(h, ffn, dtype=dtype)
         self.fc2 = nn.Linear(ffn, h, dtype=dtype)

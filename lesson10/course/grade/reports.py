@@ -39,6 +39,29 @@ def seed_line(seed, sandboxed) -> str:
     return "; ".join(parts)
 
 
+def _student_notes(r: dict) -> list[str]:
+    """The notes column of one student's row in the table."""
+    notes = []
+    if r["missing"]:
+        notes.append("missing: " + ", ".join(r["missing"]))
+    if r["ignored"]:
+        notes.append(f"{len(r['ignored'])} copies not graded")
+    if r["unknown"]:
+        notes.append(f"{len(r['unknown'])} unknown notebooks")
+    if r.get("not_graded"):
+        notes.append(f"{len(r['not_graded'])} files not graded")
+    n_over = sum(1 for e in r["exercises"] if "override" in e)
+    if n_over:
+        notes.append(f"{n_over} overridden")
+    if r.get("late"):
+        notes.append(f"{len(r['late'])} late (-{sum(x['points_lost'] for x in r['late'])})")
+    if r.get("on_roster") is False:
+        notes.append("not on the roster")
+    if not r["ok"]:
+        notes.append("GRADER ERROR")
+    return notes
+
+
 def table(reports: list[dict], students: list[dict] | None = None, seed=None) -> str:
     w = max([28] + [len(str(rep["notebook"])) for rep in reports])
     head = f"{'notebook':<{w}s} {'exercise':<20s} {'result':<16s} {'points':>7s}"
@@ -63,24 +86,7 @@ def table(reports: list[dict], students: list[dict] | None = None, seed=None) ->
         sw = max([7] + [len(r["student"]) for r in rows])
         lines += ["", f"{'student':<{sw}s} {'points':>9s}  notes", "-" * (sw + 30)]
         for r in rows:
-            notes = []
-            if r["missing"]:
-                notes.append("missing: " + ", ".join(r["missing"]))
-            if r["ignored"]:
-                notes.append(f"{len(r['ignored'])} copies not graded")
-            if r["unknown"]:
-                notes.append(f"{len(r['unknown'])} unknown notebooks")
-            if r.get("not_graded"):
-                notes.append(f"{len(r['not_graded'])} files not graded")
-            n_over = sum(1 for e in r["exercises"] if "override" in e)
-            if n_over:
-                notes.append(f"{n_over} overridden")
-            if r.get("late"):
-                notes.append(f"{len(r['late'])} late (-{sum(x['points_lost'] for x in r['late'])})")
-            if r.get("on_roster") is False:
-                notes.append("not on the roster")
-            if not r["ok"]:
-                notes.append("GRADER ERROR")
+            notes = _student_notes(r)
             lines.append(f"{r['student']:<{sw}s} {r['points']:>4d}/{r['max_points']:<4d}  "
                          f"{'; '.join(notes)}")
     if seed is not None:

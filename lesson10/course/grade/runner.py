@@ -131,7 +131,7 @@ class Runner:
         setattr(self.shell, "showsyntaxerror", lambda *args, **kwargs: None)  # noqa: B010
         import lesson10.checks
         try:
-            import lesson10._standin  # noqa: F401 - imported now, used in the judged forks
+            import lesson10._standin  # imported now, used in the judged forks
         except ImportError:
             pass
         setattr(lesson10.checks, "hook", self.check)  # noqa: B010 - the stand-in's

@@ -63,9 +63,11 @@ def _array(a: np.ndarray, blobs) -> dict:
     return {"dtype": a.dtype.str, "shape": list(a.shape), "blob": len(blobs) - 1}
 
 
-def _enc(x, blobs, callables, depth):
-    if depth > MAX_DEPTH:
-        raise WireError(f"nested more than {MAX_DEPTH} levels deep")
+_NOT_LEAF = object()
+
+
+def _enc_leaf(x, blobs):
+    """A None, number, string or NumPy value as sent; ``_NOT_LEAF`` for anything else."""
     if x is None or type(x) in (bool, str):
         return x
     if isinstance(x, np.generic):
@@ -82,6 +84,33 @@ def _enc(x, blobs, callables, depth):
         return str(x)
     if isinstance(x, complex):
         return {"$": "scalar", **_array(np.asarray(x, dtype=complex), blobs)}
+    return _NOT_LEAF
+
+
+def _enc_callable(x, callables):
+    """A served object, an object with ``__wire_methods__`` or a callable as sent; None if
+    ``x`` is none of them."""
+    if isinstance(x, Served):
+        # a served object going back (an argument copied back): it stays where it lives
+        return {"$": "fn", "id": -1, "name": type(x).__name__}
+    if getattr(type(x), "__wire_methods__", None):
+        methods = []
+        for name in type(x).__wire_methods__:
+            callables.append(getattr(x, name))
+            methods.append([str(name), len(callables) - 1])
+        return {"$": "obj", "name": type(x).__name__, "methods": methods}
+    if callable(x):
+        callables.append(x)
+        return {"$": "fn", "id": len(callables) - 1, "name": str(getattr(x, "__name__", "fn"))}
+    return None
+
+
+def _enc(x, blobs, callables, depth):
+    if depth > MAX_DEPTH:
+        raise WireError(f"nested more than {MAX_DEPTH} levels deep")
+    leaf = _enc_leaf(x, blobs)
+    if leaf is not _NOT_LEAF:
+        return leaf
     if isinstance(x, range):
         if len(x) > 2**20:
             raise WireError("a range of more than 2**20 numbers cannot be sent")
@@ -93,18 +122,9 @@ def _enc(x, blobs, callables, depth):
         return {"$": "dict", "items": [[_enc(k, blobs, callables, depth + 1),
                                         _enc(v, blobs, callables, depth + 1)]
                                        for k, v in list(dict.items(x))]}
-    if callables is not None and isinstance(x, Served):
-        # a served object going back (an argument copied back): it stays where it lives
-        return {"$": "fn", "id": -1, "name": type(x).__name__}
-    if callables is not None and getattr(type(x), "__wire_methods__", None):
-        methods = []
-        for name in type(x).__wire_methods__:
-            callables.append(getattr(x, name))
-            methods.append([str(name), len(callables) - 1])
-        return {"$": "obj", "name": type(x).__name__, "methods": methods}
-    if callables is not None and callable(x):
-        callables.append(x)
-        return {"$": "fn", "id": len(callables) - 1, "name": str(getattr(x, "__name__", "fn"))}
+    sent = None if callables is None else _enc_callable(x, callables)
+    if sent is not None:
+        return sent
     raise WireError(f"a value of type {type(x).__name__} cannot be sent (only NumPy arrays, "
                     f"numbers, strings, None, and lists, tuples or dicts of them)")
 
@@ -121,6 +141,41 @@ def decode(tree, blobs, make_fn=None):
         raise WireError(f"malformed value: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
+def _dec_array(t, blobs, kind):
+    try:
+        dtype = np.dtype(str(t["dtype"]))
+        shape = tuple(int(n) for n in t["shape"])
+        blob = blobs[int(t["blob"])]
+    except (TypeError, ValueError, KeyError, IndexError) as exc:
+        raise WireError(f"malformed array: {exc}") from None
+    if dtype.kind not in _DTYPE_KINDS or dtype.fields is not None or min(shape, default=1) < 0:
+        raise WireError(f"refused array of dtype {dtype}")
+    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(blob):
+        raise WireError("array size does not match its data")
+    a = np.frombuffer(blob, dtype=dtype).reshape(shape).copy()
+    return a[()] if kind == "scalar" else a
+
+
+def _dec_dict(t, blobs, make_fn, depth):
+    out = {}
+    for k, v in t["items"]:
+        key = _dec(k, blobs, make_fn, depth + 1)
+        try:
+            out[key] = _dec(v, blobs, make_fn, depth + 1)
+        except TypeError:
+            raise WireError(f"unhashable dict key of type {type(key).__name__}") from None
+    return out
+
+
+def _dec_obj(t, make_fn):
+    try:
+        methods = {str(name): make_fn(int(i), str(name)) for name, i in t["methods"]}
+        cls = type(str(t.get("name", "Served"))[:60] or "Served", (Served,), {})
+    except (TypeError, ValueError, KeyError) as exc:
+        raise WireError(f"malformed object: {exc}") from None
+    return cls(methods)
+
+
 def _dec(t, blobs, make_fn, depth):
     if depth > MAX_DEPTH:
         raise WireError(f"nested more than {MAX_DEPTH} levels deep")
@@ -130,41 +185,18 @@ def _dec(t, blobs, make_fn, depth):
         raise WireError(f"malformed value {str(t)[:80]!r}")
     kind = t["$"]
     if kind in ("array", "scalar"):
-        try:
-            dtype = np.dtype(str(t["dtype"]))
-            shape = tuple(int(n) for n in t["shape"])
-            blob = blobs[int(t["blob"])]
-        except (TypeError, ValueError, KeyError, IndexError) as exc:
-            raise WireError(f"malformed array: {exc}") from None
-        if dtype.kind not in _DTYPE_KINDS or dtype.fields is not None or min(shape, default=1) < 0:
-            raise WireError(f"refused array of dtype {dtype}")
-        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(blob):
-            raise WireError("array size does not match its data")
-        a = np.frombuffer(blob, dtype=dtype).reshape(shape).copy()
-        return a[()] if kind == "scalar" else a
+        return _dec_array(t, blobs, kind)
     if kind == "float":
         return float(t["v"])
     if kind in ("list", "tuple"):
         items = [_dec(y, blobs, make_fn, depth + 1) for y in t["items"]]
         return tuple(items) if kind == "tuple" else items
     if kind == "dict":
-        out = {}
-        for k, v in t["items"]:
-            key = _dec(k, blobs, make_fn, depth + 1)
-            try:
-                out[key] = _dec(v, blobs, make_fn, depth + 1)
-            except TypeError:
-                raise WireError(f"unhashable dict key of type {type(key).__name__}") from None
-        return out
+        return _dec_dict(t, blobs, make_fn, depth)
     if kind == "fn" and make_fn is not None:
         return make_fn(int(t["id"]), str(t.get("name", "fn"))[:100])
     if kind == "obj" and make_fn is not None:
-        try:
-            methods = {str(name): make_fn(int(i), str(name)) for name, i in t["methods"]}
-            cls = type(str(t.get("name", "Served"))[:60] or "Served", (Served,), {})
-        except (TypeError, ValueError, KeyError) as exc:
-            raise WireError(f"malformed object: {exc}") from None
-        return cls(methods)
+        return _dec_obj(t, make_fn)
     raise WireError(f"refused value of kind {kind!r}")
 
 
