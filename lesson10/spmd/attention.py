@@ -73,10 +73,18 @@ def acc_dtype(dtype):
 def merge_block(out, lse, rows, o_b, l_b) -> None:
     """Merge one block's ``(o_b, l_b)`` into the running ``out`` ``(b, s, a, d)`` and ``lse``
     ``(b, a, s)`` (the kernels' layout) at the query ``rows`` (a slice), in place: the lse
-    formula of :func:`merge`, which wants ``(b, s, a)``, and the transposes around it."""
-    o_m, l_m = merge(out[:, rows], lse[:, :, rows].transpose(1, 2), o_b, l_b.transpose(1, 2))
-    out[:, rows] = o_m
-    lse[:, :, rows] = l_m.transpose(1, 2)
+    formula of :func:`merge` (the same operations, so the same numbers), written straight
+    into the views ``out[:, rows]`` and ``lse[:, :, rows]`` without a merged copy."""
+    lo = lse[:, :, rows]                                         # (b, a, r), a view
+    l_b = l_b.to(lse.dtype)
+    m = torch.maximum(lo, l_b)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))   # both -inf: any finite shift
+    e1, e2 = torch.exp(lo - m), torch.exp(l_b - m)
+    tot = e1 + e2
+    inv = torch.where(tot > 0, 1.0 / torch.where(tot > 0, tot, torch.ones_like(tot)), torch.zeros_like(tot))
+    lo.copy_(m + torch.log(tot))                                 # -inf when both are empty
+    w1, w2 = ((e * inv).transpose(1, 2)[..., None] for e in (e1, e2))   # (b, r, a, 1)
+    out[:, rows].mul_(w1).add_(w2 * o_b.to(out.dtype))
 
 
 def block_kwargs(block, q_pos, k_pos, causal: bool, doc_ids=None) -> dict:
@@ -291,13 +299,18 @@ def attend_blocks(q, k, v, blocks, scale=None, impl: str = "auto", out=None, lse
     return out, lse
 
 
-def attend_blocks_backward(dout, q, k, v, out, lse, blocks, dq, scale=None, impl: str = "auto"):
+def attend_blocks_backward(dout, q, k, v, out, lse, blocks, dq, scale=None, impl: str = "auto",
+                           dkv=None):
     """The gradients of :func:`attend_blocks` from the final ``(out, lse)`` of the queries:
     adds each block's ``dQ`` to ``dq`` (in place) and returns ``(dk, dv)`` of these ``k``,
-    ``v`` rows in :func:`acc_dtype`."""
+    ``v`` rows in :func:`acc_dtype`. ``dkv``: two tensors of those shapes and dtype to zero
+    and fill instead of new ones (the ring reuses its buffers)."""
     acc = acc_dtype(q.dtype)
-    dk = torch.zeros(k.shape, dtype=acc, device=q.device)
-    dv = torch.zeros(v.shape, dtype=acc, device=q.device)
+    if dkv is None:
+        dk = torch.zeros(k.shape, dtype=acc, device=q.device)
+        dv = torch.zeros(v.shape, dtype=acc, device=q.device)
+    else:
+        dk, dv = (t.zero_() for t in dkv)
     for blk, kw in blocks:
         g_q, g_k, g_v = local_attention_backward(
             dout[:, blk.q], q[:, blk.q], k[:, blk.k], v[:, blk.k], out[:, blk.q],

@@ -25,6 +25,7 @@ rank's share, and arrive back home after ``N_c`` hops.
 """
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -167,7 +168,23 @@ class RingComm:
         sent = [t.contiguous() for t in tensors]
         if self.size == 1:                             # a ring of one: the block stays here
             return _Shift([], sent, [t.clone() for t in sent])
-        received = [torch.empty_like(t) for t in sent]
+        return self._start(sent, [torch.empty_like(t) for t in sent], tag)
+
+    def shift_into(self, send: torch.Tensor, recv: torch.Tensor, tag: int = 0) -> _Shift:
+        """:meth:`shift` of one contiguous tensor into a buffer of the caller's, ``recv`` (same
+        shape and dtype, not ``send``): the ring reuses its buffers from round to round, and
+        sends K and V packed in one tensor, so a round is one send and one receive."""
+        if not send.is_contiguous() or not recv.is_contiguous() or recv.shape != send.shape \
+                or recv.dtype != send.dtype or (send.numel() and recv.data_ptr() == send.data_ptr()):
+            raise ValueError("shift_into needs two distinct contiguous tensors of one shape and dtype")
+        if self.size == 1:
+            recv.copy_(send)
+            return _Shift([], [send], [recv])
+        return self._start([send], [recv], tag)
+
+    def _start(self, sent, received, tag: int) -> _Shift:
+        """Post the sends of ``sent`` to ``r+1`` and the receives into ``received`` from ``r-1``
+        (one ``batch_isend_irecv``)."""
         ops = []
         nbytes = 0
         for i, (t, buf) in enumerate(zip(sent, received)):
@@ -240,8 +257,28 @@ class RingPlan:
 
 
 # ------------------------------------------------------------------- autograd
+def _pack(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """K and V in one flat buffer (what travels: one tensor per round), see :func:`_unpack`."""
+    flat = torch.empty(k.numel() + v.numel(), dtype=k.dtype, device=k.device)
+    kk, vv = _unpack(flat, k.shape, v.shape)
+    kk.copy_(k)
+    vv.copy_(v)
+    return flat
+
+
+def _unpack(flat: torch.Tensor, k_shape, v_shape):
+    """The K and V views of a buffer of :func:`_pack` (no copy)."""
+    nk = math.prod(k_shape)
+    return flat[:nk].view(k_shape), flat[nk:].view(v_shape)
+
+
 class RingAttention(torch.autograd.Function):
-    """``out = ring_attention(q, k, v)`` with the ring backward (see the module doc)."""
+    """``out = ring_attention(q, k, v)`` with the ring backward (see the module doc).
+
+    Fixed costs per round kept small: K and V travel packed in one buffer (one send and one
+    receive per round), into a second buffer allocated once and swapped with the first each
+    round; the backward's dK/dV sums rotate through three such buffers (the one being
+    computed, the one in flight, the one arriving); blocks merge in place."""
 
     @staticmethod
     def forward(ctx, q, k, v, plan: RingPlan):
@@ -249,16 +286,18 @@ class RingAttention(torch.autograd.Function):
         n = ring.size
         out: torch.Tensor | None = None
         lse: torch.Tensor | None = None
-        kv = [k, v]
+        cur = _pack(k, v)
+        spare = torch.empty_like(cur) if n > 1 else cur
         for step in range(n):
             t0 = ring.clock(q)
-            pending = ring.shift(kv, tag=0) if step < n - 1 else None
+            pending = ring.shift_into(cur, spare, tag=0) if step < n - 1 else None
             t1 = ring.clock(q)
-            out, lse = attend_blocks(q, kv[0], kv[1], plan.blocks[step], plan.scale, plan.impl,
-                                     out, lse)
+            kk, vv = _unpack(cur, k.shape, v.shape)
+            out, lse = attend_blocks(q, kk, vv, plan.blocks[step], plan.scale, plan.impl, out, lse)
             t2 = ring.clock(q)
             if pending is not None:
-                kv = pending.wait()
+                pending.wait()
+                cur, spare = spare, cur                # the block that arrived; the sent one is free
             ring.log("forward", step, t2 - t1, (t1 - t0) + (ring.clock(q) - t2))
         assert out is not None and lse is not None        # n >= 1 rounds, each returns both
         out_q = out.to(q.dtype)
@@ -273,26 +312,33 @@ class RingAttention(torch.autograd.Function):
         ring = RingComm.with_settings(plan.group, plan.settings)
         n = ring.size
         dout = dout.contiguous()
-        dq = torch.zeros(q.shape, dtype=acc_dtype(q.dtype), device=q.device)
-        kv = [k, v]
+        acc = acc_dtype(q.dtype)
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        cur = _pack(k, v)
+        spare = torch.empty_like(cur) if n > 1 else cur
+        # dK/dV sums, packed: computed here (A), in flight (B), arriving (C); rotate per round
+        A, B, C = (torch.empty(cur.shape, dtype=acc, device=q.device) for _ in range(3))
         travelling: _Shift | None = None               # the dK/dV accumulators on their way
         for step in range(n):
             t0 = ring.clock(q)
-            pending = ring.shift(kv, tag=0) if step < n - 1 else None
+            pending = ring.shift_into(cur, spare, tag=0) if step < n - 1 else None
             t1 = ring.clock(q)
-            dk_b, dv_b = attend_blocks_backward(dout, q, kv[0], kv[1], out, lse,
-                                                plan.blocks[step], dq, plan.scale, plan.impl)
+            kk, vv = _unpack(cur, k.shape, v.shape)
+            attend_blocks_backward(dout, q, kk, vv, out, lse, plan.blocks[step], dq, plan.scale,
+                                   plan.impl, dkv=_unpack(A, k.shape, v.shape))
             t2 = ring.clock(q)
             if travelling is not None:                 # add our share to the arriving sums
-                got_k, got_v = travelling.wait()
-                dk_b += got_k
-                dv_b += got_v
-            travelling = ring.shift([dk_b, dv_b], tag=2)
+                travelling.wait()
+                A += C
+            travelling = ring.shift_into(A, B, tag=2)  # B: sent last round, free since the wait
+            A, B, C = C, A, B                          # next: compute into C; A in flight into B
             if pending is not None:
-                kv = pending.wait()
+                pending.wait()
+                cur, spare = spare, cur
             ring.log("backward", step, t2 - t1, (t1 - t0) + (ring.clock(q) - t2))
         assert travelling is not None                  # n >= 1 rounds, each shifts them
-        dk, dv = travelling.wait()                     # N_c hops: our own dK/dV, complete
+        travelling.wait()                              # N_c hops: our own dK/dV, complete
+        dk, dv = _unpack(C, k.shape, v.shape)          # C: where the last shift arrived
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
