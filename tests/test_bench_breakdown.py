@@ -49,3 +49,17 @@ def test_bench_moe_breakdown_writes_the_table(tmp_path):
         parts = [float(c.split()[0]) for c in r[2:]]
         assert abs(sum(parts) - float(r[1])) <= 0.1 * float(r[1]) + 0.5
         assert float(r[4].split()[0]) > 0                        # the experts took some time
+
+
+def test_the_ring_breakdown_sums_its_rounds_by_phase():
+    from lesson10.bench.attention import breakdown_section
+    rounds = [{"phase": "forward", "round": 0, "compute_s": 0.1, "wait_s": 0.01},
+              {"phase": "forward", "round": 1, "compute_s": 0.1, "wait_s": 0.03},
+              {"phase": "backward", "round": 0, "compute_s": 0.3, "wait_s": 0.02},
+              {"phase": "backward", "round": 1, "compute_s": 0.3, "wait_s": 0.04}]
+    by = {("ring", 2, "zigzag", True): {"median_s": 1.0, "per_round": rounds}}
+    md = "\n".join(breakdown_section(by, [2]))
+    row = next(line for line in md.splitlines() if line.startswith("| 2 |"))
+    assert [c.strip() for c in row.strip("|").split("|")] == [
+        "2", "1000.0", "200.0 (20%)", "40.0 (4%)", "600.0 (60%)", "60.0 (6%)", "100.0 (10%)"]
+    assert breakdown_section({}, [2]) == []                      # no ring row: no section

@@ -37,7 +37,7 @@ from .harness import (
     write_table,
 )
 
-__all__ = ["time_attention", "ring_table", "compare_table", "bench", "bench_compare"]
+__all__ = ["breakdown_section", "time_attention", "ring_table", "compare_table", "bench", "bench_compare"]
 
 
 def _sdpa_once(state, cfg):
@@ -138,7 +138,7 @@ def ring_table(rows: list[dict]) -> str:
     single = {(r["n"], r["threads"]): r["median_s"] for r in rows if r["method"] == "sdpa"}
     ns = sorted({r["n"] for r in rows})
     out = _layout_section(by, ns) + _overlap_section(by, ns) + _efficiency_section(rows, single)
-    return "\n".join(out + _target_section(by, single))
+    return "\n".join(out + _target_section(by, single) + breakdown_section(by, ns))
 
 
 def _layout_section(by: dict, ns: list) -> list[str]:
@@ -183,6 +183,30 @@ def _overlap_section(by: dict, ns: list) -> list[str]:
             "Per round (slowest rank; waiting time = communication not hidden):", "",
             md_table(["N_c", "phase", "round", "compute ms", "wait ms, no overlap",
                       "wait ms, overlap"], t2r), ""]
+
+
+def breakdown_section(by: dict, ns: list) -> list[str]:
+    """5. Where a causal zig-zag ring step goes: per phase the rounds' compute (the attention
+    kernels and the merge) and waiting (the send/recv set-up and the transfer not hidden),
+    summed over rounds (each round's slowest rank, last rep); rest = the median step minus
+    those (packing K/V, allocations, the casts, autograd)."""
+    t5 = []
+    for n in ns:
+        z = by.get(("ring", n, "zigzag", True))
+        if not (z and z["per_round"]):
+            continue
+        step = z["median_s"]
+        parts = [sum(r[key] for r in z["per_round"] if r["phase"] == ph)
+                 for ph in ("forward", "backward") for key in ("compute_s", "wait_s")]
+        parts.append(max(step - sum(parts), 0.0))
+        t5.append([n, ms(step), *(f"{ms(p)} ({p / step:.0%})" for p in parts)])
+    if not t5:
+        return []
+    return ["## 5. Where the step goes (causal zig-zag, overlapped)", "",
+            md_table(["N_c", "step ms", "fwd compute", "fwd wait", "bwd compute",
+                      "bwd wait (K/V and dK/dV rings)", "rest"], t5), "",
+            "compute = attention kernels and merge per round; wait = send/recv set-up and "
+            "the transfer the compute did not hide; rest = the step minus those.", ""]
 
 
 def _efficiency_section(rows: list[dict], single: dict) -> list[str]:
