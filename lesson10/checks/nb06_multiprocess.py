@@ -140,7 +140,7 @@ def check_gather_from_sp(cls) -> None:
 
 
 # --------------------------------------------------------------------------- judging
-_RING_HINTS = {
+_RING_HINTS = dict({  # a call, not a literal: the stand-in keeps no hint texts
     "raised": "fix the error above; the ranks ran your function as it is in its cell",
     "no_batch": "post the send and the receive with dist.batch_isend_irecv (a list of dist.P2POp): "
                 "both are in flight at once, so no rank waits for another to receive first",
@@ -156,7 +156,7 @@ _RING_HINTS = {
              "receive writes",
     "type": "return the received tensor: same shape and dtype as x",
     "values": "return the tensor that arrived from the previous rank, not x or another buffer",
-}
+})
 
 
 def judge_ring_shift(per_rank: list) -> str:
@@ -178,7 +178,7 @@ def judge_ring_shift(per_rank: list) -> str:
             f"one batch of an isend and an irecv per rank, every request waited, x left as it was")
 
 
-_SP_HINTS = {
+_SP_HINTS = dict({  # a call, not a literal: the stand-in keeps no hint texts
     "raised": "fix the error above; the ranks ran your class as it is in its cell",
     "grad_count": "backward returns one gradient per input of forward: the gradient of x, shaped "
                   "like x (b, s/t, h), and None for group",
@@ -192,7 +192,7 @@ _SP_HINTS = {
                   "only needs its own s/t tokens of the sum",
     "forward_ops": "forward's one collective is an all-gather; a sum (all-reduce) of zero-padded "
                    "shards sends twice the bytes",
-}
+})
 
 
 def judge_gather(per_rank: list) -> str:
