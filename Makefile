@@ -60,8 +60,9 @@ lint: $(STAMP)
 	$(BIN)/ruff check lesson10 tests conftest.py
 	$(BIN)/mypy
 
-# the package's tests and every notebook (nbval) in one run on both cores; notebook 06 has no
-# exercises, so only its solutions/ copy runs (tests/test_notebook06_text.py: the same code)
+# the package's tests and every notebook (nbval) in one run on both cores; notebook 06's exercises
+# are checked in Jupyter only (their stubs stop Run All), so only its solutions/ copy runs
+# (tests/test_notebook06_text.py: the same code)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) $(FAST) --nbval-lax tests notebooks solutions \
 	    --ignore=notebooks/06_multiprocess.ipynb
