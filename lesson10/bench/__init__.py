@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-RESULTS_DIR = Path("benchmarks") / "results"
+from .paths import RESULTS_DIR
 
 __all__ = ["main", "RESULTS_DIR"]
 

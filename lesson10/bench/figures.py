@@ -23,7 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
-from . import RESULTS_DIR
+from .paths import RESULTS_DIR
 
 TARGET_MEDIAN_MS, TARGET_P90_MS = 100, 200
 

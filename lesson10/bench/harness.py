@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 
 from ..spmd.device import current_device, synchronize
-from . import RESULTS_DIR
+from .paths import RESULTS_DIR
 
 __all__ = ["RESULTS_DIR", "slowest", "timed", "interleaved", "one_process", "median",
-           "md_table", "ms", "ratio", "machine_note", "write_table"]
+           "md_table", "ms", "ratio", "machine_note", "write_table", "moe_tokens"]
 
 def slowest(seconds: float) -> float:
     """The largest of every rank's ``seconds`` (one all-reduce)."""
@@ -116,3 +116,10 @@ def save_figure(fig, path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def moe_tokens(T: int, h: int, rank: int, seed: int, dtype):
+    """This rank's tokens ``x (T, h)`` and output gradient ``dy (T, h)``, seeded by (seed, rank)."""
+    g = torch.Generator().manual_seed(1000 * seed + rank + 1)
+    return (torch.randn(T, h, generator=g, dtype=torch.float64).to(dtype),
+            torch.randn(T, h, generator=g, dtype=torch.float64).to(dtype))

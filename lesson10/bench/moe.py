@@ -12,21 +12,14 @@ from .. import cost
 from ..spmd.comm import count_bytes
 from ..spmd.device import current_device, torch_dtype
 from . import harness
-from .harness import md_table, ms, save_figure, write_table
+from .harness import md_table, moe_tokens, ms, save_figure, write_table
 
-__all__ = ["time_moe", "moe_table", "bench", "moe_tokens"]
+__all__ = ["time_moe", "moe_table", "bench"]
 
 
 def _popularity(E: int, seed: int = 0) -> torch.Tensor:
     """Fixed per-expert popularity ``u (E,)``, standard normal from ``seed`` (float64)."""
     return torch.randn(E, generator=torch.Generator().manual_seed(10_000 + seed), dtype=torch.float64)
-
-
-def moe_tokens(T: int, h: int, rank: int, seed: int, dtype):
-    """This rank's tokens ``x (T, h)`` and output gradient ``dy (T, h)``, seeded by (seed, rank)."""
-    g = torch.Generator().manual_seed(1000 * seed + rank + 1)
-    return (torch.randn(T, h, generator=g, dtype=torch.float64).to(dtype),
-            torch.randn(T, h, generator=g, dtype=torch.float64).to(dtype))
 
 
 def _moe_dense_once(st, cfg, n):

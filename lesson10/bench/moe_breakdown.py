@@ -16,7 +16,7 @@ import torch.distributed as dist
 from ..spmd import comm
 from ..spmd.device import current_device, torch_dtype
 from . import harness
-from .harness import md_table, ms, save_figure, write_table
+from .harness import md_table, moe_tokens, ms, save_figure, write_table
 
 __all__ = ["loop_expert_mlp", "time_breakdown", "breakdown_table", "bench_breakdown"]
 
@@ -56,7 +56,6 @@ def _timed_all_to_alls(acc: dict):
 
 def _setup(cfg, st):
     from ..spmd.moe import ExpertParallelMoE, grouped_expert_mlp
-    from .moe import moe_tokens
     dt, seed, rank = torch_dtype(cfg.get("dtype", "float32")), cfg.get("seed", 0), dist.get_rank()
     layer = ExpertParallelMoE(cfg["h"], cfg["E"], cfg["d_ff"], cfg["k"], capacity_factor=cfg.get("cf"),
                               seed=seed, dtype=dt).to(current_device())

@@ -26,7 +26,7 @@ from ..sim.comm import SimGroup
 from ..sim.moe import simulate_moe
 from ..sim.ring import ring_attention
 from ..sim.ulysses import ulysses_attention
-from . import RESULTS_DIR
+from .paths import RESULTS_DIR
 
 __all__ = ["main", "bench_moe", "bench_attention"]
 

@@ -42,14 +42,13 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from . import depends, feedback, refused, returns
 from .diagnosis import Cases, Diagnosis, parts, with_wrapped_count
+from .exercises import EXERCISES, Exercise, seed_of
 from .feedback import CheckFailed, fallback
 from .precision import (
     HALF_HINT,
@@ -75,26 +74,6 @@ __all__ = [
 
 #: every outcome recorded in this process, in call order
 OUTCOMES: list[dict] = []
-
-
-@dataclass(frozen=True)
-class Exercise:
-    id: str
-    notebook: str
-    points: int
-    title: str
-    #: ``body(student_fn, rng) -> success text``: generates the cases, calls the student's
-    #: function and compares; raises CheckFailed, NotImplementedError or StudentError.
-    #: The check cell and the grader's judge both drive it.
-    body: object = None
-    #: the name of the function the student writes (what ``summary()`` prints)
-    function: str = ""
-    #: ``((part, points), ...)`` of an exercise scored per part (see :mod:`.parts`)
-    parts: tuple = ()
-
-
-#: exercise id -> Exercise, filled by the ``@register_exercise`` decorator below
-EXERCISES: dict[str, Exercise] = {}
 
 
 # --------------------------------------------------------------------------- recording
@@ -150,7 +129,7 @@ def _call(fn, *args, **kwargs):
         out = fn(*args, **kwargs)
     except (NotImplementedError, CheckFailed, returns.ReturnRefused):
         raise                 # (a ReturnRefused here: the grader's sandbox applied the rule)
-    except Exception as exc:  # noqa: BLE001 - any bug in student code is reported
+    except Exception as exc:  # any bug in student code is reported (re-raised below)
         name = getattr(fn, "__name__", "your function")
         called = ", ".join(describe_value(a) for a in args)
         raise StudentError(
@@ -171,11 +150,6 @@ def describe_value(x) -> str:
         return getattr(x, "__name__", "a function")
     text = repr(x)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def seed_of(exercise: str) -> int:
-    """The seed a check uses when it is called without one: fixed per exercise."""
-    return zlib.crc32(f"lesson10.checks.{exercise}".encode())
 
 
 def register_exercise(exercise: str, notebook: str, points: int, title: str, function: str = "",

@@ -17,7 +17,9 @@ import io
 
 import numpy as np
 
+from .exercises import EXERCISES, seed_of
 from .feedback import CheckFailed
+from .verdict import StudentError
 
 __all__ = ["USES", "note_for", "run_body", "helper_statuses"]
 
@@ -28,7 +30,6 @@ USES = {"ulysses_attention": ("seq_to_heads", "heads_to_seq")}
 def note_for(exercise: str, statuses: dict) -> str:
     """The lines that go first in a failure of ``exercise``: one per helper whose status
     (``statuses[helper]``: "passed", "failed", ...) is known and not "passed"."""
-    from .core import EXERCISES
     lines = []
     for helper in USES.get(exercise, ()):
         status = statuses.get(helper)
@@ -51,7 +52,6 @@ def _names(code) -> set:
 
 def _status(exercise: str, fn) -> str:
     """The verdict of ``exercise``'s own check on ``fn`` (its fixed seed), without output."""
-    from .core import EXERCISES, seed_of
     body = EXERCISES[exercise].body
     with contextlib.redirect_stdout(io.StringIO()), np.errstate(all="ignore"):
         try:
@@ -66,7 +66,6 @@ def _status(exercise: str, fn) -> str:
 def helper_statuses(exercise: str, student_fn) -> dict:
     """``{helper: status}`` for each helper of ``exercise`` that ``student_fn`` calls by its
     global name (the notebook's function of that name, not the course's)."""
-    from .core import EXERCISES
     code, found = getattr(student_fn, "__code__", None), getattr(student_fn, "__globals__", None)
     if code is None or not isinstance(found, dict):
         return {}
@@ -82,7 +81,6 @@ def helper_statuses(exercise: str, student_fn) -> dict:
 
 def run_body(exercise: str, body, student_fn, rng):
     """``body(student_fn, rng)``; a failure gets the helpers' note first (see above)."""
-    from .core import StudentError
     try:
         return body(student_fn, rng)
     except (CheckFailed, StudentError) as exc:

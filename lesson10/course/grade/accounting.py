@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .submission_files import helper_files
+
 #: folders a search never enters (besides hidden ones); the same as for notebooks
 SKIP_FOLDERS = {".ipynb_checkpoints", "__MACOSX", "__pycache__", "node_modules", "site-packages"}
 
@@ -43,9 +45,8 @@ def find_others(paths) -> list[Path]:
 
 def helpers_of(notebooks) -> set[str]:
     """Absolute paths of the ``.py`` files the grader gives the notebooks as helper modules
-    (:func:`lesson10.course.grade.notebook.helper_files`: beside the notebook, within its
-    limits)."""
-    from .notebook import helper_files
+    (:func:`lesson10.course.grade.submission_files.helper_files`: beside the notebook, within
+    its limits)."""
     out: set[str] = set()
     for folder in {os.path.dirname(os.path.abspath(p)) for p in notebooks}:
         out |= {os.path.join(folder, name) for name, _ in helper_files(Path(folder) / "x.ipynb")}
