@@ -10,6 +10,7 @@ torchrun (a smoke test of :func:`lesson10.spmd.launch.init_from_env`).
 """
 from __future__ import annotations
 
+import importlib
 import os
 import time
 
@@ -536,3 +537,23 @@ def usp_after_an_uneven_group() -> list:
             for u in (1, 2)]
     dist.new_group([3])
     return rows
+
+
+def entry_with_start_fault(fault: str, *entry_args):
+    """The launcher's rank body (``lesson10.spmd.launch._entry``) with one start that loses a
+    connection: the first rank to remove the file ``fault`` fails while joining the group, as
+    gloo does when a peer closes a connection under load. Tests put it in place with
+    ``monkeypatch.setattr(launch_module, "_entry", functools.partial(entry_with_start_fault,
+    path))``; the package itself holds no test hook."""
+    L = importlib.import_module("lesson10.spmd.launch")
+    real = L.dist.TCPStore
+
+    def store(*args, **kwargs):
+        try:
+            os.remove(fault)
+        except OSError:
+            return real(*args, **kwargs)
+        raise RuntimeError("Gloo connectFullMesh failed with [injected by a test] "
+                           "Connection closed by peer [127.0.0.1]:1")
+    L.dist.TCPStore = store
+    return L._entry(*entry_args)

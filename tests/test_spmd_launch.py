@@ -1,5 +1,6 @@
 """lesson10.spmd.launch: results in rank order, faults become one clear error, no process
 is left behind, backend choice, torchrun."""
+import functools
 import multiprocessing
 import os
 import re
@@ -114,7 +115,8 @@ def test_a_start_that_loses_a_connection_is_tried_once_more(tmp_path, monkeypatc
     # peer closes a connection under load (CI saw it once, with make test on two workers)
     fault = tmp_path / "fault"
     fault.write_text("")
-    monkeypatch.setenv("_LESSON10_TEST_START_FAULT", str(fault))
+    L = sys.modules["lesson10.spmd.launch"]      # (lesson10.spmd.launch is also the function)
+    monkeypatch.setattr(L, "_entry", functools.partial(w.entry_with_start_fault, str(fault)))
     outs = launch(w.whoami, 2, timeout=SAFETY, quiet=True)
     assert [o["rank"] for o in outs] == [0, 1] and not fault.exists()
     err = capfd.readouterr().err
@@ -150,9 +152,9 @@ def test_a_start_is_tried_again_only_when_no_rank_ran_fn():
 def test_a_start_that_fails_twice_raises_the_second_failure(tmp_path, monkeypatch):
     # two fault files, one per attempt: the second start fails too, and that one is raised
     fault = tmp_path / "fault"
-    monkeypatch.setenv("_LESSON10_TEST_START_FAULT", str(fault))
     fault.write_text("")
     L = sys.modules["lesson10.spmd.launch"]      # (lesson10.spmd.launch is also the function)
+    monkeypatch.setattr(L, "_entry", functools.partial(w.entry_with_start_fault, str(fault)))
     real, starts = L._launch_once, []
 
     def again(*a, **k):

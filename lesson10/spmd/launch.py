@@ -227,7 +227,6 @@ def _entry(rank, nprocs, port, backend, timeout, threads, fn, args, kwargs, conn
         torch.set_num_threads(threads)
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        _injected_start_fault()
         store = dist.TCPStore("127.0.0.1", port, nprocs + 1, is_master=False,
                               timeout=datetime.timedelta(seconds=timeout))
         dist.init_process_group(backend, store=store, rank=rank, world_size=nprocs,
@@ -258,18 +257,8 @@ def _entry(rank, nprocs, port, backend, timeout, threads, fn, args, kwargs, conn
             conn.close()
 
 
-_START_FAULT_ENV = "_LESSON10_TEST_START_FAULT"     # a test's fault: the first rank to remove it fails
 _TRANSIENT = ("connectFullMesh", "Connection closed by peer", "Connection reset by peer",
               "Connection refused")                  # what a start lost on the network says
-
-
-def _injected_start_fault() -> None:
-    try:
-        os.remove(os.environ[_START_FAULT_ENV])
-    except (KeyError, OSError):
-        return
-    raise RuntimeError("Gloo connectFullMesh failed with [injected by a test] "
-                       "Connection closed by peer [127.0.0.1]:1")
 
 
 def _failed_on_the_network_at_start(err: RankError) -> bool:
