@@ -57,7 +57,7 @@ def test_the_ring_breakdown_sums_its_rounds_by_phase():
               {"phase": "forward", "round": 1, "compute_s": 0.1, "wait_s": 0.03},
               {"phase": "backward", "round": 0, "compute_s": 0.3, "wait_s": 0.02},
               {"phase": "backward", "round": 1, "compute_s": 0.3, "wait_s": 0.04}]
-    by = {("ring", 2, "zigzag", True): {"median_s": 1.0, "per_round": rounds}}
+    by = {("ring", 2, "zigzag", True): {"median_s": 0.5, "times": [0.4, 1.0], "per_round": rounds}}
     md = "\n".join(breakdown_section(by, [2]))
     row = next(line for line in md.splitlines() if line.startswith("| 2 |"))
     assert [c.strip() for c in row.strip("|").split("|")] == [

@@ -15,6 +15,7 @@ fwd+bwd time and the forward bytes per rank, measured next to :mod:`lesson10.cos
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -188,25 +189,26 @@ def _overlap_section(by: dict, ns: list) -> list[str]:
 def breakdown_section(by: dict, ns: list) -> list[str]:
     """5. Where a causal zig-zag ring step goes: per phase the rounds' compute (the attention
     kernels and the merge) and waiting (the send/recv set-up and the transfer not hidden),
-    summed over rounds (each round's slowest rank, last rep); rest = the median step minus
+    summed over rounds (each round's slowest rank, last rep); rest = that rep's step minus
     those (packing K/V, allocations, the casts, autograd)."""
     t5 = []
     for n in ns:
         z = by.get(("ring", n, "zigzag", True))
         if not (z and z["per_round"]):
             continue
-        step = z["median_s"]
+        step = z["times"][-1] if z.get("times") else z["median_s"]   # the rep of per_round
         parts = [sum(r[key] for r in z["per_round"] if r["phase"] == ph)
                  for ph in ("forward", "backward") for key in ("compute_s", "wait_s")]
         parts.append(max(step - sum(parts), 0.0))
         t5.append([n, ms(step), *(f"{ms(p)} ({p / step:.0%})" for p in parts)])
-    if not t5:
-        return []
-    return ["## 5. Where the step goes (causal zig-zag, overlapped)", "",
-            md_table(["N_c", "step ms", "fwd compute", "fwd wait", "bwd compute",
-                      "bwd wait (K/V and dK/dV rings)", "rest"], t5), "",
-            "compute = attention kernels and merge per round; wait = send/recv set-up and "
-            "the transfer the compute did not hide; rest = the step minus those.", ""]
+    note = ("The last rep (the one the rounds were timed in): compute = attention kernels and "
+            "merge per round; wait = send/recv set-up and the transfer the compute did not "
+            "hide; rest = the step minus those (0 when the rounds' slowest ranks differ and "
+            f"their sum passes the step). Load average (1 min) when written: {os.getloadavg()[0]:.1f}.")
+    head = ["N_c", "step ms", "fwd compute", "fwd wait", "bwd compute",
+            "bwd wait (K/V and dK/dV rings)", "rest"]
+    section = ["## 5. Where the step goes (causal zig-zag, overlapped)", "", md_table(head, t5)]
+    return section + ["", note, ""] if t5 else []
 
 
 def _efficiency_section(rows: list[dict], single: dict) -> list[str]:

@@ -54,7 +54,7 @@ def _timed_all_to_alls(acc: dict):
         comm.all_to_all_single = inner
 
 
-def _setup(cfg, st):
+def _setup(cfg: dict, st: dict) -> None:
     from ..spmd.moe import ExpertParallelMoE, grouped_expert_mlp
     dt, seed, rank = torch_dtype(cfg.get("dtype", "float32")), cfg.get("seed", 0), dist.get_rank()
     layer = ExpertParallelMoE(cfg["h"], cfg["E"], cfg["d_ff"], cfg["k"], capacity_factor=cfg.get("cf"),
@@ -74,7 +74,7 @@ def _setup(cfg, st):
                 "experts", acc["experts"] + time.perf_counter() - acc["bwd"]))
         return y
 
-    layer._local_experts = local       # the bench's hook on this instance  # type: ignore[method-assign]
+    layer._local_experts = local  # type: ignore[method-assign]  # the bench's hook, this instance
     x, dy = (t.to(current_device()) for t in moe_tokens(cfg["T"], cfg["h"], rank, seed, dt))
     st.update(layer=layer, x=x.requires_grad_(), dy=dy, acc=acc)
 
