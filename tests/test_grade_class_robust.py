@@ -2,8 +2,9 @@
 holding a 200,000-term expression, a folder named in Latin-1 bytes, a Canvas zip with a zip
 inside and byte-identical files. Every output is written for everybody, only the two broken
 files lose points, identical files are graded once, and the students' outputs never name
-the seed. Then the seeds: a regrade into the same results folder draws new cases, a replay
-reuses them, and a longer --exercise-timeout is never served a stored verdict."""
+the seed. Then the seeds: in the same results folder a resubmission (or --new-cases) meets
+new cases, an unchanged file keeps its verdict, a replay reuses the stored seed, and a longer
+--exercise-timeout is never served a stored verdict."""
 import csv
 import json
 import os
@@ -128,7 +129,7 @@ def test_the_students_outputs_never_name_the_seed(graded):
         assert seed not in path.read_text(encoding="utf-8"), path
 
 
-def test_regrades_draw_new_cases_unless_replayed(tmp_path):
+def test_a_resubmission_meets_new_cases_and_an_unchanged_file_keeps_its_verdict(tmp_path):
     folder = tmp_path / "ann"
     folder.mkdir()
     (folder / NB03).write_text(json.dumps(_reduced()))
@@ -138,13 +139,21 @@ def test_regrades_draw_new_cases_unless_replayed(tmp_path):
         proc = _grade(str(folder), "--student", "ann", "--resume", str(results), "--output",
                       str(tmp_path / "r.json"), *extra)
         assert proc.returncode == 1, proc.stderr[-3000:]       # the other notebooks: missing
-        return json.loads((tmp_path / "r.json").read_text())["seed"], proc.stderr
+        graded = json.loads((tmp_path / "r.json").read_text())["notebooks"]
+        return graded[0]["seed"], proc.stderr
 
     first, _ = run()
     assert not (results / "running").exists()
-    second, err = run()                                     # a regrade: new cases
-    assert second != first and "already graded" not in err
-    third, err = run("--replay")                            # the same cases: the stored verdict
-    assert third == second and "1 of 1 notebooks already graded" in err
-    fourth, err = run("--replay", "--exercise-timeout", "45")   # another limit: graded again
-    assert fourth == second and "already graded" not in err
+    second, err = run()                                 # unchanged: its verdict, seed and all
+    assert second == first and "1 of 1 notebooks already graded" in err
+    third, err = run("--new-cases")                     # every file again, with a new seed
+    assert third != first and "already graded" not in err
+    changed = _reduced()
+    changed["cells"].append({"cell_type": "markdown", "metadata": {}, "source": "resubmitted"})
+    (folder / NB03).write_text(json.dumps(changed))
+    fourth, err = run()                                 # a resubmission: new cases
+    assert fourth not in (first, third) and "already graded" not in err
+    fifth, err = run("--replay")                        # the stored seed: the stored verdict
+    assert fifth == fourth and "1 of 1 notebooks already graded" in err
+    sixth, err = run("--replay", "--exercise-timeout", "45")   # another limit: graded again
+    assert sixth == fourth and "already graded" not in err

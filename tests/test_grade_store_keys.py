@@ -1,6 +1,7 @@
 """The results key holds everything that changes a verdict, and seeds are not replayed
-against a student (issue 32): a regrade draws a new secret seed unless the instructor asks
-for a replay; a run that stopped is resumed with its own."""
+against a student (issue 32): a run after a finished one draws a new secret seed unless the
+instructor asks for a replay, and only a file unchanged since its verdict keeps it (its seed
+too); a run that stopped is resumed with its own."""
 import pytest
 
 from lesson10.course.grade import store
@@ -92,3 +93,32 @@ def test_each_file_keeps_the_seed_it_was_graded_with(tmp_path):
     box.put("k2", {**rep, "student": "bob"})
     reports, _ = store.load(store.merge(old, new), box)
     assert {r["student"]: r["seed"] for r in reports} == {"ann": 1, "bob": 2}
+
+
+def test_an_unchanged_file_keeps_its_verdict_and_a_changed_one_does_not(tmp_path):
+    from pathlib import Path
+
+    from lesson10.course.grade.gradebook import Item, Plan
+    box = store.Store(tmp_path / "r")
+    box.prepare()
+    ann, bob = Item(Path("c/ann/a.ipynb"), "ann", "03_x"), Item(Path("c/bob/b.ipynb"), "bob", "03_x")
+    content = {ann.path: b"ann's", bob.path: b"bob's"}
+
+    def key_at(it, seed):
+        return _key(content=content[it.path], seed=seed)
+
+    old = store.class_doc(Plan(graded=[ann, bob], students=["ann", "bob"]),
+                          {ann.path: key_at(ann, 1), bob.path: key_at(bob, 1)}, seed=1, root="c")
+    box.put(key_at(ann, 1), {"notebook": "a"})
+    box.put(key_at(bob, 1), {"notebook": "b"})
+    content[bob.path] = b"bob's, resubmitted"
+    keys = {it.path: key_at(it, 9) for it in (ann, bob)}
+    seeds = store.keep_unchanged(old, box, [ann, bob], keys, 9, key_at)
+    assert seeds == {ann.path: 1, bob.path: 9}                   # bob meets new cases
+    assert keys == {ann.path: key_at(ann, 1), bob.path: key_at(bob, 9)}
+    fixed = {it.path: key_at(it, 9) for it in (ann, bob)}
+    assert store.keep_unchanged(old, box, [ann, bob], fixed, 9, key_at, fixed=True) == \
+        {ann.path: 9, bob.path: 9}                               # --seed, --new-cases
+    (box.folder / "results" / f"{key_at(ann, 1)}.json").unlink()
+    assert store.keep_unchanged(old, box, [ann], {ann.path: key_at(ann, 9)}, 9, key_at) == \
+        {ann.path: 9}                                            # no stored verdict: graded

@@ -29,8 +29,10 @@ def _solved(tag=True, wrong_later=False) -> dict:
     # a reduced notebook: the exercises and their checks, not the exploration after them
     keep = [c for c in nb["cells"] if c["cell_type"] == "markdown" or "check" in "".join(c["source"])
             or "def " in "".join(c["source"]) or "import" in "".join(c["source"])]
-    nb["cells"] = [c for c in keep if "figures." not in "".join(c["source"])
-                   and "summary()" not in "".join(c["source"])][:16]
+    keep = [c for c in keep if "figures." not in "".join(c["source"])
+            and "summary()" not in "".join(c["source"])]
+    last = max(i for i, c in enumerate(keep) if "checks.check_" in "".join(c["source"]))
+    nb["cells"] = keep[:last + 1]                   # up to the notebook's last check cell
     assert any(RIGHT in "".join(c["source"]) for c in nb["cells"])
     if wrong_later:                      # passes at its first check, fails at the last one
         code = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": []}

@@ -88,8 +88,11 @@ def _parser() -> argparse.ArgumentParser:
                         "Pass it again to replay a grading run exactly")
     p.add_argument("--replay", action="store_true",
                    help="grade with the seed the results folder keeps (the same cases as "
-                        "before) instead of a new one; without it, grading a student again "
-                        "draws new cases")
+                        "before) instead of a new one; without it, a changed file (a "
+                        "resubmission) meets new cases")
+    p.add_argument("--new-cases", action="store_true",
+                   help="grade every file again with a new secret seed, unchanged ones too "
+                        "(without it, a file unchanged since its stored verdict keeps it)")
     p.add_argument("--no-sandbox", action="store_true",
                    help="grade where bubblewrap cannot run (macOS, no user namespaces): the "
                         "cells then run as a plain child process, and every report says "
@@ -282,16 +285,20 @@ def _batch(args, box, seed: int, old, unzipped: Path) -> int:
     helpers = _helpers(plan, contents, args.student_from, found.real)
     keys = {it.path: store.key(contents[it.path], helpers[it.path], seed=seed,
                                notebook=it.notebook, limits=verdict_limits(args)) for it in plan.graded}
+    limits = verdict_limits(args)
+    seeds = store.keep_unchanged(old, box, plan.graded, keys, seed, lambda it, s: store.key(
+        contents[it.path], helpers[it.path], seed=s, notebook=it.notebook, limits=limits),
+        fixed=args.seed is not None or args.new_cases)
     sandboxed = not args.no_sandbox
     try:
-        results = _grade(args, plan, contents, helpers, keys, box, seed, found.real)
+        results = _grade(args, plan, contents, helpers, keys, box, seed, found.real, seeds)
     except _SetupError as exc:
         return _fail(str(exc))
     if box is None:
         rows = outputs.write(args, plan, results, seed, sandboxed)
         return exit_status(results, args.fail_under, students=rows)
     root = _root(paths, others, old)
-    doc = store.merge(old, store.class_doc(plan, keys, seed=seed, root=root))
+    doc = store.merge(old, store.class_doc(plan, keys, seed=seed, root=root, seeds=seeds))
     box.save_class(doc)
     box.end()
     adjust.save(box.folder, args.adjust)
@@ -363,7 +370,7 @@ def _options(args, seed: int) -> tuple[Options, Path]:
     return opts, box_dir
 
 
-def _grade(args, plan, contents, helpers, keys, box, seed, real=None) -> list[dict]:
+def _grade(args, plan, contents, helpers, keys, box, seed, real=None, seeds=None) -> list[dict]:
     """Each graded file's report, in the plan's order: the stored one where the results
     folder has it, else graded now and stored at once."""
     stored = {it.path: box.get(keys[it.path]) if box is not None else None
@@ -394,7 +401,7 @@ def _grade(args, plan, contents, helpers, keys, box, seed, real=None) -> list[di
     for it in plan.graded:
         copies = [p for p, chosen in plan.ignored.items() if chosen is it]
         out.append(store.finish(stored[it.path] or fresh[it.path], it.student, str(it.path),
-                                seed, copies))
+                                (seeds or {}).get(it.path, seed), copies))
     if box is not None:
         print(f"grade: results in {box.folder} (the same command, or --resume "
               f"{box.folder}, grades only what is not there)", file=sys.stderr)

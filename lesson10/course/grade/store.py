@@ -12,8 +12,9 @@ longer ``--exercise-timeout`` is another key, and "timed out" is never reused un
 that run has not finished. A run that stops (Ctrl-C, a killed runner, a crash) is resumed by
 the same command, or ``grade --resume DIR``: its seed is taken again, only what has no stored
 report is graded, and the outputs are those of one uninterrupted run. A run after a finished
-one is a regrade: it draws a new secret seed, so a student graded again meets new cases
-(``--replay`` takes the stored seed again, ``--seed S`` a given one). ``DIR/class.json``
+one draws a new secret seed: a changed file (a resubmission) meets new cases, and a file
+unchanged since its stored verdict keeps it (:func:`keep_unchanged`; ``--new-cases`` grades
+it again too, ``--replay`` takes the stored seed again, ``--seed S`` a given one). ``DIR/class.json``
 keeps the class as planned (who handed in what, with the seed each file was graded with,
 copies and files not graded, the roster); grading one student again replaces that student's
 part of it, and the class outputs are written from all of it.
@@ -149,15 +150,17 @@ class Store:
 
 
 # --------------------------------------------------------------------------- the class
-def class_doc(the_plan, keys: dict, *, seed: int, root: str) -> dict:
+def class_doc(the_plan, keys: dict, *, seed: int, root: str, seeds: dict | None = None) -> dict:
     """What ``class.json`` holds of one batch: every student, their graded files (path,
-    key), the copies not graded, the files not graded, the roster."""
+    key, the seed each was graded with: ``seeds`` where given, else ``seed``), the copies
+    not graded, the files not graded, the roster."""
     students: dict[str, dict] = {name: {"graded": [], "ignored": [], "not_graded": []}
                                  for name in the_plan.students}
     for it in the_plan.graded:
         students.setdefault(it.student, {"graded": [], "ignored": [], "not_graded": []})
         students[it.student]["graded"].append({"path": str(it.path), "key": keys[it.path],
-                                               "notebook": it.notebook, "seed": seed})
+                                               "notebook": it.notebook,
+                                               "seed": (seeds or {}).get(it.path, seed)})
     for path, chosen in the_plan.ignored.items():
         students[chosen.student]["ignored"].append({"path": str(path),
                                                     "graded": str(chosen.path)})
@@ -169,6 +172,41 @@ def class_doc(the_plan, keys: dict, *, seed: int, root: str) -> dict:
             "roster": the_plan.roster, "students": students,
             "order": [str(it.path) for it in the_plan.graded],
             "class_not_graded": list(the_plan.not_graded.get(None, []))}
+
+
+def unchanged(old: dict | None, box: Store, path, key_at) -> tuple[str, int] | None:
+    """``(key, seed)`` of ``path``'s stored verdict when the file is as it was graded then:
+    ``key_at(seed)`` (its key with that earlier seed) is the stored key and the folder holds
+    that result. A file unchanged since its verdict keeps it, seed and all (running the
+    class again grades only what changed); a changed file, a resubmission, is graded anew
+    with the new run's seed, so no earlier seed is replayed against it."""
+    if old is None:
+        return None
+    for part in old.get("students", {}).values():
+        for g in part.get("graded", []):
+            seed = g.get("seed")
+            if g.get("path") != str(path) or not isinstance(seed, int):
+                continue
+            key = key_at(seed)
+            if key == g.get("key") and box.get(key) is not None:
+                return key, seed
+    return None
+
+
+def keep_unchanged(old: dict | None, box: Store | None, graded, keys: dict, seed: int, key_at,
+                   *, fixed: bool = False) -> dict:
+    """The seed of each graded file: ``seed``, but a file unchanged since its stored verdict
+    keeps that verdict's key (in ``keys``) and seed (:func:`unchanged`; ``key_at(item,
+    seed)`` is an item's key with a seed). With ``fixed`` (``--seed``, ``--new-cases``)
+    every file is graded with the one seed."""
+    seeds = {it.path: seed for it in graded}
+    if box is None or old is None or fixed:
+        return seeds
+    for it in graded:
+        kept = unchanged(old, box, it.path, lambda s, it=it: key_at(it, s))
+        if kept is not None:
+            keys[it.path], seeds[it.path] = kept
+    return seeds
 
 
 def merge(old: dict | None, new: dict) -> dict:
