@@ -53,9 +53,13 @@ class RingSettings:
 
     * ``overlap`` (default True): start each transfer before the round's compute; False
       waits for it first, so nothing hides (benchmark 2 of ``bench ring``);
-    * ``timings``: a list that receives ``{"phase", "round", "compute_s", "wait_s"}``
-      per round; ``wait_s`` is the communication the compute did not hide. On CUDA each
-      clock read then first waits for the GPU (``torch.cuda.synchronize``), so the times are
+    * ``timings``: a list that receives ``{"phase", "round", "rank", "compute_s", "wait_s"}``
+      per round; ``wait_s`` is the communication the compute did not hide. The same record
+      holds the round's timeline in ``perf_counter`` seconds: ``compute_start/_end`` of the
+      block attention, ``send_start/_end`` of the K/V transfer posted that round (from the
+      post to the end of its wait; None in the last round), drawn by
+      :mod:`lesson10.figures.timeline`. None (the default) records nothing, costs
+      nothing. On CUDA each clock read then first waits for the GPU (``torch.cuda.synchronize``), so the times are
       the kernels' and the transfers', not their launches' (only while timing: a sync per
       round costs overlap);
     * ``bandwidth`` (bytes/s, default None = as fast as the backend): emulate a slower
@@ -206,10 +210,22 @@ class RingComm:
             synchronize_device(like)
         return time.perf_counter()
 
-    def log(self, phase: str, step: int, compute_s: float, wait_s: float) -> None:
-        if self.timings is not None:
-            self.timings.append({"phase": phase, "round": step, "compute_s": compute_s,
-                                 "wait_s": wait_s})
+    def log(self, phase: str, step: int, clocks: tuple, shifted: bool) -> None:
+        """Record round ``step`` (only while recording timings): ``clocks`` = (t0, t1, t2, t3),
+        the :meth:`clock` before posting the K/V transfer, after it, after the block's compute
+        and after the transfer's wait; ``shifted``: whether this round sent a block on. Without
+        overlap the transfer is complete when its post returns (t1)."""
+        if self.timings is None:
+            return
+        t0, t1, t2, t3 = clocks
+        self.timings.append({
+            "phase": phase, "round": step, "rank": self.rank,
+            "compute_s": t2 - t1, "wait_s": (t1 - t0) + (t3 - t2),
+            # the timeline (perf_counter seconds): the block attention, and the transfer
+            # posted this round (it brings round step + 1's block; None in the last round)
+            "compute_start": t1, "compute_end": t2,
+            "send_start": t0 if shifted else None,
+            "send_end": (t3 if self.overlap else t1) if shifted else None})
 
 
 # -------------------------------------------------------------------- the plan
@@ -298,7 +314,7 @@ class RingAttention(torch.autograd.Function):
             if pending is not None:
                 pending.wait()
                 cur, spare = spare, cur                # the block that arrived; the sent one is free
-            ring.log("forward", step, t2 - t1, (t1 - t0) + (ring.clock(q) - t2))
+            ring.log("forward", step, (t0, t1, t2, ring.clock(q)), pending is not None)
         assert out is not None and lse is not None        # n >= 1 rounds, each returns both
         out_q = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out_q, lse)
@@ -335,7 +351,7 @@ class RingAttention(torch.autograd.Function):
             if pending is not None:
                 pending.wait()
                 cur, spare = spare, cur
-            ring.log("backward", step, t2 - t1, (t1 - t0) + (ring.clock(q) - t2))
+            ring.log("backward", step, (t0, t1, t2, ring.clock(q)), pending is not None)
         assert travelling is not None                  # n >= 1 rounds, each shifts them
         travelling.wait()                              # N_c hops: our own dK/dV, complete
         dk, dv = _unpack(C, k.shape, v.shape)          # C: where the last shift arrived
