@@ -30,6 +30,7 @@ from ..layouts import block_plan
 from . import comm
 from .attention import BlockAttention, block_kwargs
 from .shard import layout_positions
+from .ulysses_pipeline import PipelinedUlysses, check_head_groups, clock, time_backward
 from .validate import check_doc_ids, check_local_qkv, require_rank
 
 __all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "layout_order", "head_attention"]
@@ -39,9 +40,12 @@ __all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "layout_order", 
 _TO_HEADS, _TO_SEQ = (2, 1), (1, 2)
 _WHAT = {_TO_HEADS: ("seq_to_heads", "heads", "the head count must be a multiple of N_c."),
          _TO_SEQ: ("heads_to_seq", "tokens", "")}
+#: the breakdown's name of each all-to-all: (direction, forward?) -> key
+_KEY = {(_TO_HEADS, True): "fwd q/k/v all-to-all wait", (_TO_SEQ, True): "fwd output all-to-all wait",
+        (_TO_SEQ, False): "bwd dq/dk/dv all-to-all wait", (_TO_HEADS, False): "bwd dout all-to-all wait"}
 
 
-def _all_to_all_4d(x, group, dims):
+def _all_to_all_4d(x, group, dims, forward: bool = True):
     """The Ulysses all-to-all on plain ``(b, s, a, d)`` tensors: split dim ``dims[0]`` into
     ``N`` blocks, send block ``j`` to rank ``j``, concatenate the blocks received along dim
     ``dims[1]`` in rank order. ``_TO_HEADS``: ``(b, c, H, d) -> (b, N c, H/N, d)``;
@@ -52,9 +56,13 @@ def _all_to_all_4d(x, group, dims):
         where, unit, advice = _WHAT[dims]
         raise ValueError(f"{where}: {x.shape[split]} {unit} do not split over N_c = {n} ranks"
                          + (f"; {advice}" if advice else ""))
-    blocks = torch.stack(x.chunk(n, dim=split)).contiguous()   # (N, ...): block j -> rank j
-    got = comm.all_to_all_single(blocks, group=group)         # (N, ...): block j from rank j
-    return torch.cat(got.unbind(0), dim=join)
+    copies = "fwd copies" if forward else "bwd copies"
+    with clock(copies):
+        blocks = torch.stack(x.chunk(n, dim=split)).contiguous()   # (N, ...): block j -> rank j
+    with clock(_KEY[dims, forward]):
+        got = comm.all_to_all_single(blocks, group=group)     # (N, ...): block j from rank j
+    with clock(copies):
+        return torch.cat(got.unbind(0), dim=join)
 
 
 class _UlyssesAllToAll(torch.autograd.Function):
@@ -67,7 +75,7 @@ class _UlyssesAllToAll(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return _all_to_all_4d(dy, ctx.group, ctx.dims[::-1]), None, None
+        return _all_to_all_4d(dy, ctx.group, ctx.dims[::-1], forward=False), None, None
 
 
 def seq_to_heads(x: torch.Tensor, group=None) -> torch.Tensor:
@@ -106,6 +114,14 @@ def _check(q, k, v, n, replicate_kv):
     return math.lcm(n_kv, n) // n_kv
 
 
+def _row_perm(order: torch.Tensor, causal: bool, device):
+    """``None`` when the rows ``seq_to_heads`` leaves need no reordering (no mask, or the
+    tokens already in order), else ``(inv, order)``: rows ``inv`` hold tokens ``0..s-1``."""
+    if not causal or torch.equal(order, torch.arange(order.numel())):
+        return None
+    return torch.argsort(order).to(device), order.to(device)
+
+
 def head_attention(qh, kh, vh, order, causal: bool, doc, scale=None, impl: str = "auto"):
     """The local attention of Ulysses: ``qh (b, s, a', d)``, ``kh``/``vh`` ``(b, s, a_kv', d)``
     all ``s`` tokens for this rank's heads, row ``i`` holding global token ``order[i]``.
@@ -115,20 +131,25 @@ def head_attention(qh, kh, vh, order, causal: bool, doc, scale=None, impl: str =
     s = qh.shape[1]
     masked = causal or doc is not None
     tokens = torch.arange(s, device=qh.device)
-    if masked:
-        inv = torch.argsort(order).to(qh.device)      # token t sits at row inv[t]
-        qh, kh, vh = qh[:, inv], kh[:, inv], vh[:, inv]
+    with clock("fwd copies"):
+        if masked:
+            inv = torch.argsort(order).to(qh.device)      # token t sits at row inv[t]
+            qh, kh, vh = qh[:, inv], kh[:, inv], vh[:, inv]
     doc_np = None if doc is None else doc.cpu().numpy()
     blocks = [(blk, block_kwargs(blk, tokens, tokens, causal, doc))
               for blk in block_plan(tokens.cpu().numpy(), tokens.cpu().numpy(), causal, doc_np)]
-    o = BlockAttention.apply(qh, kh, vh, blocks, scale, impl)   # (b, s, a', d)
-    return o[:, order.to(qh.device)] if masked else o             # back to the rows' order
+    with clock("fwd attention"):
+        o = BlockAttention.apply(qh, kh, vh, blocks, scale, impl)   # (b, s, a', d)
+    time_backward(o, qh, "bwd attention")
+    with clock("fwd copies"):
+        return o[:, order.to(qh.device)] if masked else o         # back to the rows' order
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                       layout="contiguous", group=None, *, doc_ids=None,
                       replicate_kv: bool = False, scale: float | None = None,
-                      impl: str = "auto") -> torch.Tensor:
+                      impl: str = "auto", fused: bool = True,
+                      head_groups: int = 1) -> torch.Tensor:
     """Attention of local shards ``q`` ``(b, c, a, d)``, ``k``/``v`` ``(b, c, n_kv, d)``.
 
     ``c = s/N_c`` tokens per rank, held as ``layout`` says: a layout name (``contiguous``,
@@ -142,6 +163,12 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     ``n_kv`` heads). It first compares the shard shapes of all ranks (a tiny all-gather,
     ``"metadata"`` bytes), so mismatched shards give a ValueError on every rank instead of a
     hang.
+
+    ``fused=True`` (without ``doc_ids``): Q, K and V share one all-to-all per head group
+    and the ``head_groups`` groups are pipelined (:mod:`lesson10.spmd.ulysses_pipeline`;
+    ``head_groups`` must divide the query and K/V heads of a rank); ``fused=False``: the
+    four autograd all-to-alls of :func:`seq_to_heads` / :func:`heads_to_seq`. Same
+    outputs and gradients, same bytes.
     """
     require_rank("ulysses_attention")
     n = comm.group_size(group)
@@ -150,9 +177,13 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     comm.check_same_shape(k, group, "k")
     order = layout_order(n * q.shape[1], n, layout_positions(layout, q.shape[1], group, q.device))
     doc = check_doc_ids(doc_ids, order.numel(), q.device, "ulysses_attention")
+    groups = check_head_groups(head_groups, q.shape[2], k.shape[2] * m, n)
     if m > 1:
         k = k.repeat_interleave(m, dim=2)            # (b, c, n_kv m, d): copies of each K/V head
         v = v.repeat_interleave(m, dim=2)
+    if fused and doc is None:
+        return PipelinedUlysses.apply(q, k, v, _row_perm(order, bool(causal), q.device),
+                                      bool(causal), scale, impl, group, groups)
     qh, kh, vh = (seq_to_heads(t, group) for t in (q, k, v))   # (b, s, ./N, d)
     o = head_attention(qh, kh, vh, order, bool(causal), doc, scale, impl)
     return heads_to_seq(o, group)                    # (b, c, a, d)
