@@ -26,25 +26,79 @@ from .feedback import CheckFailed
 from .returns import ReturnRefused
 
 
+class Kind(str, enum.Enum):
+    """How a status counts, the one classification every writer takes (a ``str``)."""
+    CREDIT = "credit"                       # the points were earned
+    STUDENT = "against the student"         # the student's code lost the points
+    NOT_ATTEMPTED = "not attempted"         # the function is still a stub
+    NOT_HANDED_IN = "not handed in"         # no notebook of the exercise
+    FILE = "file not gradable"              # the file is no readable Python course notebook
+    GRADER = "grader error"                 # the grader or the machine failed, not the student
+    INSTRUCTOR = "set by the instructor"    # overrides.csv decided the points
+
+
 class Status(str, enum.Enum):
-    """Every status an exercise can have in a report (a ``str``: ``Status.PASSED == "passed"``)."""
-    PASSED = "passed"
-    FAILED = "failed"
-    NOT_ATTEMPTED = "not attempted"
+    """Every status an exercise can have in a report (a ``str``: ``Status.PASSED == "passed"``),
+    with its :class:`Kind` and what it means (the words of the feedback and the README)."""
+    _value_: str
+    kind: Kind
+    meaning: str
+
+    def __new__(cls, value: str, kind: Kind = Kind.GRADER, meaning: str = "") -> Status:
+        # the defaults are for the type checker: ``Status(word)`` looks a member up
+        obj = str.__new__(cls, value)
+        obj._value_ = value
+        obj.kind = kind
+        obj.meaning = meaning
+        return obj
+
+    PASSED = ("passed", Kind.CREDIT, "the judge's hidden cases all passed")
+    FAILED = ("failed", Kind.STUDENT, "the judge found a wrong answer (the message says what)")
+    NOT_ATTEMPTED = ("not attempted", Kind.NOT_ATTEMPTED,
+                     "the function still raises NotImplementedError")
     # the judge: what crossed the process boundary
-    TIMED_OUT = "timed out"
-    CRASHED = "crashed"
+    TIMED_OUT = ("timed out", Kind.STUDENT, "the function ran over the exercise's time limit")
+    CRASHED = ("crashed", Kind.STUDENT, "the process running the function died")
     # the grader, without a judged call
-    CHECK_REMOVED = "check removed"
-    NOT_JUDGED = "not judged"
-    MISSING = "missing"
-    UNREADABLE = "unreadable"
-    NOT_PYTHON = "not python"
-    UNKNOWN_NOTEBOOK = "unknown notebook"
-    GRADER_ERROR = "grader error"
+    CHECK_REMOVED = ("check removed", Kind.STUDENT,
+                     "the check cell of the exercise was deleted")
+    NOT_JUDGED = ("not judged", Kind.STUDENT,
+                  "the check cell never ran (the notebook stopped before it)")
+    GRADER_ERROR = ("grader error", Kind.GRADER,
+                    "the grader or the machine failed: not the student's score")
+    # the file handed in, or none
+    MISSING = ("missing", Kind.NOT_HANDED_IN, "the notebook was not handed in")
+    UNREADABLE = ("unreadable", Kind.FILE, "the notebook file could not be read")
+    NOT_PYTHON = ("not python", Kind.FILE, "the notebook's kernel is not Python")
+    UNKNOWN_NOTEBOOK = ("unknown notebook", Kind.FILE, "the file is no course notebook")
+    # the instructor, after grading
+    OVERRIDDEN = ("overridden", Kind.INSTRUCTOR,
+                  "the instructor set the points (overrides.csv; the reason is shown, the "
+                  "judge's verdict kept in the JSON)")
 
     def __str__(self) -> str:
         return self.value
+
+    @classmethod
+    def of(cls, word: str) -> Status:
+        """The status a report's word names; a clear ValueError for a word that is none."""
+        try:
+            return cls(word)
+        except ValueError:
+            raise ValueError(f"{word!r} is no exercise status (one of: "
+                             f"{', '.join(s.value for s in cls)}); grade the notebooks "
+                             f"again with this version of lesson10") from None
+
+    @property
+    def against_student(self) -> bool:
+        """The student's code lost these points (the class report's "failed or broken")."""
+        return self.kind is Kind.STUDENT
+
+    @property
+    def grader_error(self) -> bool:
+        """The grader's failure, not the student's score (JUnit ``<error>``, Classroom
+        ``error``)."""
+        return self.kind is Kind.GRADER
 
 
 class StudentError(Exception):

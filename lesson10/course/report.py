@@ -34,10 +34,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from ..checks.verdict import Status
+
+#: the statuses with a column of their own in the per-exercise table (the rest: "other")
+OWN_COLUMN = (Status.FAILED, Status.NOT_ATTEMPTED, Status.MISSING)
 #: the columns of the per-exercise table, in order
-COLUMNS = ("passed", "partly", "failed", "not attempted", "missing", "other")
-#: statuses that count as an error of the student's code (for "needs attention")
-ERRORS = {"failed", "crashed", "timed out", "not judged", "check removed"}
+COLUMNS = ("passed", "partly", *(s.value for s in OWN_COLUMN), "other")
 HTML_NAME, MD_NAME = "class-report.html", "class-report.md"
 
 
@@ -47,7 +49,7 @@ def column(e: dict) -> str:
         return "passed"
     if e["points"] > 0:
         return "partly"
-    if e["status"] in ("failed", "not attempted", "missing"):
+    if Status.of(e["status"]) in OWN_COLUMN:
         return e["status"]
     return "other"
 
@@ -112,7 +114,8 @@ def attention(rows: list[dict], at: int | None = None) -> list[dict]:
     limit = threshold_of(rows, at)
     scored = []
     for row in rows:
-        errors = sum(1 for e in row["exercises"] if e["status"] in ERRORS and not e["passed"])
+        errors = sum(1 for e in row["exercises"]
+                     if Status.of(e["status"]).against_student and not e["passed"])
         why = []
         if not row.get("ok", True):
             why.append("grader error: grade again")

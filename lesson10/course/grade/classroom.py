@@ -25,6 +25,7 @@ import json
 import sys
 from pathlib import Path
 
+from ...checks.verdict import Status
 from . import gradebook
 
 #: the runner id the template workflow gives the grading step (its env is LESSON10_RESULTS)
@@ -37,9 +38,11 @@ TEMPLATE = Path("classroom") / ".github" / "workflows" / "classroom.yml"
 
 
 def _status(e: dict) -> str:
+    """The reporter's word (``pass``, ``fail``, ``error``) for an entry: ``error`` only where
+    the grader failed (:attr:`Status.grader_error`)."""
     if e["passed"]:
         return "pass"
-    return "error" if e["status"] == "grader error" else "fail"
+    return "error" if Status.of(e["status"]).grader_error else "fail"
 
 
 def one_point_tests(e: dict) -> list[tuple[str, dict]]:
@@ -107,7 +110,7 @@ def error_results(message: str) -> dict:
               "message": f"the grader failed: {message}"}
              for ex in EXERCISES.values()
              for name, _ in one_point_tests({"notebook": ex.notebook, "exercise": ex.id,
-                                             "status": "grader error", "passed": False,
+                                             "status": Status.GRADER_ERROR.value, "passed": False,
                                              "points": 0, "max_points": ex.points,
                                              "message": ""})]
     return {"version": 1, "status": "error", "max_score": gradebook.course_max(), "tests": tests}

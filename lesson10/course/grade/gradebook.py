@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...checks import EXERCISES
+from ...checks.verdict import Status
 from . import accounting, course, nbread, submission_files
 from .accounting import SKIP_FOLDERS
 
@@ -49,22 +50,6 @@ COPY_RULE = ("never a symbolic link beside a real file; the file with the fewest
              "' (1)'); then the shortest path, then the path in alphabetical order")
 
 
-#: the statuses an exercise can have in a row, and what each means
-STATUSES = {
-    "passed": "the judge's hidden cases all passed",
-    "failed": "the judge found a wrong answer (the message says what)",
-    "not attempted": "the function still raises NotImplementedError",
-    "check removed": "the check cell of the exercise was deleted",
-    "missing": "the notebook was not handed in",
-    "not judged": "the check cell never ran (the notebook stopped before it)",
-    "timed out": "the function ran over the exercise's time limit",
-    "crashed": "the process running the function died",
-    "unreadable": "the notebook file could not be read",
-    "not python": "the notebook's kernel is not Python",
-    "grader error": "the grader or the machine failed: not the student's score",
-    "overridden": "the instructor set the points (overrides.csv; the reason is shown, the "
-                  "judge's verdict kept in the JSON)",
-}
 
 
 class PlanError(ValueError):
@@ -416,7 +401,7 @@ def _not_graded(others, keys, paths, students, base=None, notes=None) -> dict:
 
 # --------------------------------------------------------------------------- the rows
 def _missing_entry(ex, notebook_id: str) -> dict:
-    return {"exercise": ex.id, "notebook": notebook_id, "status": "missing", "passed": False,
+    return {"exercise": ex.id, "notebook": notebook_id, "status": Status.MISSING.value, "passed": False,
             "points": 0, "max_points": ex.points,
             "message": f"no {notebook_id} notebook was handed in"}
 
@@ -458,8 +443,8 @@ def rows(reports: list[dict], the_plan: Plan | None = None) -> list[dict]:
             got = next((e for e in rep["exercises"] if e["exercise"] == ex.id), None)
             if got is None:
                 why = rep.get("error") or "the grader gave this exercise no verdict"
-                got = {"exercise": ex.id, "status": "grader error" if not rep["ok"] else
-                       "not judged", "passed": False, "points": 0, "max_points": ex.points,
+                got = {"exercise": ex.id, "status": (Status.GRADER_ERROR if not rep["ok"] else
+                       Status.NOT_JUDGED).value, "passed": False, "points": 0, "max_points": ex.points,
                        "message": why}
             entries.append({**got, "notebook": ex.notebook, "max_points": ex.points})
         ignored = []

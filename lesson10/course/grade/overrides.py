@@ -13,10 +13,11 @@ number from 0 to the exercise's points, ``reason`` is required: every output sho
 
 :func:`apply` changes the gradebook rows only: the entry's ``points`` become the override's,
 ``passed`` is whether they are full marks, the message starts with the override and its
-reason, the status is :data:`STATUS`, and ``override`` (``{"points", "reason", "judged_points"}``) and ``judged``
-(the judge's ``status``, ``passed`` and ``points``) are added. The notebook reports (the
-JSON's ``notebooks``) keep the judge's verdict as it was. An overridden exercise is the
-instructor's last word: no late penalty is taken from it (:mod:`.late`).
+reason, the status is ``overridden`` (:attr:`Status.OVERRIDDEN`), and ``override``
+(``{"points", "reason", "judged_points"}``) and ``judged`` (the judge's ``status``,
+``passed`` and ``points``) are added. The notebook reports (the JSON's ``notebooks``) keep
+the judge's verdict as it was. An overridden exercise is the instructor's last word: no late
+penalty is taken from it (:mod:`.late`).
 """
 from __future__ import annotations
 
@@ -25,9 +26,8 @@ import io
 from pathlib import Path
 
 from ...checks import EXERCISES
+from ...checks.verdict import Status
 
-#: the status of an overridden exercise in every output (the judge's is kept in ``judged``)
-STATUS = "overridden"
 #: the columns of overrides.csv
 COLUMNS = ("student", "exercise", "points", "reason")
 
@@ -120,7 +120,7 @@ def apply(rows: list[dict], overrides: list[dict]) -> list[str]:
         e["override"] = {"points": o["points"], "reason": o["reason"],
                          "judged_points": e["points"]}
         e["points"] = o["points"]
-        e["status"] = STATUS
+        e["status"] = Status.OVERRIDDEN.value      # the judge's is kept in ``judged``
         e["passed"] = o["points"] == e["max_points"]
         if "parts" in e:                     # the parts' points are the judge's, not these
             e["judged_parts"] = e.pop("parts")

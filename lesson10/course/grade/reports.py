@@ -17,6 +17,7 @@ import time
 from xml.sax.saxutils import escape, quoteattr
 
 from ...checks import EXERCISES
+from ...checks.verdict import Status
 from . import gradebook
 
 
@@ -157,7 +158,7 @@ def class_csv(reports: list[dict], students: list[dict] | None = None, seed=None
     """One row per student: ``student``, a column of points per course exercise (in the
     course's order, every exercise whatever the batch holds), then ``<exercise> status`` per
     exercise (passed, failed, not attempted, check removed, missing, ...:
-    :data:`lesson10.course.grade.gradebook.STATUSES`), ``missing`` (the notebooks not handed in),
+    :class:`lesson10.checks.verdict.Status`), ``missing`` (the notebooks not handed in),
     ``late`` (each late notebook: how late, from which mark, the penalty; :mod:`.late`),
     ``adjustments`` (overrides with their reasons, then lateness: :func:`.adjust.describe`),
     ``seed``, and last ``total`` and ``max`` (the course maximum, the same in every row)."""
@@ -253,16 +254,12 @@ def _xml(text) -> str:
     return re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]", "?", str(text))
 
 
-#: exercise statuses that are the grader's failure, not the student's (JUnit <error>)
-ERROR_STATUSES = ("grader error",)
-
-
 def _junit_case(e: dict, classname: str, t: float) -> list[str]:
     """One ``<testcase>``: a lost exercise a ``<failure>``, a grader error an ``<error>``."""
     lines = [f"    <testcase classname={quoteattr(_xml(classname))} "
              f"name={quoteattr(_xml(e['exercise']))} time=\"{t:.3f}\">"]
     msg = escape(_xml(e.get("message", "")))
-    if e["status"] in ERROR_STATUSES:
+    if Status.of(e["status"]).grader_error:
         lines.append(f"      <error message={quoteattr(_xml(e['status']))} "
                      f"type=\"GraderError\">{msg}</error>")
     elif not e["passed"]:
@@ -288,7 +285,7 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
         cases = [(adjusted.get((rep["student"], rep["notebook"], e["exercise"]), e), None)
                  for e in rep["exercises"]]
         if not cases and not rep["ok"]:
-            cases = [({"exercise": "(notebook)", "status": "grader error", "passed": False,
+            cases = [({"exercise": "(notebook)", "status": Status.GRADER_ERROR.value, "passed": False,
                        "message": rep.get("error") or "the grader failed"}, None)]
         suites.append((f"{rep['student']}: {rep.get('course_notebook') or rep['notebook']}",
                        rep["student"], rep.get("course_notebook"), rep["notebook"], cases,
@@ -303,8 +300,9 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
     n_tests = n_fail = n_err = 0
     total_time = 0.0
     for number, (name, student, nid, path, cases, seconds, rep) in enumerate(suites):
-        fails = sum(1 for e, _ in cases if not e["passed"] and e["status"] not in ERROR_STATUSES)
-        errs = sum(1 for e, _ in cases if e["status"] in ERROR_STATUSES)
+        broken = [Status.of(e["status"]).grader_error for e, _ in cases]
+        fails = sum(1 for (e, _), b in zip(cases, broken) if not e["passed"] and not b)
+        errs = sum(broken)
         n_tests, n_fail, n_err = n_tests + len(cases), n_fail + fails, n_err + errs
         total_time += seconds
         attrs = (f"name={quoteattr(_xml(name))} tests=\"{len(cases)}\" failures=\"{fails}\" "
