@@ -66,7 +66,10 @@ def main(argv=None) -> int:
 def _run_one(what: str, args, out_dir: Path) -> None:
     """One benchmark: :mod:`.attention` for ring / ulysses / compare, else its own module."""
     import importlib
-    if what in ("ring", "ulysses", "compare"):
+    if what == "ulysses" and args.breakdown:     # where a Ulysses step goes, fused vs unfused
+        from .ulysses_breakdown import bench_breakdown
+        bench_breakdown(args, out_dir)
+    elif what in ("ring", "ulysses", "compare"):
         from .attention import bench
         bench(argparse.Namespace(**{**vars(args), "seq": args.seq or 4096}), what, out_dir)
     else:
@@ -85,7 +88,9 @@ def _moe_args(p) -> None:
                         "none 1.0 1.25)")
     g.add_argument("--breakdown", action="store_true",
                    help="moe: where a step's time goes (router, all-to-alls, expert GEMMs), the "
-                        "grouped expert matmul next to the former loop (moe_breakdown.md)")
+                        "grouped expert matmul next to the former loop (moe_breakdown.md); "
+                        "ulysses: all-to-alls, attention, copies, unfused vs fused and pipelined "
+                        "(ulysses_breakdown.md)")
 
 
 def _other_args(p) -> None:
