@@ -112,10 +112,63 @@ def test_the_time_is_stated_at_the_top(name):
     assert "exact integers" not in top and "hidden cases" not in top
 
 
+LEVEL = re.compile(r"\n\n\*Level ([123]) of 3, about (\d+) minutes\.\*$")
+
+
+def _levels(name):
+    """(level of 3, minutes) that each exercise text states on its last line, in order."""
+    out = []
+    for i, text in _exercises(_cells(name)):
+        m = LEVEL.search(text)
+        assert m, (name, i, "an exercise text ends with its level and minutes")
+        out.append((int(m.group(1)), int(m.group(2))))
+    return out
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_each_notebook_states_its_ramp_easiest_first_hardest_last(name):
+    """The difficulty order is stated in the texts (a level of 3 per exercise) and holds: the
+    first exercise is of the notebook's lowest level, the last of its highest, and the
+    notebook does climb."""
+    levels = [lv for lv, _ in _levels(name)]
+    assert levels[0] == min(levels) and levels[-1] == max(levels) and max(levels) > min(levels), \
+        (name, levels)
+    assert all(0 < minutes <= 20 for _, minutes in _levels(name)), name
+
+
+def _estimate(name) -> float:
+    """Average-student minutes: markdown at 200 words a minute, 1 per prediction, plus the
+    minutes the exercises state (the rule the notebooks' tops quote)."""
+    cells = _cells(name)
+    words = sum(len(c["source"].split()) for c in cells if c["type"] == "markdown")
+    predictions = sum("my_prediction = None" in c["source"] for c in cells)
+    return words / 200 + predictions + sum(minutes for _, minutes in _levels(name))
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_the_stated_time_follows_the_stated_rule(name):
+    top = _cells(name)[0]["source"]
+    m = re.search(r"\*\*Time:\*\* about (\d+) minutes for a strong student, (\d+) for an average one", top)
+    assert m and "200 words a minute" in top, name
+    strong, average = int(m.group(1)), int(m.group(2))
+    assert _estimate(name) <= average <= _estimate(name) + 10, (name, average, _estimate(name))
+    assert strong <= 0.7 * average, name
+
+
+def test_the_last_exercise_of_03_asks_for_the_layout_not_its_recipe():
+    """Zig-zag is the notebook's point: the student finds which late chunk partners chunk r
+    (and checks it with causal_work); neither the text nor the section before gives it."""
+    cells = _cells("03_load_balance")
+    i, text = _exercises(cells)[-1]
+    assert "`zigzag_positions`" in text and "causal_work" in text
+    for c in cells[:i + 1]:
+        assert "2N_c - 1 - r" not in c["source"] and "2n - 1 - r" not in c["source"]
+
+
 def test_each_notebook_starts_easy_and_ends_hard_where_the_order_allows():
     assert _functions(_cells("01_sequence_parallel")) == ["reduce_scatter", "all_gather", "sp_bytes", "sp_forward"]
     assert _functions(_cells("02_ring_attention")) == ["merge", "block_attention", "ring_attention"]
-    assert _functions(_cells("03_load_balance"))[0] == "ring_time"
+    assert _functions(_cells("03_load_balance")) == ["ring_time", "causal_work", "zigzag_positions"]
     assert _functions(_cells("04_ulysses"))[-1] == "ulysses_attention"
     assert _functions(_cells("05_moe_dispatch"))[-1] == "moe_stats"
 
