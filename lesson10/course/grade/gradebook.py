@@ -41,6 +41,7 @@ from ...checks import EXERCISES
 from ...checks.verdict import Status
 from . import accounting, course, nbread, submission_files
 from .accounting import SKIP_FOLDERS
+from .results import Entry
 
 #: how one of several copies of a notebook is chosen (README "Instructors" says the same)
 COPY_RULE = ("never a symbolic link beside a real file; the file with the fewest exercises "
@@ -400,10 +401,6 @@ def _not_graded(others, keys, paths, students, base=None, notes=None) -> dict:
 
 
 # --------------------------------------------------------------------------- the rows
-def _missing_entry(ex, notebook_id: str) -> dict:
-    return {"exercise": ex.id, "notebook": notebook_id, "status": Status.MISSING.value, "passed": False,
-            "points": 0, "max_points": ex.points,
-            "message": f"no {notebook_id} notebook was handed in"}
 
 
 def course_max() -> int:
@@ -437,15 +434,14 @@ def rows(reports: list[dict], the_plan: Plan | None = None) -> list[dict]:
         for ex in EXERCISES.values():
             got_rep: dict | None = handed.get(ex.notebook)
             if got_rep is None:
-                entries.append(_missing_entry(ex, ex.notebook))
+                entries.append(Entry.missing(ex.id, ex.notebook, ex.points).to_json())
                 continue
             rep = got_rep
             got = next((e for e in rep["exercises"] if e["exercise"] == ex.id), None)
             if got is None:
                 why = rep.get("error") or "the grader gave this exercise no verdict"
-                got = {"exercise": ex.id, "status": (Status.GRADER_ERROR if not rep["ok"] else
-                       Status.NOT_JUDGED).value, "passed": False, "points": 0, "max_points": ex.points,
-                       "message": why}
+                got = Entry(exercise=ex.id, status=Status.NOT_JUDGED if rep["ok"] else
+                            Status.GRADER_ERROR, max_points=ex.points, message=why).to_json()
             entries.append({**got, "notebook": ex.notebook, "max_points": ex.points})
         ignored = []
         if the_plan is not None:
