@@ -123,6 +123,12 @@ def visible(q_pos, k_pos, causal: bool = False, doc_ids=None) -> np.ndarray:
     """Bool ``(s_q, s_k)``: which keys each query sees. ``k_pos[j] <= q_pos[i]`` when causal,
     and ``doc_ids[k_pos[j]] == doc_ids[q_pos[i]]`` with a document mask (positions are global
     token ids, ``doc_ids`` has one entry per global position)."""
+    return _mask(q_pos, k_pos, causal, doc_ids)
+
+
+def _mask(q_pos, k_pos, causal: bool = False, doc_ids=None) -> np.ndarray:
+    """:func:`visible`'s mask, for the attention kernel (notebook 03's sandbox withholds the
+    public name, whose pair counts are its exercise, and keeps the kernel)."""
     q_pos, k_pos = np.asarray(q_pos), np.asarray(k_pos)
     mask = np.ones((q_pos.size, k_pos.size), dtype=bool)
     if causal:

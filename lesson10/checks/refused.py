@@ -37,6 +37,7 @@ WITHHELD: dict[str, dict[str, str | None]] = {
         "lesson10.cost.all_reduce_bytes": None,
         "lesson10.cost.reduce_scatter_bytes": None,
         "lesson10.cost.all_gather_bytes": None,
+        "lesson10.cost.moe_a2a_bytes": None,
     },
     "02_ring_attention": {
         "lesson10.sim.attention.attention": "adapter:attention",
@@ -47,6 +48,10 @@ WITHHELD: dict[str, dict[str, str | None]] = {
         "lesson10.layouts.shard_positions": "adapter:shard_positions",
         "lesson10.layouts._token_work": "adapter:token_work",
         "lesson10.layouts.ring_time": "ring_time",
+        "lesson10.layouts.visible": None,
+        "lesson10.layouts.block_plan": None,
+        "lesson10.layouts.plan_pairs": None,
+        "lesson10.layouts.plan_mask": None,
         "lesson10.sim.ring.ring_attention": "adapter:ring_by_documents",
     },
     "04_ulysses": {
@@ -56,6 +61,7 @@ WITHHELD: dict[str, dict[str, str | None]] = {
         "lesson10.sim.ulysses.ulysses_attention": "adapter:ulysses_attention",
         "lesson10.cost.comm_bytes": "adapter:comm_bytes",
         "lesson10.cost.usp_bytes": "adapter:usp_bytes",
+        "lesson10.cost.moe_a2a_bytes": None,
     },
     "05_moe_dispatch": {
         "lesson10.sim.moe.route_topk": "adapter:route_topk",
@@ -68,6 +74,7 @@ WITHHELD: dict[str, dict[str, str | None]] = {
         "lesson10.sim.moe.moe_layer": None,
         "lesson10.sim.moe.moe_reference": None,
         "lesson10.sim.moe.switch_aux_loss": "switch_aux_loss",
+        "lesson10.sim.nodes.one_hop_copies": "adapter:one_hop_copies",
     },
 }
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..topology import check_nodes  # the rule, shared with spmd
 
-__all__ = ["check_nodes", "node_limited_scores", "node_bytes"]
+__all__ = ["check_nodes", "node_limited_scores", "node_bytes", "one_hop_copies"]
 
 
 def node_limited_scores(scores: np.ndarray, k: int, nodes: int, max_nodes: int) -> np.ndarray:
@@ -67,7 +67,17 @@ def node_bytes(experts, keep, src_gpu, E: int, Ne: int, nodes: int, h: int, e: f
     t_idx, n_idx = np.nonzero(used)
     inter += np.bincount(n_idx * gpn + local[t_idx], minlength=Ne)     # combine, by the relay
     holder = np.where(e_node == s_node[:, None], src[:, None], e_node * gpn + local[:, None])
-    fwd = keep & (e_gpu != holder)
-    intra = (np.bincount(holder[fwd], minlength=Ne)                    # dispatch, by holder
-             + np.bincount(e_gpu[fwd], minlength=Ne)).astype(float)    # combine, by expert GPU
+    intra = one_hop_copies(holder, e_gpu, keep, Ne)
     return inter * float(h * e), intra * float(h * e), remote
+
+
+def one_hop_copies(src, dst, keep, Ne: int) -> np.ndarray:
+    """Copies each of ``Ne`` GPUs sends over one hop, float ``(Ne,)``: a kept copy ``(N, k)``
+    leaves GPU ``src`` for GPU ``dst`` in the dispatch (counted on ``src``) and comes back
+    in the combine (counted on ``dst``); a copy already on its GPU is not sent. With
+    ``src`` the tokens' own GPUs this is the flat all-to-all (notebook 05's exercise, which
+    its sandbox withholds); :func:`node_bytes` uses it for the hop inside a node."""
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    fwd = np.asarray(keep, dtype=bool) & (dst != src)
+    return (np.bincount(src[fwd], minlength=Ne)                        # dispatch, by holder
+            + np.bincount(dst[fwd], minlength=Ne)).astype(float)       # combine, by expert GPU

@@ -54,6 +54,13 @@ def _refuse(name):
         f"never need it; cells that explore with it run in your own Jupyter.")
 
 
+def _not_judging(name):
+    """Every adapter's first line: none runs while an exercise is judged (student code that
+    reaches one, as a module attribute or through a stub's closure, is refused)."""
+    if JUDGING is not None:
+        _refuse(f"lesson10._standin.{name}")
+
+
 def reference(name):
     def stub(*args, **kwargs):
         _refuse(name)
@@ -242,6 +249,16 @@ __getattr__ = _getattr(__name__)
 '''
 
 
+def guarded_adapters(text: str = ADAPTERS) -> str:
+    """``text`` (the adapters' source) with ``_not_judging(name)`` as the first statement of
+    every ``_adapt_*`` function, so that none of them computes anything while judged."""
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("_adapt_"):
+            node.body.insert(0, ast.parse(f"_not_judging({node.name!r})").body[0])
+    return ast.unparse(tree) + "\n"
+
+
 def _module_name(rel: Path) -> str:
     parts = list(rel.with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -369,7 +386,7 @@ def write(folder: Path, source: Path | None = None, notebook: str | None = None)
     (pkg / "course" / "grade").mkdir(parents=True, exist_ok=True)
     (pkg / "course" / "grade" / "__init__.py").write_text(
         '"""The grader is not in the sandbox."""\n', encoding="utf-8")
-    helpers = _STANDIN_HELPERS + f"\n\n_REFUSAL = {REFUSAL!r}\n" + ADAPTERS
+    helpers = _STANDIN_HELPERS + f"\n\n_REFUSAL = {REFUSAL!r}\n" + guarded_adapters()
     (pkg / "_standin.py").write_text(helpers, encoding="utf-8")
     here = Path(__file__).parent
     shutil.copyfile(here / "wire.py", folder / "_lesson10_wire.py")

@@ -193,6 +193,22 @@ def _adapt_simulate_moe(T, E, k, Ne, capacity_factor=None, skew=0.0, seed=0, h=4
         popularity=popularity, **more)
 
 
+def _adapt_one_hop_copies(src, dst, keep, Ne):
+    # your moe_stats counts them: each copy becomes a token (k = 1) on its GPU src, sent to
+    # an "expert" that is GPU dst (E = Ne); the GPUs get equal rows, padded with dropped copies
+    src, dst = _np.asarray(src).ravel(), _np.asarray(dst).ravel()
+    keep = _np.asarray(keep, dtype=bool).ravel()
+    rows = max(1, int(_np.bincount(src, minlength=Ne).max(initial=0)))
+    experts = _np.repeat(_np.arange(Ne), rows)[:, None]
+    kept = _np.zeros((Ne * rows, 1), dtype=bool)
+    for g in range(Ne):
+        mine = _np.flatnonzero(src == g)
+        experts[g * rows:g * rows + mine.size, 0] = dst[mine]
+        kept[g * rows:g * rows + mine.size, 0] = keep[mine]
+    st = _student("moe_stats", "lesson10.sim.nodes.one_hop_copies")(experts, kept, Ne, Ne, 1, 1)
+    return _np.asarray(st["bytes_per_gpu"], dtype=float)
+
+
 def _adapt_keep_within_capacity(experts, E, capacity):
     experts = _np.asarray(experts)
     if capacity is None:
