@@ -81,8 +81,13 @@ def test_every_method_passes_across_two_hosts(hosts, method):
     assert "on N=4 ranks" in node0 and REPORT in node0, _show(res)
     assert node0.rstrip().splitlines()[-1].endswith("passed: OK"), _show(res)
     assert REPORT not in node1 and "passed" not in node1, _show(res)
-    # the exit barrier's watchers (lesson10.runs.agent) ended with their agents, silently
-    assert "exit barrier" not in node0 + node1, _show(res)
+    # the exit barrier's watchers (lesson10.runs.agent) ended with their agents, silently.
+    # torch itself may log "Error waiting on exit barrier" on node 1 when node 0's agent, which
+    # holds the store, leaves the barrier first (a race a loaded machine makes likely); both
+    # statuses are 0 then, and the watcher's words are what must be absent
+    from lesson10.runs.agent import AT_EXIT_BARRIER, LOST_PEER
+    assert "its torchrun agent" not in node0 + node1, _show(res)
+    assert AT_EXIT_BARRIER not in node0 + node1 and LOST_PEER not in node0 + node1, _show(res)
     # the ranks of node 1 really are elsewhere: their traffic went over the veth
     assert res.sent[0] > 1000 and res.sent[1] > 1000, res.sent
     assert not hosts.pids(0) and not hosts.pids(1)
