@@ -88,7 +88,8 @@ def test_an_unknown_word_is_a_clear_error():
     with pytest.raises(ValueError, match="'bogus' is no exercise status.*grade the notebooks"):
         Status.of("bogus")
     with pytest.raises(ValueError, match="no exercise status"):
-        report.column({"passed": False, "points": 0, "status": "bogus"})
+        report.column({"exercise": "x", "passed": False, "points": 0, "max_points": 1,
+                       "status": "bogus"})
 
 
 def test_no_writer_keeps_its_own_table():

@@ -32,9 +32,15 @@ import os
 import re
 import sys
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..checks.verdict import Status
+from .grade.results import Entry, PartEntry, StudentRow
+
+#: what the report's functions take: gradebook rows, typed or as their JSON dicts
+Rows = Sequence[StudentRow | Mapping[str, Any]]
 
 #: the statuses with a column of their own in the per-exercise table (the rest: "other")
 OWN_COLUMN = (Status.FAILED, Status.NOT_ATTEMPTED, Status.MISSING)
@@ -43,23 +49,27 @@ COLUMNS = ("passed", "partly", *(s.value for s in OWN_COLUMN), "other")
 HTML_NAME, MD_NAME = "class-report.html", "class-report.md"
 
 
-def column(e: dict) -> str:
+def typed(rows: Rows) -> list[StudentRow]:
+    """The rows as records (:class:`StudentRow`): the report reads attributes only."""
+    return [StudentRow.of(r) for r in rows]
+
+
+def column(e: Entry | Mapping[str, Any]) -> str:
     """Which column of the per-exercise table an exercise's entry counts in."""
-    if e["passed"]:
+    e = Entry.of(e)
+    if e.passed:
         return "passed"
-    if e["points"] > 0:
+    if e.points > 0:
         return "partly"
-    if Status.of(e["status"]) in OWN_COLUMN:
-        return e["status"]
-    return "other"
+    return e.status.value if e.status in OWN_COLUMN else "other"
 
 
-def per_exercise(rows: list[dict]) -> dict[str, Counter]:
+def per_exercise(rows: Rows) -> dict[str, Counter]:
     """exercise -> Counter of :data:`COLUMNS`, in the course's order."""
     out: dict[str, Counter] = {}
-    for row in rows:
-        for e in row["exercises"]:
-            out.setdefault(e["exercise"], Counter())[column(e)] += 1
+    for row in typed(rows):
+        for e in row.exercises:
+            out.setdefault(e.exercise, Counter())[column(e)] += 1
     return out
 
 
@@ -77,65 +87,64 @@ def mistake_key(label: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "#", label.lower())
 
 
-def mistakes(rows: list[dict]) -> list[dict]:
+def mistakes(rows: Rows) -> list[dict]:
     """The recognised mistakes, one per name, most frequent first: ``{"mistake" (its name),
     "hint" (the check's function that recognised it), "exercise", "count", "students",
     "example"}``. Two mistakes one hint function recognises ("averaged the outputs",
     "swapped the weights") are two rows, each with its own example (a part's counts too)."""
     found: dict[tuple, dict] = {}
-    for row in rows:
-        for e in row["exercises"]:
-            for v in e.get("parts") or e.get("judged_parts") or [e]:
-                name = v.get("mistake")
-                if not name:
+    for row in typed(rows):
+        for e in row.exercises:
+            verdicts: Sequence[Entry | PartEntry] = e.parts or e.judged_parts or [e]
+            for v in verdicts:
+                if not v.mistake:
                     continue
-                label = mistake_label(v.get("message", "")) or name
-                m = found.setdefault((e["exercise"], name, mistake_key(label)), {
-                    "mistake": label, "hint": name, "exercise": e["exercise"], "count": 0,
-                    "students": set(), "example": v.get("message", "")})
+                label = mistake_label(v.message) or v.mistake
+                m = found.setdefault((e.exercise, v.mistake, mistake_key(label)), {
+                    "mistake": label, "hint": v.mistake, "exercise": e.exercise, "count": 0,
+                    "students": set(), "example": v.message})
                 m["count"] += 1
-                m["students"].add(row["student"])
+                m["students"].add(row.student)
     out = sorted(found.values(), key=lambda m: (-m["count"], m["exercise"], m["mistake"]))
     for m in out:
         m["students"] = len(m["students"])
     return out
 
 
-def threshold_of(rows: list[dict], at: int | None = None) -> int:
+def threshold_of(rows: Rows, at: int | None = None) -> int:
     """The "needs attention" threshold: ``at``, else half the course's maximum."""
-    top = rows[0]["max_points"] if rows else 0
+    top = StudentRow.of(rows[0]).max_points if rows else 0
     return top // 2 if at is None else at
 
 
-def attention(rows: list[dict], at: int | None = None) -> list[dict]:
+def attention(rows: Rows, at: int | None = None) -> list[dict]:
     """Every student to look at, none left out: a grader error, a notebook missing, or a
     total at or below the threshold (:func:`threshold_of`); most notebooks missing first,
     then most exercises lost to errors, then the lowest total."""
     limit = threshold_of(rows, at)
     scored = []
-    for row in rows:
-        errors = sum(1 for e in row["exercises"]
-                     if Status.of(e["status"]).against_student and not e["passed"])
+    for row in typed(rows):
+        errors = sum(1 for e in row.exercises if e.status.against_student and not e.passed)
         why = []
-        if not row.get("ok", True):
+        if not row.ok:
             why.append("grader error: grade again")
-        if row["missing"]:
-            why.append(f"{len(row['missing'])} notebooks missing")
-        if row["points"] <= limit:
+        if row.missing:
+            why.append(f"{len(row.missing)} notebooks missing")
+        if row.points <= limit:
             why.append(f"at or below {limit} points")
         if errors:
             why.append(f"{errors} exercises failed or broken")
-        if row.get("not_graded"):
-            why.append(f"{len(row['not_graded'])} files not graded")
-        if not row.get("ok", True) or row["missing"] or row["points"] <= limit:
-            scored.append(((row.get("ok", True), -len(row["missing"]), -errors, row["points"]),
-                           {"student": row["student"], "points": row["points"],
-                            "max_points": row["max_points"], "why": "; ".join(why)}))
+        if row.not_graded:
+            why.append(f"{len(row.not_graded)} files not graded")
+        if not row.ok or row.missing or row.points <= limit:
+            scored.append(((row.ok, -len(row.missing), -errors, row.points),
+                           {"student": row.student, "points": row.points,
+                            "max_points": row.max_points, "why": "; ".join(why)}))
     return [s for _, s in sorted(scored, key=lambda x: x[0])]
 
 
-def totals(rows: list[dict]) -> Counter:
-    return Counter(r["points"] for r in rows)
+def totals(rows: Rows) -> Counter:
+    return Counter(r.points for r in typed(rows))
 
 
 # --------------------------------------------------------------------------- plots
@@ -145,7 +154,7 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def exercise_figure(rows: list[dict]):
+def exercise_figure(rows: Rows):
     """The statuses per exercise as stacked bars, the legend beside the axes (never over a
     bar; ``bbox_inches="tight"`` keeps it in the picture)."""
     from matplotlib.figure import Figure
@@ -167,13 +176,14 @@ def exercise_figure(rows: list[dict]):
     return fig
 
 
-def plots(rows: list[dict]) -> dict[str, str]:
+def plots(rows: Rows) -> dict[str, str]:
     """name -> base64 PNG: the statuses per exercise, the totals, the mistakes."""
     from matplotlib.figure import Figure
+    rows = typed(rows)
     out = {"exercises": _png(exercise_figure(rows))}
     fig = Figure(figsize=(6, 3))
     ax = fig.subplots()
-    top = max([r["max_points"] for r in rows] + [1])
+    top = max([r.max_points for r in rows] + [1])
     counts = totals(rows)
     ax.bar(range(top + 1), [counts.get(t, 0) for t in range(top + 1)], color="#3a6ea5")
     ax.set_xlabel(f"total points (of {top})")
@@ -216,7 +226,7 @@ def _cell(text, limit: int = 300) -> str:
     return text.replace("&lt;br>", "<br>")
 
 
-def student_table(rows: list[dict], links: dict | None = None, flags: dict | None = None):
+def student_table(rows: Rows, links: dict | None = None, flags: dict | None = None):
     """(title, header, body) of the per-student table: points, lateness, overrides,
     notebooks missing, similarity flags, and links to the feedback and executed notebooks."""
     from .grade import adjust
@@ -224,10 +234,10 @@ def student_table(rows: list[dict], links: dict | None = None, flags: dict | Non
     for p in (flags or {}).get("pairs", []):
         flagged.update(p["students"])
     body = []
-    for r in rows:
-        body.append([r["student"], f"{r['points']}/{r['max_points']}",
-                     " ".join(r["missing"]) or "-", adjust.describe(r) or "-",
-                     flagged.get(r["student"], 0), Links((links or {}).get(r["student"], ()))])
+    for r in typed(rows):
+        body.append([r.student, f"{r.points}/{r.max_points}",
+                     " ".join(r.missing) or "-", adjust.describe(r.to_json()) or "-",
+                     flagged.get(r.student, 0), Links((links or {}).get(r.student, ()))])
     return ("every student", ["student", "points", "missing", "overrides and lateness",
                               "similarity flags", "feedback and executed notebooks"], body)
 
@@ -242,8 +252,9 @@ def similarity_table(flags: dict | None):
             ["students", "exercise", "matches", "what"], body)
 
 
-def _tables(rows: list[dict], *, at=None, links=None, flags=None) -> list[tuple]:
+def _tables(rows: Rows, *, at=None, links=None, flags=None) -> list[tuple]:
     """(title, header, body) of each table the report shows."""
+    rows = typed(rows)
     table = per_exercise(rows)
     ex = ("per exercise", ["exercise", *COLUMNS],
           [[n, *[table[n][c] for c in COLUMNS]] for n in table])
@@ -262,26 +273,27 @@ def _tables(rows: list[dict], *, at=None, links=None, flags=None) -> list[tuple]
     return out + ([similarity_table(flags)] if flags is not None else [])
 
 
-def _headline(rows: list[dict], seed) -> str:
+def _headline(rows: Sequence[StudentRow], seed) -> str:
     n = len(rows)
-    mean = sum(r["points"] for r in rows) / n if n else 0.0
-    top = rows[0]["max_points"] if rows else 0
+    mean = sum(r.points for r in rows) / n if n else 0.0
+    top = rows[0].max_points if rows else 0
     text = f"{n} students, mean total {mean:.1f} of {top}"
     return text + (f"; seed {seed}" if seed is not None else "")
 
 
-def _notes(rows: list[dict]) -> list[str]:
+def _notes(rows: Sequence[StudentRow]) -> list[str]:
     """What changed the judge's points: overrides and the late policy."""
-    n_over = sum(1 for r in rows for e in r["exercises"] if "override" in e)
-    n_late = sum(len(r.get("late", [])) for r in rows)
+    n_over = sum(1 for r in rows for e in r.exercises if e.override is not None)
+    n_late = sum(len(r.late or []) for r in rows)
     out = [f"Exercises overridden by the instructor: {n_over} (the reasons are in the table of "
            f"every student)"] if n_over else []
-    if any("due" in r for r in rows):
+    if any(r.due is not None or "due" in r.order for r in rows):
         out.append(f"Notebooks handed in late: {n_late}")
     return out
 
 
-def markdown(rows: list[dict], seed=None, *, at=None, flags=None) -> str:
+def markdown(rows: Rows, seed=None, *, at=None, flags=None) -> str:
+    rows = typed(rows)
     lines = ["# Class report", "", _headline(rows, seed), ""] + \
         [f"- {n}" for n in _notes(rows)] + [""]
     for title, head, body in _tables(rows, at=at, flags=flags):
@@ -312,8 +324,9 @@ def _html_cell(c) -> str:
     return f"<td>{html.escape(str(c))}</td>"
 
 
-def page(rows: list[dict], seed=None, *, at=None, links=None, flags=None) -> str:
+def page(rows: Rows, seed=None, *, at=None, links=None, flags=None) -> str:
     """The HTML page: headline, plots (embedded PNG), the tables."""
+    rows = typed(rows)
     pictures = plots(rows)
     parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -336,30 +349,31 @@ def page(rows: list[dict], seed=None, *, at=None, links=None, flags=None) -> str
     return "\n".join(parts) + "\n"
 
 
-def links_of(folder: Path, rows: list[dict], reports, folders: dict) -> dict:
+def links_of(folder: Path, rows: Rows, reports, folders: dict) -> dict:
     """student -> ``[(label, href)]``: their feedback page and executed notebooks, as links
     relative to ``folder`` (those that exist)."""
     from .grade import feedback
     from .grade.notebook import executed_path
     out: dict = {}
-    names = feedback.feedback_files(rows, reports or [])
+    rows = typed(rows)
+    names = feedback.feedback_files([r.to_json() for r in rows], reports or [])
     for r in rows:
         found = []
         if folders.get("feedback"):
-            page_file = Path(folders["feedback"]).joinpath(*names[r["student"]])
+            page_file = Path(folders["feedback"]).joinpath(*names[r.student])
             page_file = page_file.with_name(page_file.name + ".html")
             if page_file.is_file():
                 found.append(("feedback", os.path.relpath(page_file, folder)))
         if folders.get("executed"):
-            for nid, path in r["notebooks"].items():
-                target = executed_path(folders["executed"], r["student"], Path(path))
+            for nid, path in r.notebooks.items():
+                target = executed_path(folders["executed"], r.student, Path(path))
                 if target.is_file():
                     found.append((nid[:2], os.path.relpath(target, folder)))
-        out[r["student"]] = found
+        out[r.student] = found
     return out
 
 
-def write(folder, rows: list[dict], reports: list[dict] | None = None, *, seed=None,
+def write(folder, rows: Rows, reports: list[dict] | None = None, *, seed=None,
           at=None, flags=None, folders=None) -> list[Path]:
     """Write ``class-report.html`` and ``class-report.md`` into ``folder``; ``flags``: the
     similarity flags (computed from the rows when None); ``folders``: ``{"feedback",
@@ -367,7 +381,8 @@ def write(folder, rows: list[dict], reports: list[dict] | None = None, *, seed=N
     from .grade import similarity
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    flags = similarity.flags(rows) if flags is None else flags
+    rows = typed(rows)
+    flags = similarity.flags([r.to_json() for r in rows]) if flags is None else flags
     links = links_of(folder.resolve(), rows, reports, folders or {})
     (folder / HTML_NAME).write_text(page(rows, seed, at=at, links=links, flags=flags),
                                     encoding="utf-8")

@@ -131,6 +131,11 @@ class Entry(_Verdict):
     late_penalty: int | None = None
 
     @classmethod
+    def of(cls, entry: Entry | Mapping[str, Any]) -> Entry:
+        """An entry as the record (a report's dict read at the JSON boundary)."""
+        return entry if isinstance(entry, Entry) else cls.from_json(entry)
+
+    @classmethod
     def missing(cls, exercise: str, notebook: str, max_points: int) -> Entry:
         """The entry of an exercise whose notebook was not handed in (0 points)."""
         return cls(exercise=exercise, status=Status.MISSING, passed=False, points=0,
@@ -167,9 +172,21 @@ class StudentRow(_Record):
     points: int = 0
     max_points: int = 0
     exercises: tuple[Entry, ...] = ()
-    notebooks: Mapping[str, str] | None = None
-    missing: list[str] | None = None
+    notebooks: Mapping[str, str] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    ignored: list[dict] | None = None
+    unknown: list[str] | None = None
+    not_graded: list[dict] | None = None
     ok: bool = True
+    on_roster: bool | None = None
+    #: the late policy's (:mod:`lesson10.course.grade.late`): the due time, each late notebook
+    due: str | None = None
+    late: list[dict] | None = None
+
+    @classmethod
+    def of(cls, row: StudentRow | Mapping[str, Any]) -> StudentRow:
+        """A row as the record (a gradebook row's dict read at the JSON boundary)."""
+        return row if isinstance(row, StudentRow) else cls.from_json(row)
 
 
 @dataclass(frozen=True)
