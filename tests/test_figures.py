@@ -657,3 +657,28 @@ def test_the_text_cache_draws_what_agg_draws_and_draws_each_text_once(monkeypatc
             assert "q3 r0" in calls and "query token" in calls
         else:
             assert calls == [], calls                       # pasted from the cache
+
+
+def test_the_text_cache_cuts_no_pixel_off():
+    """The text cache sizes its scratch canvas from the font's bounds (a true bound, which a
+    rotated text needs: cut off, it need not reach the edge); an unrotated text reaching the
+    edge is measured and drawn again. What is kept equals the text drawn with its measured
+    extent, for any text, angle or font."""
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.font_manager import FontProperties
+
+    from lesson10.figures import text as text_module
+    renderer = kit.TextCacheRenderer(200, 200, 100)
+    gc = renderer.new_gc()
+    gc.set_foreground("k")
+    for prop in (FontProperties(size=11), FontProperties(size=7, family="serif", weight="bold")):
+        for s, angle in (("WWWW mmmm", 0), ("query token", 90), ("gjpqy ÅÉ", 30), ("i j", 0)):
+            w, h, d = RendererAgg.get_text_width_height_descent(renderer, s, prop, False)
+            exact = renderer._raster_in(gc, 0.3, 0.6, s, prop, angle, (w, h, d, 0.0), whole=False)
+            assert text_module.font_extent(s, prop, 100)[0] >= w
+            if angle == 0:                 # a rotated text is cut off without reaching the edge
+                assert renderer._raster_in(gc, 0.3, 0.6, s, prop, 0, (2.0, 2.0, 0.5, 0.0)) is None
+            got = renderer._raster(gc, 0.3, 0.6, s, prop, angle)
+            assert got[:2] == exact[:2] and np.array_equal(got[2], exact[2]), (s, angle)
+    assert text_module.font_extent("日本", FontProperties(size=9), 100) is None  # another font
+    gc.restore()

@@ -37,7 +37,8 @@ def _moe_dense_once(st, cfg, n):
     for t in (x, *params):
         t.grad = None
     t0 = time.perf_counter()
-    y, aux = moe_reference(x, *params, cfg["k"], cfg.get("cf"), bias, return_aux=True)
+    router_w, w1, w2 = params
+    y, aux = moe_reference(x, router_w, w1, w2, cfg["k"], cfg.get("cf"), bias, return_aux=True)
     ((y * dy).sum() + aux).backward()
     return time.perf_counter() - t0
 

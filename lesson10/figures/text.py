@@ -101,22 +101,32 @@ class TextCacheRenderer(RendererAgg):
             blit.restore()
 
     def _raster(self, gc, fx, fy, s, prop, angle):
-        """The pixels of ``s`` drawn at ``(ox + fx, oy + fy)`` on a transparent scratch canvas
-        just large enough, and the offset of their top-left corner from ``(ox, oy)``."""
+        """The pixels of ``s`` drawn at ``(ox + fx, oy + fy)`` on a transparent scratch canvas,
+        and the offset of their top-left corner from ``(ox, oy)``. The canvas is sized from the
+        font's own bounds (:func:`font_extent`: no text layout, public API only); a text with a
+        character of another font, or one whose pixels reach that canvas' edge anyway, is
+        drawn on a canvas sized from its measured extent."""
+        bound = font_extent(s, prop, self.dpi)
+        out = None if bound is None else self._raster_in(gc, fx, fy, s, prop, angle, bound)
+        if out is None:
+            w, h, d = self.get_text_width_height_descent(s, prop, False)
+            out = self._raster_in(gc, fx, fy, s, prop, angle, (w, h, d, 0.0), whole=False)
+        return out
+
+    def _raster_in(self, gc, fx, fy, s, prop, angle, extent, whole: bool = True):
+        """:meth:`_raster` on a canvas for ``extent = (w, h, d, left)`` (width, height,
+        descent, overhang left of the pen) and a margin; with ``whole``, None when the text's
+        pixels reach the canvas' edge (the extent was short: a pixel may be cut off)."""
         import math
 
         import numpy as np
-        try:                         # the sizes Text.draw has just asked for (matplotlib's own cache)
-            from matplotlib.text import _get_text_metrics_with_cache
-            w, h, d = _get_text_metrics_with_cache(self, s, prop, False, self.dpi)
-        except (ImportError, TypeError):  # pragma: no cover - another matplotlib
-            w, h, d = super().get_text_width_height_descent(s, prop, False)
+        w, h, d, left = extent
         margin = 3 + int(prop.get_size_in_points() * self.dpi / 72 * 0.3)
         if angle == 0:               # the baseline at oy: ascent above it, descent below
-            ox, oy = margin, margin + math.ceil(h - d)
-            width, height = math.ceil(w) + 2 * margin, math.ceil(h) + 2 * margin + 1
+            ox, oy = margin + math.ceil(left), margin + math.ceil(h - d)
+            width, height = math.ceil(w + left) + 2 * margin, math.ceil(h) + 2 * margin + 1
         else:                        # any rotation about (x, y)
-            ox = oy = math.ceil(math.hypot(w, h)) + margin
+            ox = oy = math.ceil(math.hypot(w + left, h)) + margin
             width = height = 2 * ox + 1
         scratch = RendererAgg(width, height, self.dpi)
         RendererAgg.draw_text(scratch, gc, ox + fx, oy + fy, s, prop, angle)
@@ -125,7 +135,25 @@ class TextCacheRenderer(RendererAgg):
         if rows.size == 0:
             return (0, 0, None)
         r0, r1, c0, c1 = rows.min(), rows.max() + 1, cols.min(), cols.max() + 1
+        if whole and (r0 == 0 or c0 == 0 or r1 == height or c1 == width):
+            return None
         return (int(c0) - ox, int(r0) - oy, pixels[r0:r1, c0:c1][::-1].copy())
+
+
+def font_extent(s: str, prop, dpi: float) -> tuple[float, float, float, float] | None:
+    """An upper bound of ``(width, height, descent, left overhang)`` in pixels of one line
+    ``s`` drawn in ``prop``'s font, from the font's own numbers: every glyph lies inside its
+    bounding box and no pen step is wider than its widest advance. None when a character is
+    not in that font (matplotlib then draws it with another)."""
+    from matplotlib.font_manager import findfont, get_font
+    font = get_font(findfont(prop))
+    if not s or any(font.get_char_index(ord(c)) == 0 for c in s):
+        return None
+    em = prop.get_size_in_points() * dpi / 72 / font.units_per_EM
+    xmin, ymin, xmax, ymax = font.bbox
+    left = max(0, -xmin) * em + 1                   # + 1: the pen's rounding to whole pixels
+    width = ((len(s) - 1) * font.max_advance_width + max(xmax, 0)) * em + 1
+    return (width, (ymax - min(ymin, 0)) * em + 2, -min(ymin, 0) * em + 1, left)
 
 
 #: (width, height, dpi) -> the renderer the canvases of that size share
@@ -144,5 +172,5 @@ class Canvas(FigureCanvasAgg):
             renderer = _RENDERERS[key] = TextCacheRenderer(w, h, self.figure.dpi)
             if len(_RENDERERS) > 4:
                 _RENDERERS.popitem(last=False)
-        self.renderer, self._lastKey = renderer, key
+        self.renderer = renderer
         return renderer

@@ -148,7 +148,8 @@ def _attention_reference(q, k, v, dout, causal, doc):
     """Full attention in float64 on the same (rounded) inputs, forward and backward:
     ``(out, [q, k, v])`` with the gradients in ``.grad``."""
     ref = [t.double().requires_grad_() for t in (q, k, v)]
-    o_ref, _ = attention(*ref, causal=causal, doc_ids=doc)
+    q_ref, k_ref, v_ref = ref
+    o_ref, _ = attention(q_ref, k_ref, v_ref, causal=causal, doc_ids=doc)
     o_ref.backward(dout.double())
     return o_ref, ref
 
