@@ -57,7 +57,7 @@ lab: $(STAMP)
 
 # ruff (the rule set and its reasons: pyproject.toml) and mypy on lesson10/
 lint: $(STAMP)
-	$(BIN)/ruff check lesson10 tests conftest.py
+	$(BIN)/ruff check lesson10 benchmarks tests conftest.py
 	$(BIN)/mypy
 
 # the package's tests and every notebook (nbval) in one run on both cores; notebook 06's exercises

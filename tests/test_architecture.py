@@ -84,3 +84,16 @@ def test_sim_and_the_shared_rules_never_import_torch():
         else:
             continue
         assert not [m for m in names if m.split(".")[0] == "torch" or "spmd" in m], rel
+
+
+def test_the_tooling_benchmarks_are_not_in_the_package(tmp_path):
+    """`bench grade|class|figures` time the course's own tools: they live in the repository's
+    benchmarks/tooling/, which the wheel leaves out; without a checkout the command says so."""
+    import pytest
+
+    from lesson10 import bench
+    package = Path(bench.__file__).resolve().parent
+    assert not [m for m in bench.TOOLING.values() if (package / f"{m}.py").exists()]
+    assert bench.tooling("class").__name__ == "benchmarks.tooling.classroom"
+    with pytest.raises(SystemExit, match="lives in the course repository"):
+        bench.tooling("grade", root=tmp_path)

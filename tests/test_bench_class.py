@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
+from benchmarks.tooling import classroom
 from lesson10 import bench
-from lesson10.bench import classroom
 
 pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
 

@@ -28,3 +28,4 @@ def test_bench_grade_writes_the_table_and_the_csv(tmp_path, capsys):
     assert sorted(r["command"] for r in rows) == ["grade", "nbclient"]
     assert all(float(r["cpu_s"]) >= float(r["user_s"]) for r in rows)
     assert "wrote" in capsys.readouterr().out
+

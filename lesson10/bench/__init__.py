@@ -5,9 +5,10 @@
 :mod:`.attention` (ring, Ulysses), :mod:`.moe`, :mod:`.nodes` (the MoE dispatch across
 nodes), :mod:`.sp`, :mod:`.cstar` (when the ring's
 transfer hides), :mod:`.memory` (a rank's peak memory as N_c grows) on real ranks, and
-:mod:`.sim` (the NumPy simulation, no torch), :mod:`.figures` (one redraw of each interactive
-figure), :mod:`.grade` (what the autograder costs next to
-one nbclient run of the notebooks, no torch). Tables land in ``benchmarks/results/``.
+:mod:`.sim` (the NumPy simulation, no torch). ``bench grade``, ``bench class`` and ``bench
+figures`` time the course's own tooling: they live in the repository's
+``benchmarks/tooling/`` (:func:`tooling`), not in the package. Tables land in
+``benchmarks/results/``.
 """
 from __future__ import annotations
 
@@ -19,21 +20,35 @@ from .paths import RESULTS_DIR
 __all__ = ["main", "RESULTS_DIR"]
 
 
+#: ``bench WHAT`` of the course's own tools -> its module in the repository's ``benchmarks/tooling/``
+TOOLING = {"grade": "grade", "class": "classroom", "figures": "figures"}
+
+
+def tooling(what: str, root: Path | None = None):
+    """The module of ``bench WHAT`` that times the course's own tooling. It lives in the
+    course repository (``benchmarks/tooling/``), not in the installed package; a clear error
+    when this install has no checkout beside it."""
+    import importlib
+    import sys
+    root = Path(__file__).resolve().parents[2] if root is None else root
+    if not (root / "benchmarks" / "tooling" / f"{TOOLING[what]}.py").is_file():
+        raise SystemExit(f"bench {what}: this benchmark times the course's own tooling and lives in "
+                         f"the course repository (benchmarks/tooling/), not in the installed "
+                         f"package; run it from a checkout with an editable install (make test "
+                         f"sets one up)")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module(f"benchmarks.tooling.{TOOLING[what]}")
+
+
 def main(argv=None) -> int:
     """``python -m lesson10 bench {sim,grade,figures,ring,ulysses,moe,sp,all} [--nproc 2 4] [--seq ...]``."""
     argv = list(argv or [])
     if argv[:1] == ["sim"]:
         from .sim import main as sim_main
         return sim_main(argv[1:])
-    if argv[:1] == ["figures"]:
-        from .figures import main as figures_main
-        return figures_main(argv[1:])
-    if argv[:1] == ["grade"]:
-        from .grade import main as grade_main
-        return grade_main(argv[1:])
-    if argv[:1] == ["class"]:
-        from .classroom import main as class_main
-        return class_main(argv[1:])
+    if argv[:1] and argv[0] in TOOLING:
+        return tooling(argv[0]).main(argv[1:])
     from ..runs.cli import add_size_args
     from ..runs.validate import Parser, Refused, refuse
     p = Parser(prog="python -m lesson10 bench",

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from lesson10.bench.paths import RESULTS_DIR
+
 from .grade import measure
-from .paths import RESULTS_DIR
 
 _ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ("01_sequence_parallel", "02_ring_attention", "03_load_balance", "04_ulysses",

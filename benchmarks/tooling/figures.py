@@ -23,7 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
-from .paths import RESULTS_DIR
+from lesson10.bench.paths import RESULTS_DIR
 
 TARGET_MEDIAN_MS, TARGET_P90_MS = 100, 200
 
@@ -59,7 +59,7 @@ def _time(view, change) -> float:
 def measure(name: str, reps: int) -> dict:
     """Milliseconds of each timed redraw of figure ``name`` (``moves``, ``first``) and the
     load before and after (``load``)."""
-    from .. import figures
+    from lesson10 import figures
     kwargs, moves = MOVES[name]
     view = getattr(figures, name)(**kwargs).view
     load = [_load()]

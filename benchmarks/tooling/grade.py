@@ -41,7 +41,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .paths import RESULTS_DIR
+from lesson10.bench.paths import RESULTS_DIR
 
 __all__ = ["main", "measure", "default_notebooks", "TARGET"]
 
