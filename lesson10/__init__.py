@@ -8,9 +8,11 @@ Two implementations of every method of the lesson:
 
 ``lesson10.layouts``, ``lesson10.cost`` and ``lesson10.topology`` hold what both share:
 which tokens a rank holds, the lesson's closed forms, and which ranks share a node.
+Every error the package raises on purpose is a :class:`Lesson10Error` (``lesson10.errors``).
 """
 __version__ = "0.2.0"
 
 from . import cost, layouts, topology
+from .errors import Lesson10Error
 
-__all__ = ["__version__", "cost", "layouts", "topology"]
+__all__ = ["__version__", "cost", "layouts", "topology", "Lesson10Error"]

@@ -97,3 +97,41 @@ def test_the_tooling_benchmarks_are_not_in_the_package(tmp_path):
     assert bench.tooling("class").__name__ == "benchmarks.tooling.classroom"
     with pytest.raises(SystemExit, match="lives in the course repository"):
         bench.tooling("grade", root=tmp_path)
+
+
+def test_every_error_of_the_package_has_one_base_and_its_own_name():
+    """Each error class a module of lesson10 defines is a Lesson10Error (and keeps its builtin
+    kind); no two share a name, so a traceback names one class."""
+    import importlib
+    import inspect
+
+    from lesson10.errors import Lesson10Error
+    seen: dict[str, str] = {}
+    # the judge's control flow and the student's own errors are not the package's errors
+    internal = {"Lost", "RemoteError", "Failure", "Timeout", "Closed", "_SetupError", "Unprotected",
+                "Unbindable", "StudentError", "Errors"}
+    # copied into the sandbox as top-level modules (no package to import the base from)
+    verbatim = {"lesson10/course/grade/wire", "lesson10/course/grade/runner", "lesson10/checks/returns"}
+    for path in sorted((ROOT / "lesson10").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = [n.name for n in tree.body if isinstance(n, ast.ClassDef)
+                 and any(getattr(b, "id", getattr(b, "attr", "")).endswith(("Error", "Exception", "Refused",
+                                                                                 "Failed", "Timeout"))
+                         for b in n.bases)]
+        if not names:
+            continue
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        if "torch" not in path.read_text(encoding="utf-8") or importlib.util.find_spec("torch"):
+            module = importlib.import_module(".".join(parts))
+        else:                                                         # pragma: no cover
+            continue
+        for name in names:
+            assert name not in seen, f"{name} is defined in {seen[name]} and in {rel}"
+            seen[name] = str(rel)
+            cls = getattr(module, name)
+            if name not in internal and str(rel) not in verbatim:
+                assert issubclass(cls, Lesson10Error), f"{rel}.{name} is no Lesson10Error"
+                assert inspect.getmro(cls)[1:] != (Lesson10Error, Exception, BaseException, object) \
+                    or name == "Lesson10Error", f"{rel}.{name} lost its builtin kind"
+    assert {"Refused", "FileRefused", "PlanError", "RingPlanError", "CheckFailed"} <= set(seen)

@@ -13,7 +13,7 @@ from lesson10.course.grade.cli import _helpers
 from lesson10.course.grade.submission_files import (
     MAX_HELPER_BYTES,
     MAX_HELPERS,
-    Refused,
+    FileRefused,
     helper_files,
     owner,
     read_regular,
@@ -61,9 +61,9 @@ def test_read_regular_refuses_links_and_reads_files(tmp_path):
     (tmp_path / "a.ipynb").write_bytes(b"abc")
     os.symlink(tmp_path / "a.ipynb", tmp_path / "b.ipynb")
     assert read_regular(tmp_path / "a.ipynb") == b"abc"
-    with pytest.raises(Refused, match="symbolic link"):
+    with pytest.raises(FileRefused, match="symbolic link"):
         read_regular(tmp_path / "b.ipynb")
-    with pytest.raises(Refused, match="over 2 bytes"):
+    with pytest.raises(FileRefused, match="over 2 bytes"):
         read_regular(tmp_path / "a.ipynb", 2)
     with pytest.raises(FileNotFoundError):
         read_regular(tmp_path / "none.ipynb")

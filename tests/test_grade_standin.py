@@ -166,3 +166,19 @@ def test_every_solution_notebook_grades_with_no_error_in_any_cell(tmp_path):
         skipped = [i for i, c in enumerate(executed["cells"]) for o in c.get("outputs", [])
                    if "did not run" in str(o.get("text", ""))]
         assert skipped == [], f"{path.name}: cells {skipped} did not run"
+
+
+def test_the_stand_ins_errors_keep_their_kind(tmp_path):
+    """In the sandbox a course error is still its builtin kind and a Lesson10Error, so a
+    student's ``except RuntimeError`` or ``except lesson10.Lesson10Error`` reads the same."""
+    import subprocess
+    import sys
+    folder = standin.write(tmp_path / "box")
+    code = ("import importlib, lesson10; l = importlib.import_module('lesson10.spmd.launch'); "
+            "v = importlib.import_module('lesson10.runs.validate'); "
+            "assert issubclass(l.RankError, (RuntimeError)) and issubclass(l.RankError, lesson10.Lesson10Error); "
+            "assert issubclass(v.Refused, ValueError) and issubclass(v.Refused, lesson10.Lesson10Error); "
+            f"assert lesson10.__file__.startswith({str(folder)!r}); print('ok')")
+    out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(folder)!r}); {code}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr

@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "lesson10"
 
-SHARED = {"lesson10", "lesson10.layouts", "lesson10.cost", "lesson10.topology"}
+SHARED = {"lesson10", "lesson10.layouts", "lesson10.cost", "lesson10.topology", "lesson10.errors"}
 MIDDLE = ("sim", "spmd", "figures", "checks")
 TOP = ("runs", "bench", "course")
 TOP_MODULES = {"lesson10.__main__", "lesson10.run"}    # the commands

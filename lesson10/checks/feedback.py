@@ -24,11 +24,13 @@ import sys
 import traceback
 from pathlib import Path
 
+from ..errors import Lesson10Error
+
 ENV = "LESSON10_STRICT_CHECKS"
 _COURSE = str(Path(__file__).resolve().parent.parent)     # the lesson10 package folder
 
 
-class CheckFailed(AssertionError):
+class CheckFailed(Lesson10Error, AssertionError):
     """A check found a wrong answer; the message says what, where and why. Raised by
     ``fail_check`` it also carries its parts: the lines before the hint (``head``), the
     mistakes that explain the case and the check's general hint (:mod:`.diagnosis`)."""

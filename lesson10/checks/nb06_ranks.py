@@ -21,6 +21,8 @@ import importlib.util
 import itertools
 import traceback
 
+from ..errors import Lesson10Error
+
 _COUNTER = itertools.count()
 
 
@@ -55,7 +57,7 @@ def replaced(module, **functions):
 
 
 # --------------------------------------------------------------------------- ring_shift
-class PlanError(RuntimeError):
+class RingPlanError(Lesson10Error, RuntimeError):
     """The student's batch does not make the ring: raised in their call, before anything is posted."""
 
     def __init__(self, problem: str, what: str):
@@ -104,14 +106,14 @@ def _watched_batch(real, case, log):
         log["batches"] += 1
         kinds = [getattr(op.op, "__name__", "?") for op in ops]
         if sorted(kinds) != ["irecv", "isend"]:
-            raise PlanError("pair", f"one batch_isend_irecv call posted {kinds or 'nothing'}; "
+            raise RingPlanError("pair", f"one batch_isend_irecv call posted {kinds or 'nothing'}; "
                                     f"the ring needs one isend and one irecv")
         for kind, op in zip(kinds, ops):
             want, got = (case["next"], case["prev"]) if kind == "isend" else (case["prev"], case["next"])
             if op.peer != want:
                 word = "to" if kind == "isend" else "from"
                 problem = "direction" if op.peer == got else "global"
-                raise PlanError(problem, f"an {kind} {word} global rank {op.peer}; the ring's {kind} "
+                raise RingPlanError(problem, f"an {kind} {word} global rank {op.peer}; the ring's {kind} "
                                          f"goes {word} global rank {want}")
         posted, requests = [], []
         for kind, op in zip(kinds, ops):
@@ -183,7 +185,7 @@ def _ring_one(torch, dist, fn, path, i, case, watch):
 def _ring_error(exc: Exception, path: str) -> dict:
     if isinstance(exc, NotImplementedError):
         return {"problem": "stub"}
-    if isinstance(exc, PlanError):
+    if isinstance(exc, RingPlanError):
         return {"problem": exc.problem, "what": exc.what}
     return {"problem": "raised", "what": f"your ring_shift raised {student_error(exc, path)}"}
 

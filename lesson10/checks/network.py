@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import Lesson10Error
 from .core import CheckFailed, describe_value, fail_check, failure_message
 from .returns import same_process
 from .served_attention import ServedAttention, plural
@@ -41,7 +42,7 @@ __all__ = ["RuleBroken", "Referee", "RingNetwork", "AllToAllNetwork", "Send", "S
            "ServedBlockAttention", "ServedMerge", "plural", "substitute_blocks", "substituted", "served_call", "tokens"]
 
 
-class RuleBroken(RuntimeError):
+class RuleBroken(Lesson10Error, RuntimeError):
     """Raised by a served object when the student's code breaks a rule of the exercise."""
 
 

@@ -21,6 +21,8 @@ import threading
 import types
 from typing import Any
 
+from ..errors import Lesson10Error
+
 __all__ = ["WITHHELD", "USE_INSTEAD", "NotAvailable", "guard", "refusal", "use_instead"]
 
 #: notebook -> {qualified name as defined: the student's function, "adapter:NAME" or None}
@@ -93,7 +95,7 @@ USE_INSTEAD = {
 REFUSAL = "exercise {exercise} may not call {name}; {instead}"
 
 
-class NotAvailable(RuntimeError):
+class NotAvailable(Lesson10Error, RuntimeError):
     """A course function an exercise may not use was called while its check ran."""
 
 

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from .. import __version__
+from ..errors import Lesson10Error
 from .build import BEGIN, END, BuildError, badge_line, install_url, plan, repo_root, repository_setting
 
 MARKER = ".lesson10-release.json"
@@ -45,7 +46,7 @@ grades/
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache")
 
 
-class ReleaseError(ValueError):
+class ReleaseError(Lesson10Error, ValueError):
     """The release cannot be written (or would show a solution)."""
 
 

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from .. import cost, layouts, topology
+from ..errors import Lesson10Error
 
 __all__ = ["Refused", "Parser", "DTYPE_NAMES", "ELEM", "positive", "check_run", "check_attention",
            "check_sp", "check_moe", "moe_case", "need_bytes", "memory_available", "check_memory",
@@ -35,7 +36,7 @@ ELEM = {"float64": 8, "float32": 4, "bfloat16": 2}
 DTYPE_NAMES = tuple(sorted(ELEM))
 
 
-class Refused(ValueError):
+class Refused(Lesson10Error, ValueError):
     """A case refused before any rank starts; the message is one line."""
 
 

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..errors import Lesson10Error
 from .device import DTYPES, current_device, synchronize, synchronize_device, torch_dtype
 
 __all__ = [
@@ -56,7 +57,7 @@ __all__ = [
 ]
 
 
-class RankError(RuntimeError):
+class RankError(Lesson10Error, RuntimeError):
     """An exception raised inside one rank, re-raised in the caller.
 
     ``rank``: which rank failed; ``exc_type``: the name of the exception class
@@ -80,7 +81,7 @@ class RankError(RuntimeError):
         super().__init__(msg)
 
 
-class LaunchTimeout(TimeoutError):
+class LaunchTimeout(Lesson10Error, TimeoutError):
     """Some ranks did not finish within ``timeout`` seconds (they were killed)."""
 
     def __init__(self, timeout: float, ranks: list[int]):

@@ -24,13 +24,14 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...errors import Lesson10Error
 from .accounting import SKIP_FOLDERS
 
 #: files and bytes unpacked from the archives of one batch, and zips within zips
 MAX_MEMBERS, MAX_UNPACKED_BYTES, MAX_NESTING = 5000, 1 << 30, 3
 
 
-class UnsafeArchive(ValueError):
+class UnsafeArchive(Lesson10Error, ValueError):
     """The archive is refused; the message says why (one sentence)."""
 
 

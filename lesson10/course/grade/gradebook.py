@@ -39,6 +39,7 @@ from pathlib import Path
 
 from ...checks import EXERCISES
 from ...checks.verdict import Status
+from ...errors import Lesson10Error
 from . import accounting, course, nbread, submission_files
 from .accounting import SKIP_FOLDERS
 from .results import Entry
@@ -53,7 +54,7 @@ COPY_RULE = ("never a symbolic link beside a real file; the file with the fewest
 
 
 
-class PlanError(ValueError):
+class PlanError(Lesson10Error, ValueError):
     """The batch cannot be graded as given (a collision, a --student-from that does not
     match): the grader says so and grades nothing."""
 

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from ...errors import Lesson10Error
+
 UNITS = {"day": 86400.0, "hour": 3600.0}
 #: a Canvas download name: ``<name>_[LATE_]<user id>_<submission id>_<file>``
 CANVAS_NAME = re.compile(r"^[^_/]+_(?P<late>LATE_)?\d+_\d+_", re.IGNORECASE)
@@ -48,7 +50,7 @@ NAME_TIME = re.compile(r"(?<!\d)(?P<y>20\d\d)-?(?P<mo>[01]\d)-?(?P<d>[0-3]\d)[T_
                        r"(?P<h>[0-2]\d)[:.\-h]?(?P<mi>[0-5]\d)(?:[:.\-m]?(?P<s>[0-5]\d))?(?!\d)")
 
 
-class LateError(ValueError):
+class LateError(Lesson10Error, ValueError):
     """A due time, penalty or extension that cannot be read: the message says the form."""
 
 

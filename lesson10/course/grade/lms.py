@@ -27,6 +27,7 @@ import csv
 import io
 from pathlib import Path
 
+from ...errors import Lesson10Error
 from . import late
 
 FORMATS = ("canvas", "moodle")
@@ -42,7 +43,7 @@ FIELDS = {"name": ("name", "full name", "student name"),
           "email": ("email", "email address", "e-mail")}
 
 
-class ExportError(ValueError):
+class ExportError(Lesson10Error, ValueError):
     """The export cannot be written as asked (no roster, no key column)."""
 
 

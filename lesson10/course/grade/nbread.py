@@ -24,7 +24,8 @@ import re
 import warnings
 from pathlib import Path
 
-from .submission_files import Refused, read_regular
+from ...errors import Lesson10Error
+from .submission_files import FileRefused, read_regular
 
 #: the largest notebook file read (outputs included)
 MAX_NOTEBOOK_BYTES = 64 * 2**20
@@ -40,7 +41,7 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _MAGIC = re.compile(r"(?m)^([ \t]*)(?:%%?[A-Za-z_]\w*|!)[ \t]*")
 
 
-class NotebookRefused(ValueError):
+class NotebookRefused(Lesson10Error, ValueError):
     """The file is refused as a notebook; the message is the sentence its student reads."""
 
 
@@ -55,7 +56,7 @@ def read(path: Path, content: bytes | None = None):
                 raise NotebookRefused(_too_big(size))
             content = read_regular(Path(path), MAX_NOTEBOOK_BYTES)
         return parse(content), None
-    except (NotebookRefused, Refused) as exc:
+    except (NotebookRefused, FileRefused) as exc:
         return None, f"cannot read the notebook: {exc}"
     except OSError as exc:
         return None, f"cannot read the notebook: {exc.strerror or exc}"

@@ -27,12 +27,13 @@ from pathlib import Path
 
 from ...checks import EXERCISES
 from ...checks.verdict import Status
+from ...errors import Lesson10Error
 
 #: the columns of overrides.csv
 COLUMNS = ("student", "exercise", "points", "reason")
 
 
-class OverrideError(ValueError):
+class OverrideError(Lesson10Error, ValueError):
     """overrides.csv cannot be used: the message names the line and what to fix."""
 
 

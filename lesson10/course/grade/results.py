@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 from ...checks.verdict import Status
+from ...errors import Lesson10Error
 
 #: the version of :meth:`ClassResult.to_json`
 VERSION = 1
@@ -27,7 +28,7 @@ VERSION = 1
 R = TypeVar("R", bound="_Record")
 
 
-class ResultsError(ValueError):
+class ResultsError(Lesson10Error, ValueError):
     """A results document that is not what this version of the grader writes."""
 
 

@@ -282,15 +282,16 @@ def _public_aliases(files: dict[Path, ast.Module]) -> dict[str, str]:
 
 
 def _is_exception(node: ast.ClassDef) -> str | None:
-    """The builtin exception base of an exception class, or None."""
+    """The bases of an exception class's stand-in (its builtin exception bases, after
+    :class:`lesson10.errors.Lesson10Error` when it has that one), or None for another class."""
     import builtins
-    for base in node.bases:
-        name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
-        if isinstance(getattr(builtins, name, None), type) and \
-                issubclass(getattr(builtins, name), BaseException):
-            return name
-        if name.endswith(("Error", "Exception", "Failed")):
-            return "Exception"
+    names = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+    kept = [n for n in names if n == "Lesson10Error" or (
+        isinstance(getattr(builtins, n, None), type) and issubclass(getattr(builtins, n), BaseException))]
+    if kept and kept != ["Lesson10Error"]:
+        return ", ".join(kept)
+    if any(n.endswith(("Error", "Exception", "Failed")) for n in names):
+        return "Exception"
     return None
 
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import lesson10
 
+from ...errors import Lesson10Error
+
 #: the layout version of class.json and the stored reports
 FORMAT = 1
 
@@ -83,7 +85,7 @@ def _write(path: Path, text: str) -> None:
         raise
 
 
-class StoreError(ValueError):
+class StoreError(Lesson10Error, ValueError):
     """The results folder cannot be used as asked (another seed, not a results folder)."""
 
 

@@ -23,6 +23,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...errors import Lesson10Error
+
 #: helper modules one notebook's working folder gets, and the size of each
 MAX_HELPERS, MAX_HELPER_BYTES = 20, 1_000_000
 _MODULE_FILE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.py")
@@ -30,7 +32,7 @@ _FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 
     | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
 
 
-class Refused(OSError):
+class FileRefused(Lesson10Error, OSError):
     """The file is not a regular file of the student's folder (the message says why)."""
 
 
@@ -50,21 +52,21 @@ class Helpers:
 
 
 def read_regular(path: Path, limit: int | None = None, *, dir_fd: int | None = None) -> bytes:
-    """The bytes of the regular file ``path``, never through a link. :class:`Refused` for a
+    """The bytes of the regular file ``path``, never through a link. :class:`FileRefused` for a
     link or anything but a regular file (or over ``limit`` bytes), OSError if unreadable."""
     name = os.fspath(path) if dir_fd is None else os.path.basename(os.fspath(path))
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if stat.S_ISLNK(st.st_mode):
-        raise Refused("it is a symbolic link: hand in the file itself")
+        raise FileRefused("it is a symbolic link: hand in the file itself")
     if not stat.S_ISREG(st.st_mode):
-        raise Refused("it is not a regular file")
+        raise FileRefused("it is not a regular file")
     if limit is not None and st.st_size > limit:
-        raise Refused(f"it is over {limit:,} bytes")
+        raise FileRefused(f"it is over {limit:,} bytes")
     fd = os.open(name, _FLAGS, dir_fd=dir_fd)
     try:
         now = os.fstat(fd)
         if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-            raise Refused("it changed while it was read")
+            raise FileRefused("it changed while it was read")
         chunks, size = [], 0
         while limit is None or size <= limit:
             chunk = os.read(fd, 1 << 20 if limit is None else min(1 << 20, limit + 1 - size))
@@ -75,7 +77,7 @@ def read_regular(path: Path, limit: int | None = None, *, dir_fd: int | None = N
     finally:
         os.close(fd)
     if limit is not None and size > limit:
-        raise Refused(f"it is over {limit:,} bytes")
+        raise FileRefused(f"it is over {limit:,} bytes")
     return b"".join(chunks)
 
 
@@ -133,7 +135,7 @@ def helper_files(notebook: Path, *, student: str | None = None, sharing: Sequenc
                 text = read_regular(folder / name, MAX_HELPER_BYTES, dir_fd=dir_fd).decode(
                     "utf-8", errors="replace")
             except OSError as exc:
-                why = str(exc) if isinstance(exc, Refused) else f"it cannot be read ({exc.strerror})"
+                why = str(exc) if isinstance(exc, FileRefused) else f"it cannot be read ({exc.strerror})"
                 out.notes.append(f"your helper file {name} was not copied into the sandbox: {why}")
                 continue
             out.files.append((name, text))
