@@ -90,6 +90,12 @@ def run_notebook(cells, notebook_id: str, settings: Settings, deadline: float, w
     return run
 
 
+#: what the runner sends that the loop of :class:`_Session` does not handle: each is read
+#: at its own place (``hello``/``ready`` by :func:`_start`, ``checked`` after a fork, ``bye``
+#: by the sandbox), so in the loop it is out of turn
+READ_ELSEWHERE = ("hello", "ready", "checked", "bye")
+
+
 def _op(msg) -> object:
     return msg.get("op") if isinstance(msg, dict) else None
 
@@ -142,7 +148,7 @@ class _Session:
         self.checks_in_cell = 0
         self.outcome: Outcome = None
         self.handlers = {"cell": self._on_cell, "done": self._on_done, "check": self._on_check,
-                         "finished": self._on_finished}
+                         "finished": self._on_finished, "fatal": self._on_fatal}
 
     def loop(self, expected: list[int]) -> Outcome:
         self.expected = list(expected)
@@ -223,6 +229,17 @@ class _Session:
         if self.settings.sandboxed:
             self.run.sandbox_cpu += cpu
         return self._end(None)
+
+    def _on_fatal(self, msg: dict) -> bool:
+        """The runner failed outside any cell's own error handling (a cell may also forge
+        this): the cell running, else the one that ran last, is skipped next time."""
+        blame = self.current if self.current is not None else self.last
+        what = str(msg.get("message", "")).splitlines()[:1] or ["no message"]
+        if blame is None:
+            return self._end(None, f"the notebook's process failed before its first cell "
+                                   f"({what[0][:200]})")
+        return self._end(blame, f"cell {blame} made the notebook's process fail "
+                                f"({what[0][:200]}): skipped")
 
     def _on_check(self, msg: dict) -> bool:
         if self.current is None or not wire.check_shape(msg, self.current):

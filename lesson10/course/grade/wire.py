@@ -14,7 +14,8 @@ object holding only stubs of those methods, its state stays with the judge.
 This file runs on both sides: the judge imports it as ``lesson10.course.grade.wire``, and the
 sandbox gets a copy of it (``_lesson10_wire``), since no course package is there.
 
-Framing over a pipe: an 8-byte big-endian length, the JSON header (``{"msg": ...,
+The messages themselves, one table: :data:`PROTOCOL`. Framing over a pipe: an 8-byte
+big-endian length, the JSON header (``{"msg": ...,
 "blobs": [len, ...]}``), then the blobs. A message over :data:`MAX_BYTES` is refused.
 """
 from __future__ import annotations
@@ -32,6 +33,38 @@ MAX_BYTES = 64 * 2**20
 MAX_HEADER = 8 * 2**20        # the JSON part (the arrays travel as raw blobs)
 MAX_BLOBS = 100_000           # raw blobs in one message
 _DTYPE_KINDS = "biufcUS"     # bool, int, uint, float, complex, text, bytes
+
+
+#: Every message of the protocol, by its ``"op"``: (who sends it, on which pipe, what it
+#: means). The main pipe runs judge <-> the notebook's process (the runner); a channel runs
+#: judge <-> the fork judged for one exercise. A message a side does not expect where it
+#: arrives is refused there: out of turn, the fault of the cell running (or that ran last).
+PROTOCOL = {
+    # main pipe: start
+    "hello": ("runner", "main", "the runner started (its pid and Python)"),
+    "setup": ("judge", "main", "the cells to run, the helper files, the exercise time limit"),
+    "ready": ("runner", "main", "set up; the cells run next"),
+    # main pipe: the cells
+    "cell": ("runner", "main", "cell `index` starts"),
+    "done": ("runner", "main", "cell `index` ended: its outputs and error"),
+    "check": ("runner", "main", "the running cell called check_<exercise>(fn)"),
+    "judge": ("judge", "main", "fork and serve fn on channel `channel` within `timeout` s"),
+    "checked": ("runner", "main", "the fork judged on the channel ended (its exit status)"),
+    "verdict": ("judge", "main", "the check's verdict: print `text`, return the outcome"),
+    "finished": ("runner", "main", "every cell ran"),
+    "fatal": ("runner", "main", "the runner itself failed (not a cell's own error): `message`"),
+    # main pipe: the end
+    "exit": ("judge", "main", "the run is over: say bye"),
+    "bye": ("runner", "main", "going (the judge reads its CPU time, then closes)"),
+    # a channel: one exercise judged
+    "call": ("judge", "channel", "call the student's function on `args`"),
+    "callback": ("fork", "channel", "the function called a callable the check passed in"),
+    "return": ("judge", "channel", "that callable's value"),
+    "raise": ("judge", "channel", "that callable raised `type`: `message`"),
+    "result": ("fork", "channel", "the function's value, and what it did to its arguments"),
+    "error": ("fork", "channel", "the function raised `type`: `message`"),
+    "end": ("judge", "channel", "no more calls: the fork may go"),
+}
 
 
 class WireError(ValueError):
