@@ -593,7 +593,7 @@ def test_the_verdict_is_the_same_through_the_wire(exercise):
                 with np.errstate(all="ignore"):
                     body(call, np.random.default_rng(5))
                 verdicts.append(True)
-            except (CheckFailed, checks.core._StudentError):
+            except (CheckFailed, checks.core.StudentError):
                 verdicts.append(False)
         assert verdicts == [right, right], (exercise, getattr(fn, "__qualname__", fn))
 

@@ -390,7 +390,7 @@ def test_wrong_answer_is_rejected_for_every_seed(exercise, i, fn, capsys):
 def test_the_grader_path_rejects_too(exercise, i, fn):
     """The grader calls ``body(fn, rng)`` with its own generator: the fixed cases still run."""
     body = checks.EXERCISES[exercise].body
-    with pytest.raises((CheckFailed, checks.core._StudentError)), np.errstate(all="ignore"):
+    with pytest.raises((CheckFailed, checks.core.StudentError)), np.errstate(all="ignore"):
         body(fn, np.random.default_rng(12345))
 
 

@@ -36,11 +36,11 @@ def test_every_folder_on_sys_path_is_bound_but_the_checkout(monkeypatch, tmp_pat
     (tmp_path / "script-dir").mkdir()
     (tmp_path / "script-dir" / "grade.py").write_text("")
     monkeypatch.setattr(sys, "argv", [str(tmp_path / "script-dir" / "grade.py")])
-    path = sandbox.grader_path()
+    path = pythonpath.grader_path()
     assert str(overlay) in path and str(env_module) in path           # .pth and PYTHONPATH
     assert str(tmp_path / "script-dir") not in path                  # sys.path[0]
     assert not any(p == str(checkout) or p.startswith(str(checkout) + "/tests") for p in path)
-    dests = [d for _, d in sandbox.python_binds()]
+    dests = [d for _, d in pythonpath.python_binds()]
     assert str(overlay) in dests and str(env_module) in dests
     argv = sandbox.bwrap_argv(tmp_path, sandbox.Limits(), {})
     assert any(argv[i:i + 3] == ["--ro-bind", str(overlay), str(overlay)] for i in range(len(argv)))
@@ -50,8 +50,8 @@ def test_a_folder_holding_the_working_folder_is_refused(monkeypatch, tmp_path):
     (tmp_path / "grading").mkdir()
     monkeypatch.chdir(tmp_path / "grading")
     monkeypatch.setattr(sys, "path", sys.path + [str(tmp_path)])
-    with pytest.raises(sandbox.Unbindable, match="holds the folder the grader runs in"):
-        sandbox.python_binds()
+    with pytest.raises(pythonpath.Unbindable, match="holds the folder the grader runs in"):
+        pythonpath.python_binds()
 
 
 @pytest.mark.skipif(sandbox.probe() is not None, reason=f"no sandbox: {sandbox.probe()}")

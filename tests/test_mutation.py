@@ -21,7 +21,7 @@ import pytest
 
 from lesson10 import checks
 from lesson10.checks import CheckFailed
-from lesson10.checks.core import _StudentError
+from lesson10.checks.core import StudentError
 from lesson10.checks.returns import ReturnRefused
 
 pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
@@ -216,7 +216,7 @@ def _killed(exercise, fn) -> bool:
         with np.errstate(all="ignore"):
             body(fn, np.random.default_rng(checks.core.seed_of(exercise)))
         return False
-    except (CheckFailed, _StudentError, ReturnRefused, _Timeout):   # refused: killed
+    except (CheckFailed, StudentError, ReturnRefused, _Timeout):   # refused: killed
         return True
     finally:
         if guard:

@@ -22,7 +22,7 @@ from lesson10.sim import (
     switch_aux_loss,
     update_expert_bias,
 )
-from lesson10.sim.moe import _sample_topk
+from lesson10.sim.moe import sample_topk
 
 
 # ------------------------------------------------------------------ routing and capacity
@@ -231,7 +231,7 @@ def _plackett_luce(p, k):
 def test_sampler_draws_the_top_k_of_logits_plus_gumbel_noise(max_rounds):
     logw = np.log(np.array([0.55, 0.25, 0.15, 0.05]))
     T = 100_000
-    choices = _sample_topk(logw, T, 2, np.random.default_rng(7), max_rounds=max_rounds)
+    choices = sample_topk(logw, T, 2, np.random.default_rng(7), max_rounds=max_rounds)
     assert np.all(choices[:, 0] != choices[:, 1])
     exact = _plackett_luce(np.exp(logw), 2)
     for (i, j), pr in exact.items():
@@ -240,7 +240,7 @@ def test_sampler_draws_the_top_k_of_logits_plus_gumbel_noise(max_rounds):
 
 
 def test_sampler_handles_underflowing_weights():
-    choices = _sample_topk(np.array([0.0, -800.0, -900.0, -1000.0]), 64, 3, np.random.default_rng(0))
+    choices = sample_topk(np.array([0.0, -800.0, -900.0, -1000.0]), 64, 3, np.random.default_rng(0))
     assert np.all(np.sort(choices, axis=1) == [0, 1, 2])
     assert np.all(choices[:, :3] == [0, 1, 2])      # the order of the weights
 
@@ -421,7 +421,7 @@ def test_internode_bytes_count_one_copy_per_token_and_remote_node(Ne, nodes, M, 
         rng = np.random.default_rng(route_seq)
         choices = route_topk(logw + rng.gumbel(size=(T, E)), k, nodes=nodes, max_nodes=M)[0]
     else:
-        choices = _sample_topk(logw, T, k, np.random.default_rng(route_seq))
+        choices = sample_topk(logw, T, k, np.random.default_rng(route_seq))
     keep = keep_within_capacity(choices, E, st.capacity) if cf is not None else None
     inter, intra = _node_bytes_by_loop(choices, keep, T, E, Ne, nodes, h, e)
     np.testing.assert_allclose(st.internode_bytes_per_gpu, inter)

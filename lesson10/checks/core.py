@@ -52,7 +52,6 @@ from .exercises import EXERCISES, Exercise, seed_of
 from .feedback import CheckFailed, fallback
 from .precision import (
     HALF_HINT,
-    fmt,
     fmt_pair,
     half_message,
     plural,
@@ -235,9 +234,6 @@ def fail_check(exercise: str, where: str, what: str, yours=None, target=None, hi
     exc = CheckFailed(text)
     exc.head, exc.mistakes, exc.general = head, mistakes, general
     raise exc
-
-
-_fmt = fmt                      # its former name
 
 
 def _as_array(exercise, x, where, what) -> np.ndarray:
@@ -446,6 +442,3 @@ def log_int(rng, lo: int, hi: int, upper: bool = False) -> int:
 
 def _is_number(x) -> bool:
     return isinstance(x, numbers.Real) or (isinstance(x, np.ndarray) and x.ndim == 0)
-
-
-_StudentError = StudentError     # its former name (tests and older callers)

@@ -42,8 +42,6 @@ from .nodes import node_bytes, node_limited_scores
 from .sampling import sample_topk
 from .validate import check_group
 
-_sample_topk = sample_topk        # its former name here
-
 __all__ = [
     "route_topk", "router_probs", "expert_capacity", "arrival_order", "keep_within_capacity",
     "apply_expert", "init_experts", "moe_reference", "moe_layer", "simulate_moe", "skewed_routing",

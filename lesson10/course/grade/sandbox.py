@@ -37,7 +37,7 @@ from pathlib import Path
 
 import lesson10
 
-from .pythonpath import MOUNT, NEEDS, Unbindable, grader_path, needs, python_binds, python_paths, runner_config  # noqa: F401
+from .pythonpath import MOUNT, Unbindable, grader_path, python_binds, runner_config
 
 CHANNELS = 12                  # judged calls a sandbox can serve (exercises x re-checks)
 TAG_ENV = "LESSON10_GRADE_TAG"
