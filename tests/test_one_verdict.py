@@ -66,7 +66,7 @@ def test_every_wrapper_of_course_code_is_refused_in_the_check_cell():
         assert out["status"] == "failed", (ex.id, out["message"][:300])
         assert "NotAvailable" in out["message"] and f"exercise {ex.id} may not call lesson10." \
             in out["message"], (ex.id, out["message"][:300])
-        assert course.use_instead(ex.id) in out["message"]
+        assert refused.use_instead(ex.id) in out["message"]
 
 
 def test_the_check_s_own_references_still_run_and_are_restored_after():
@@ -148,9 +148,9 @@ def _wrappers_differ(graded) -> list:
     for ex in EXERCISES.values():
         here = check_cell(ex.id, getattr(W, ex.function))
         there = graded[f"{ex.notebook}.ipynb"][ex.id]
-        sentence = refused.refusal(ex.id, "")[:-len(course.use_instead(ex.id)) - 2]
+        sentence = refused.refusal(ex.id, "")[:-len(refused.use_instead(ex.id)) - 2]
         if here["status"] != there["status"] or sentence not in there["message"] \
-                or course.use_instead(ex.id) not in there["message"]:
+                or refused.use_instead(ex.id) not in there["message"]:
             differ.append(f"{ex.id}: check cell {here['status']}, grader {there['status']}: "
                           f"{there['message'][:200]}")
     return differ

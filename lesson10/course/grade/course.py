@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 
 from ...checks import EXERCISES
-from ...checks.refused import USE_INSTEAD, use_instead  # noqa: F401 - one table with the check cell
 
 #: course notebooks with no graded exercise (graded 0 of 0, not executed); notebook 06's two
 #: exercises start real ranks and are checked in Jupyter only (lesson10/checks/nb06_multiprocess.py)

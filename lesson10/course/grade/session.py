@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...checks import depends
+from ...checks import depends, refused
 from ...checks.verdict import Status
 from . import course, sandbox, wire
 from .judge import Channel, Failure, entry, judge_exercise, verdict_text
@@ -283,7 +283,7 @@ class _Session:
         k, self.next_channel = self.next_channel, self.next_channel + 1
         timeout = min(self.settings.exercise_timeout, max(0.0, self.deadline - time.monotonic()))
         self._send({"op": "judge", "channel": k, "timeout": timeout + 1.0,
-                    "instead": course.use_instead(ex.id)})
+                    "instead": refused.use_instead(ex.id)})
         count = self.run.judged.get(ex.id, 0)
         rng = np.random.default_rng([self.settings.seed, zlib.crc32(ex.id.encode()), count])
         channel = Channel(self.box.channels[k], course.function_name(ex.id))
