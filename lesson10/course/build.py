@@ -46,8 +46,6 @@ import re
 import sys
 from pathlib import Path
 
-from ..errors import Lesson10Error
-
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 STUB = 'raise NotImplementedError("your code here: replace this line")'
@@ -57,7 +55,7 @@ _END_RE = re.compile(r"^\s*### END SOLUTION\s*$")
 _RUN_METADATA = ("execution", "ExecuteTime", "collapsed", "scrolled", "jupyter")
 
 
-class BuildError(Lesson10Error, ValueError):
+class BuildError(ValueError):
     """A solution notebook cannot be turned into an exercise notebook."""
 
 
