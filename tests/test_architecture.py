@@ -110,9 +110,15 @@ def test_every_error_of_the_package_has_one_base_and_its_own_name():
     # the judge's control flow and the student's own errors are not the package's errors
     internal = {"Lost", "RemoteError", "Failure", "Timeout", "Closed", "_SetupError", "Unprotected",
                 "Unbindable", "StudentError", "Errors"}
-    # copied into the sandbox as top-level modules (no package to import the base from)
-    verbatim = {"lesson10/course/grade/wire", "lesson10/course/grade/runner", "lesson10/checks/returns"}
+    # copied into the sandbox as top-level modules, or run as a script with the standard
+    # library only (build --check): no package to import the base from
+    verbatim = {"lesson10/course/grade/wire", "lesson10/course/grade/runner", "lesson10/checks/returns",
+                "lesson10/course/build"}
+    # the sandbox's runtime: its CheckFailed and NotAvailable stand for the package's own there
+    mirror = ROOT / "lesson10" / "course" / "grade" / "standin_runtime.py"
     for path in sorted((ROOT / "lesson10").rglob("*.py")):
+        if path == mirror:
+            continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         names = [n.name for n in tree.body if isinstance(n, ast.ClassDef)
                  and any(getattr(b, "id", getattr(b, "attr", "")).endswith(("Error", "Exception", "Refused",

@@ -104,9 +104,12 @@ def _adapters() -> dict:
 
     def refuse(name):
         raise RuntimeError(name)
-    ns = {"_refuse": refuse, "_student": lambda name, what: student[name],
-          "_has": lambda name: name in student}
-    exec(withheld.ADAPTERS, ns)
+    from lesson10.course.grade import standin_runtime
+    ns: dict = {"__name__": "standin_runtime_copy"}
+    exec(compile(Path(standin_runtime.__file__).read_text(encoding="utf-8"), "standin_runtime.py",
+                 "exec"), ns)
+    ns.update({"_refuse": refuse, "_student": lambda name, what: student[name],
+               "_has": lambda name: name in student})
     return ns
 
 

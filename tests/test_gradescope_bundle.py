@@ -152,3 +152,25 @@ def test_gradescope_option_refuses_a_class(tmp_path):
         shutil.copy(ROOT / "notebooks" / NB, tmp_path / who / NB)
     assert main([str(tmp_path), "--gradescope", str(tmp_path / "results.json")]) == 2
     assert not (tmp_path / "results.json").exists()
+
+
+def test_the_bundles_scripts_are_shell_files_that_parse(tmp_path):
+    """The two scripts live as files (not strings in the module): each parses with
+    ``bash -n`` as written in the bundle, and no placeholder is left in it."""
+    import re
+    import shutil as _shutil
+    import subprocess as _subprocess
+    import zipfile as _zipfile
+
+    from lesson10.course.grade import gradescope
+    assert sorted(p.name for p in gradescope.SCRIPTS.iterdir()) == ["run_autograder", "setup.sh"]
+    out = gradescope.bundle(tmp_path / "b.zip", "https://example.org/x/lesson10.git", "v1")
+    with _zipfile.ZipFile(out) as zf:
+        for name in ("setup.sh", "run_autograder"):
+            text = zf.read(name).decode()
+            assert text.startswith("#!/usr/bin/env bash\n"), name
+            assert not re.search(r"@[A-Z_]+@", text), name                  # every value put in
+            if _shutil.which("bash"):
+                (tmp_path / name).write_text(text)
+                assert _subprocess.run(["bash", "-n", str(tmp_path / name)]).returncode == 0, name
+    assert "@PACKAGE@" in (gradescope.SCRIPTS / "setup.sh").read_text()

@@ -374,5 +374,7 @@ def test_every_withheld_function_is_guarded_in_the_check_cell_and_the_sandbox_sa
             assert found is not None and not found[0].__closure__, qualified
     folder = standin.write(tmp_path / "box", notebook="05_moe_dispatch")
     text = (folder / "lesson10" / "_standin.py").read_text()
-    assert f"_REFUSAL = {refused.REFUSAL!r}" in text and (folder / "_lesson10_returns.py").read_text() \
-        == Path(returns.__file__).read_text()
+    refusal = (folder / "lesson10" / "checks" / "refused.py").read_text()   # the sentence, once
+    assert "from lesson10.checks.refused import REFUSAL" in text and \
+        f"REFUSAL = {refused.REFUSAL!r}" in refusal.splitlines()
+    assert (folder / "_lesson10_returns.py").read_text() == Path(returns.__file__).read_text()

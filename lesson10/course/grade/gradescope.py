@@ -37,69 +37,18 @@ CONFIG = "lesson10_autograder.json"
 #: grader options the bundle can fix (``--timeout 60`` ...), passed on by ``run_autograder``
 OPTIONS = ("timeout", "exercise_timeout", "notebook_timeout", "memory", "jobs")
 
-SETUP_SH = """\
-#!/usr/bin/env bash
-# Gradescope runs this once, while it builds the autograder's image (written by
-# `python -m lesson10 gradescope`). It installs the course package pinned to
-# {package} -- the package only: grading needs no torch.
-set -euo pipefail
-ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
-export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
-SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-$SUDO apt-get update -qq
-# bubblewrap is the grader's sandbox; run_autograder grades without it where the container
-# has no user namespaces, and says so
-$SUDO apt-get install -y -qq python3 python3-venv python3-pip git bubblewrap
-# where bubblewrap cannot run, the notebooks run as this user, who can neither write the
-# results nor read the package (run_autograder sees to it)
-id lesson10-student >/dev/null 2>&1 || $SUDO useradd --system --no-create-home \
-  --shell /usr/sbin/nologin lesson10-student || true
-python3 -m venv "$ROOT/lesson10-venv"
-"$ROOT/lesson10-venv/bin/python" -m pip install -q --upgrade pip
-"$ROOT/lesson10-venv/bin/python" -m pip install -q {quoted}
-"$ROOT/lesson10-venv/bin/python" -c \
-  "import lesson10.course.grade, lesson10.checks; print('lesson10', lesson10.__version__)"
-"""
+#: the bundle's two scripts, shell files of their own (``bash -n`` checks them in the tests):
+#: ``setup.sh`` (the image's build: ``@PACKAGE@`` and ``@QUOTED_PACKAGE@`` stand for the pinned
+#: package) and ``run_autograder`` (each submission: ``@BUILD_PYTHON@``, this Python)
+SCRIPTS = Path(__file__).parent / "gradescope_files"
 
-RUN_AUTOGRADER = """\
-#!/usr/bin/env bash
-# Gradescope runs this for every submission (written by `python -m lesson10 gradescope`):
-# it grades the notebooks under $AUTOGRADER_ROOT/submission (default /autograder) and
-# writes $AUTOGRADER_ROOT/results/results.json itself, once the grading process has exited,
-# from what that process wrote into a folder only root can reach: nothing a notebook
-# writes, and no way it ends the grading, can stand as the result.
-ROOT="${AUTOGRADER_ROOT:-/autograder}"
-mkdir -p "$ROOT/results"
-rm -f "$ROOT/results/results.json"
-cd "$ROOT" || exit 0
-# the Python that has lesson10: $LESSON10_PYTHON if set, else setup.sh's venv, else python3 or
-# python on PATH, else the Python that wrote this bundle (a dry run on the instructor's machine)
-if [ -n "${LESSON10_PYTHON:-}" ]; then
-  PY="$LESSON10_PYTHON"
-else
-  PY=""
-  for cand in "$ROOT/lesson10-venv/bin/python" python3 python @BUILD_PYTHON@; do
-    if "$cand" -c "import lesson10.course.grade.gradescope" >/dev/null 2>&1; then PY="$cand"; break; fi
-  done
-  [ -n "$PY" ] || PY=python3
-fi
-PRIVATE="$(mktemp -d 2>/dev/null || echo "$ROOT/.lesson10-private")"
-mkdir -p "$PRIVATE" && chmod 700 "$PRIVATE"
-"$PY" -m lesson10.course.grade.gradescope run --root "$ROOT" --out "$PRIVATE/results.json"
-status=$?
-"$PY" -m lesson10.course.grade.gradescope finish --root "$ROOT" --out "$PRIVATE/results.json" \\
-  --status "$status"
-rm -rf "$PRIVATE"
-if [ ! -s "$ROOT/results/results.json" ]; then
-  # the grader could not even start: say so rather than leave Gradescope without a result
-  cat > "$ROOT/results/results.json" <<EOF_RESULTS
-{"score": 0, "visibility": "visible", "stdout_visibility": "visible",
- "output": "GRADER ERROR: the autograder could not run (exit status $status with $PY; is lesson10 \\
-installed? see setup.sh). This is not your score: the course staff will grade it again."}
-EOF_RESULTS
-fi
-exit 0
-"""
+
+def script(name: str, **values: str) -> str:
+    """The text of the bundle's script ``name`` with each ``@KEY@`` replaced by its value."""
+    text = (SCRIPTS / name).read_text(encoding="utf-8")
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", value)
+    return text
 
 
 def _package_spec(repository: str, ref: str) -> str:
@@ -113,9 +62,8 @@ def bundle(out: Path, repository: str, ref: str, options: dict | None = None) ->
     config = {"package": package, "repository": repository, "ref": ref,
               "options": {k: v for k, v in (options or {}).items() if v is not None}}
     files = {
-        "setup.sh": SETUP_SH.format(package=package, quoted=shlex.quote(package)),
-        "run_autograder": RUN_AUTOGRADER.replace("@BUILD_PYTHON@",
-                                                 shlex.quote(sys.executable)),
+        "setup.sh": script("setup.sh", QUOTED_PACKAGE=shlex.quote(package), PACKAGE=package),
+        "run_autograder": script("run_autograder", BUILD_PYTHON=shlex.quote(sys.executable)),
         CONFIG: json.dumps(config, indent=1) + "\n",
     }
     out = Path(out)

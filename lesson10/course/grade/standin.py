@@ -27,236 +27,10 @@ from pathlib import Path
 
 import lesson10
 
-from ...checks.refused import REFUSAL
-from .withheld import ADAPTERS, WITHHELD, is_real, real_module
+from .withheld import WITHHELD, is_real, real_module
 
 #: modules of the package that are written specially (the rest become stubs)
 _SKIP_DIRS = {"__pycache__", "grade"}
-
-_STANDIN_HELPERS = '''"""Helpers of the grader's stand-in lesson10 (there is no course code in here)."""
-
-
-class NotAvailable(RuntimeError):
-    """A course function was called inside the grader's sandbox."""
-
-
-#: (exercise id, what to use instead) while an exercise is being judged in this process
-JUDGING = None
-
-
-def _refuse(name):
-    if JUDGING is not None:
-        exercise, instead = JUDGING
-        raise NotAvailable(_REFUSAL.format(exercise=exercise, name=name, instead=instead))
-    raise NotAvailable(
-        f"{name} is not available while the grader runs this notebook: the sandbox holds a "
-        f"stand-in lesson10 with the course's names but none of its code. Your exercises "
-        f"never need it; cells that explore with it run in your own Jupyter.")
-
-
-def _not_judging(name):
-    """Every adapter's first line: none runs while an exercise is judged (student code that
-    reaches one, as a module attribute or through a stub's closure, is refused)."""
-    if JUDGING is not None:
-        _refuse(f"lesson10._standin.{name}")
-
-
-def reference(name):
-    def stub(*args, **kwargs):
-        _refuse(name)
-    stub.__name__ = stub.__qualname__ = name.rsplit(".", 1)[-1]
-    stub.__module__ = name.rsplit(".", 1)[0]
-    stub.__doc__ = f"stand-in for {name} (not available while grading)"
-    return stub
-
-
-def reference_class(name):
-    def refuse(cls, *args, **kwargs):
-        _refuse(name)
-    short = name.rsplit(".", 1)[-1]
-    return type(short, (), {"__new__": refuse, "__module__": name.rsplit(".", 1)[0],
-                            "__doc__": f"stand-in for {name} (not available while grading)"})
-
-
-def _user_ns():
-    """The notebook's namespace (IPython's user namespace, else __main__)."""
-    try:
-        from IPython import get_ipython
-        shell = get_ipython()
-        if shell is not None:
-            return shell.user_ns
-    except Exception:  # noqa: BLE001
-        pass
-    import __main__
-    return vars(__main__)
-
-
-def _has(name):
-    return callable(_user_ns().get(name))
-
-
-_BUSY = set()
-
-
-def _student(name, what):
-    """The notebook's own function ``name``, standing in for the withheld ``what`` (never
-    while an exercise is judged, never inside itself)."""
-    if JUDGING is not None:
-        _refuse(what)
-    fn = _user_ns().get(name)
-    if not callable(fn) or name in _BUSY:
-        _refuse(what)
-
-    def call(*args, **kwargs):
-        _BUSY.add(name)
-        try:
-            return fn(*args, **kwargs)
-        except NotImplementedError:       # not written yet: the course's stays withheld
-            _refuse(what)
-        finally:
-            _BUSY.discard(name)
-    return call
-
-
-def _accepted(fn, name, kwargs):
-    """The keyword arguments ``fn`` takes; ``group`` is dropped where it takes none (the
-    ledger of a simulated group is all it feeds), any other refused."""
-    import inspect
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return kwargs
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return kwargs
-    out = {}
-    for key, value in kwargs.items():
-        if key in params:
-            out[key] = value
-        elif key != "group" and value is not None:
-            _refuse(f"{name}({key}=...)")
-    return out
-
-
-def withheld(name, spec):
-    """The stand-in of a withheld course function: in a display-only cell, the notebook's
-    own function ``spec`` (or the adapter ``adapter:NAME``); refused while judging."""
-    if spec is None:
-        return reference(name)
-    if spec.startswith("adapter:"):
-        adapter = globals()["_adapt_" + spec[len("adapter:"):]]
-
-        def stub(*args, **kwargs):
-            if JUDGING is not None:
-                _refuse(name)
-            return adapter(*args, **kwargs)
-    else:
-        def stub(*args, **kwargs):
-            fn = _student(spec, name)
-            return fn(*args, **_accepted(_user_ns().get(spec), name, kwargs))
-    stub.__name__ = stub.__qualname__ = name.rsplit(".", 1)[-1]
-    stub.__doc__ = f"stand-in for {name} while grading: your {spec}"
-    return stub
-
-
-def withheld_method(name, spec):
-    """:func:`withheld` as a method (``self`` is not passed on to a student's function)."""
-    plain = withheld(name, spec)
-    if spec is not None and spec.startswith("adapter:"):
-        return plain
-
-    def method(self, *args, **kwargs):
-        return plain(*args, **kwargs)
-    method.__name__ = plain.__name__
-    return method
-
-
-def figure(name):
-    def draw(*args, **kwargs):
-        print(f"[{name}: an interactive figure, drawn in Jupyter, not while grading]")
-    draw.__name__ = draw.__qualname__ = name.rsplit(".", 1)[-1]
-    return draw
-
-
-def module_getattr(module):
-    def __getattr__(attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        import importlib
-        try:                                   # a submodule (``from lesson10 import figures``)
-            return importlib.import_module(f"{module}.{attr}")
-        except ImportError:
-            return reference(f"{module}.{attr}")
-    return __getattr__
-'''
-
-_CHECKS = '''"""Stand-in of lesson10.checks inside the grader's sandbox: each check_<exercise>(fn) hands
-fn to the judge, which runs the course's check on hidden cases and prints its verdict here."""
-from .._standin import NotAvailable, module_getattr as _getattr
-
-
-class CheckFailed(AssertionError):
-    """A check found a wrong answer."""
-
-
-OUTCOMES = []
-EXERCISES = @EXERCISES@
-
-#: the runner sets this to its judge function: hook(exercise, fn) -> outcome dict
-hook = None
-
-_FALLBACK_SAID = set()
-
-
-def _check(exercise):
-    def check(student_fn, *, seed=None):
-        if hook is None:
-            print(f"check_{exercise}: not judged (no grader runs this notebook)")
-            return None
-        OUTCOMES.append(hook(exercise, student_fn))
-        return None
-    check.__name__ = check.__qualname__ = f"check_{exercise}"
-    return check
-
-
-@CHECK_DEFS@
-
-
-def summary():
-    latest = {o["exercise"]: o for o in OUTCOMES}
-    if not latest:
-        print("no check has run yet")
-    for o in latest.values():
-        print(f"  {o['exercise']:<22s} {o['status']:<14s} {o['points']}/{o['max_points']}")
-
-
-def fallback(student_fn, reference_fn):
-    name = getattr(student_fn, "__name__", "this function")
-
-    def call(*args, **kwargs):
-        try:
-            return student_fn(*args, **kwargs)
-        except NotImplementedError:
-            if name not in _FALLBACK_SAID:
-                print(f"({name} is not written yet: the course's reference would stand in for it)")
-                _FALLBACK_SAID.add(name)
-            return reference_fn(*args, **kwargs)
-    call.__name__ = getattr(student_fn, "__name__", "call")
-    call.__wrapped__ = student_fn
-    return call
-
-
-__getattr__ = _getattr(__name__)
-'''
-
-
-def guarded_adapters(text: str = ADAPTERS) -> str:
-    """``text`` (the adapters' source) with ``_not_judging(name)`` as the first statement of
-    every ``_adapt_*`` function, so that none of them computes anything while judged."""
-    tree = ast.parse(text)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name.startswith("_adapt_"):
-            node.body.insert(0, ast.parse(f"_not_judging({node.name!r})").body[0])
-    return ast.unparse(tree) + "\n"
 
 
 def _module_name(rel: Path) -> str:
@@ -334,11 +108,23 @@ def _stub_module(rel: Path, tree: ast.Module, alias: dict[str, str]) -> str:
 
 
 def _checks_module() -> str:
+    """The sandbox's ``lesson10/checks/__init__.py``: the exercises' table and one
+    ``check_<exercise>`` each, all from :mod:`.standin_runtime` (its ``_standin`` there)."""
     from ...checks import EXERCISES
     info = {ex.id: {"id": ex.id, "notebook": ex.notebook, "points": ex.points,
                     "title": ex.title, "function": ex.function} for ex in EXERCISES.values()}
-    defs = "\n".join(f"check_{ex} = _check({ex!r})" for ex in EXERCISES)
-    return _CHECKS.replace("@EXERCISES@", repr(info)).replace("@CHECK_DEFS@", defs)
+    lines = ['"""Stand-in of lesson10.checks inside the grader\'s sandbox: each check_<exercise>(fn) '
+             'hands fn to the judge,', "which runs the course\'s check on hidden cases and prints its "
+             'verdict here."""',
+             "from .._standin import OUTCOMES, CheckFailed, NotAvailable, fallback, summary",
+             "from .._standin import check_stub as _check",
+             "from .._standin import module_getattr as _getattr", "",
+             f"EXERCISES = {info!r}",
+             "#: the runner sets this to its judge function: hook(exercise, fn) -> outcome dict",
+             "hook = None",
+             *(f"check_{ex} = _check({ex!r})" for ex in EXERCISES), "",
+             "__getattr__ = _getattr(__name__)", ""]
+    return "\n".join(lines)
 
 
 #: the folder of :func:`write_all` whose stand-in has no course code at all
@@ -387,9 +173,8 @@ def write(folder: Path, source: Path | None = None, notebook: str | None = None)
     (pkg / "course" / "grade").mkdir(parents=True, exist_ok=True)
     (pkg / "course" / "grade" / "__init__.py").write_text(
         '"""The grader is not in the sandbox."""\n', encoding="utf-8")
-    helpers = _STANDIN_HELPERS + f"\n\n_REFUSAL = {REFUSAL!r}\n" + guarded_adapters()
-    (pkg / "_standin.py").write_text(helpers, encoding="utf-8")
     here = Path(__file__).parent
+    shutil.copyfile(here / "standin_runtime.py", pkg / "_standin.py")
     shutil.copyfile(here / "wire.py", folder / "_lesson10_wire.py")
     shutil.copyfile(here / "runner.py", folder / "_lesson10_runner.py")
     shutil.copyfile(here.parent.parent / "checks" / "returns.py", folder / "_lesson10_returns.py")
