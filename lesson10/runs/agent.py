@@ -35,26 +35,6 @@ AT_EXIT_BARRIER = ("after this node's ranks ended well: at torchrun's exit barri
                    "the agents of the other nodes, and one stopped answering. The verdict above "
                    "stands")
 
-def _watcher() -> str:
-    """The watcher's program (kept out of module-level strings: the grader's stand-in copies those)."""
-    return """
-import os, signal, sys, time
-pid, start, rank, grace, why = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
-def same():
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[19] == start and fields[0] != "Z"      # the same process, not a zombie
-end = time.monotonic() + grace
-while time.monotonic() < end and same():
-    time.sleep(0.2)
-if same():
-    print(f"rank {rank}: its torchrun agent (pid {pid}) was still running {grace:g} s {why}: "
-          "ending it with SIGKILL", file=sys.stderr, flush=True)
-    os.kill(pid, signal.SIGKILL)
-"""
-
 
 def _start_time(pid: int) -> str | None:
     """Field 22 of ``/proc/PID/stat`` (when the process started), ``None`` if unreadable."""
@@ -86,8 +66,9 @@ def stop_agent_later(agent: tuple[int, str] | None, rank: int, grace: float = AG
     if agent is None:
         return None
     try:
-        return subprocess.Popen([sys.executable, "-c", _watcher(), str(agent[0]), agent[1],
-                                 str(rank), str(grace), why], stdin=subprocess.DEVNULL,
+        return subprocess.Popen([sys.executable, "-I", str(Path(__file__).with_name("watcher.py")),
+                                 str(agent[0]), agent[1], str(rank), str(grace), why],
+                                stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     except OSError:
         return None
