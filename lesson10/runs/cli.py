@@ -48,6 +48,9 @@ from .registry import METHODS as _REGISTRY
 METHODS = tuple(_REGISTRY)
 
 
+#: under torchrun, how long a refused rank other than a node's first waits before it exits
+REFUSAL_WAIT_S = 30.0
+
 def add_size_args(p: argparse.ArgumentParser) -> None:
     """The size options ``run`` and ``bench`` share (parsed without importing torch)."""
     from .validate import DTYPE_NAMES
@@ -222,7 +225,13 @@ def main(argv=None) -> int:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", n)) if torchrun else n
         check_run(args, n, local)
     except Refused as e:
-        return refuse(prog, e) if not torchrun or os.environ.get("LOCAL_RANK", "0") == "0" else 2
+        if not torchrun or os.environ.get("LOCAL_RANK", "0") == "0":
+            return refuse(prog, e)
+        # the node's first rank says why; the others let it go first (torchrun ends them
+        # once it has exited), so a loaded machine never kills that rank before it speaks
+        import time
+        time.sleep(REFUSAL_WAIT_S)
+        return 2
     if torchrun:
         return main_rank(args)
     from ..spmd.launch import LaunchTimeout, RankError, is_peer_error, launch
