@@ -109,6 +109,31 @@ def run_configs(worker, n: int, configs: list, args) -> list:
                   threads=1, quiet=True)[0]
 
 
+def stacked_parts(labels: list[str], rows: list[dict], parts, figsize=(6, 3.2)):
+    """``(fig, ax)``: one bar per row, stacked, each of ``parts`` in ms (``row["parts"]``,
+    seconds; a row without parts draws nothing)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+    fig, ax = pyplot.subplots(figsize=figsize)
+    ax.set_ylabel("ms per step (median)")
+    bottom = [0.0] * len(rows)
+    for i, part in enumerate(parts):
+        vals = [1e3 * r["parts"][i] if r["parts"] else 0.0 for r in rows]
+        ax.bar(labels, vals, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    return fig, ax
+
+
+def write_breakdown(out_dir: Path, name: str, text: list[str], rows: list[dict], plot, no_plot: bool):
+    """``name.md`` with ``text``, and ``plot(rows, name.png)`` unless ``no_plot`` or no rows."""
+    write_table(out_dir / f"{name}.md", text)
+    png = None if no_plot or not rows else plot(rows, out_dir / f"{name}.png")
+    if png:
+        print(f"wrote {png}")
+    return rows
+
+
 def save_figure(fig, path: Path) -> Path:
     """Lay out ``fig``, write it to ``path`` as a PNG at 100 dpi, close it; returns ``path``."""
     import matplotlib.pyplot as plt

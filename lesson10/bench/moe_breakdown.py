@@ -16,7 +16,7 @@ import torch.distributed as dist
 from ..spmd import comm
 from ..spmd.device import current_device, torch_dtype
 from . import harness
-from .harness import md_table, moe_tokens, ms, save_figure, write_table
+from .harness import md_table, moe_tokens, ms, save_figure
 
 __all__ = ["loop_expert_mlp", "time_breakdown", "breakdown_table", "bench_breakdown"]
 
@@ -161,26 +161,13 @@ def bench_breakdown(args, out_dir, base: dict, cf=None) -> list[dict]:
             f"{args.reps} reps; load average (1 min) {load0[0]:.1f} before, {load1[0]:.1f} "
             f"after; {harness.machine_note()}. Quote the ratios, not the ms: the machine is "
             "shared.", "", breakdown_table(rows)]
-    write_table(out_dir / "moe_breakdown.md", text)
-    png = None if args.no_plot or not rows else _plot(rows, out_dir / "moe_breakdown.png")
-    if png:
-        print(f"wrote {png}")
-    return rows
+    return harness.write_breakdown(out_dir, "moe_breakdown", text, rows, _plot, args.no_plot)
 
 
 def _plot(rows, path):
     """Stacked bars: each part's ms, loop and grouped side by side per N_e."""
-    import matplotlib
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-    fig, ax = pyplot.subplots(figsize=(6, 3.2))
     labels = [f"N_e={r['n']}\n{r['experts']}" for r in rows]
-    bottom = [0.0] * len(rows)
-    for i, part in enumerate(PARTS):
-        vals = [1e3 * r["parts"][i] for r in rows]
-        ax.bar(labels, vals, bottom=bottom, label=part)
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_ylabel("ms per step (median)")
+    fig, ax = harness.stacked_parts(labels, rows, PARTS, figsize=(6, 3.2))
     ax.legend(fontsize=7)
     fig.suptitle("expert-parallel MoE: step breakdown")
     return save_figure(fig, path)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ..spmd.device import current_device, torch_dtype
 from . import harness
-from .harness import md_table, ms, save_figure, write_table
+from .harness import md_table, ms, save_figure
 
 __all__ = ["PARTS", "time_breakdown", "breakdown_table", "bench_breakdown"]
 
@@ -132,28 +132,15 @@ def bench_breakdown(args, out_dir) -> list[dict]:
             f"itself is not installed here. Medians of {args.reps} reps; load average (1 min) "
             f"{load0[0]:.1f} before, {load1[0]:.1f} after; {harness.machine_note()}. Quote "
             "the ratios, not the ms: the machine is shared.", "", breakdown_table(rows)]
-    write_table(out_dir / "ulysses_breakdown.md", text)
-    png = None if args.no_plot or not rows else _plot(rows, out_dir / "ulysses_breakdown.png")
-    if png:
-        print(f"wrote {png}")
-    return rows
+    return harness.write_breakdown(out_dir, "ulysses_breakdown", text, rows, _plot, args.no_plot)
 
 
 def _plot(rows, path):
     """Stacked bars: each part's ms per variant and N_c, the floor as a plain bar."""
-    import matplotlib
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-    fig, ax = pyplot.subplots(figsize=(7, 3.6))
     labels = [f"N_c={r['n']}\n{_label(r).split(':')[0].replace(', ', chr(10))}" for r in rows]
-    bottom = [0.0] * len(rows)
-    for i, part in enumerate(PARTS):
-        vals = [1e3 * r["parts"][i] if r["parts"] else 0.0 for r in rows]
-        ax.bar(labels, vals, bottom=bottom, label=part)
-        bottom = [b + v for b, v in zip(bottom, vals)]
+    fig, ax = harness.stacked_parts(labels, rows, PARTS, figsize=(7, 3.6))
     ax.bar(labels, [0.0 if r["parts"] else 1e3 * r["median_s"] for r in rows], color="grey",
            label="floor (SDPA, one process)")
-    ax.set_ylabel("ms per step (median)")
     ax.tick_params(axis="x", labelsize=7)
     ax.legend(fontsize=6, ncol=2)
     fig.suptitle("Ulysses fwd + bwd: step breakdown")
