@@ -9,7 +9,10 @@
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -98,13 +101,116 @@ def test_course_code_outside_a_check_is_not_refused():
     assert W.zigzag_positions(8, 2)[0].tolist() == [0, 1, 6, 7]
 
 
-#: (exercise, answer in answers_one_verdict, status both paths give, a sentence both say)
+# --------------------------------------------------------------------------- stub modules
+def _through_stubs():
+    have_torch = importlib.util.find_spec("torch") is not None
+    return [(ex, fn) for ex, fn in W.THROUGH_STUBS if have_torch or "spmd" not in fn.__name__]
+
+
+def test_a_call_into_a_module_the_sandbox_holds_as_a_stub_is_refused_in_the_check_cell():
+    """The checks' own code, spmd and the figures are stubs in the grader's sandbox; a
+    function that reaches its answer through them fails the check cell too, in the same
+    sentence (and test_both_paths_give_one_verdict grades the same wrappers)."""
+    for ex, fn in _through_stubs():
+        out = check_cell(ex, fn)
+        assert out["status"] == "failed", (ex, out["message"][:300])
+        assert f"NotAvailable: exercise {ex} may not call lesson10." in out["message"], out["message"]
+    assert sys.getprofile() is None                       # the hook is gone after the check
+
+
+def test_what_a_check_serves_is_callable_and_only_that():
+    from lesson10.checks import network, served_ring
+    assert refused._served_method(served_ring.ServedMerge.__call__.__code__)
+    assert refused._served_method(network.RingNetwork.ring_shift.__code__)
+    for maker in (network.Referee.__init__, served_ring.ServedMerge.__init__, network.served_call):
+        assert not refused._served_method(maker.__code__)
+    assert refused._kind(refused.__file__) == refused._kind(np.__file__) == ""
+    assert refused._kind(network.__file__) == "served"
+    assert refused._kind(checks.core.__file__) == "stub"
+
+
+def test_a_course_module_being_imported_is_not_a_call_but_its_function_is():
+    """A first import of a stub module inside a student's function runs that module's code
+    (which may call its own functions): no refusal, as the sandbox imports its stub."""
+    from lesson10.checks import core
+    fake = os.path.join(refused._COURSE, "bench", "not_a_file.py")
+    at_import = compile("plural(2, 'rank')", fake, "exec")                     # <module>
+    in_function = compile("def f():\n    return plural(2, 'rank')\n", __file__, "exec")
+    space = {"plural": core.plural}
+    exec(in_function, space)
+    with refused.guard("ring_time", "03_load_balance"):
+        exec(at_import, dict(space))
+        with pytest.raises(refused.NotAvailable, match="ring_time may not call lesson10.checks.precision.plural"):
+            space["f"]()
+    assert space["f"]() == "2 ranks"
+
+
+#: a right ring_time, as a student's helper module holds it
+RING_TIME = "import numpy as np\n\ndef ring_time(work):\n    return np.asarray(work).max(axis=1).sum()\n"
+
+
+def test_a_helper_file_the_grader_would_not_copy_fails_the_check_cell(tmp_path, monkeypatch):
+    """In a kernel, the check cell notes every file of the student's code it ran and says,
+    in the grader's sentence, when one would not be beside the notebook for the grader."""
+    from lesson10.checks import helper_files as rule
+    (tmp_path / "pkg").mkdir()
+    for rel in ("mine.py", "pkg/__init__.py", "pkg/inner.py"):
+        (tmp_path / rel).write_text(RING_TIME)
+    (tmp_path / "big.py").write_text(RING_TIME + "#" * rule.MAX_HELPER_BYTES)
+    os.symlink(tmp_path / "mine.py", tmp_path / "linked.py")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fns = {m: importlib.import_module(m).ring_time for m in ("mine", "pkg.inner", "linked", "big")}
+    assert check_cell("ring_time", fns["pkg.inner"])["status"] == "passed"      # not in a kernel
+    monkeypatch.setattr(refused, "_in_kernel", lambda: True)
+    expected = {"mine": None, "pkg.inner": rule.note("pkg/inner.py", rule.IN_FOLDER),
+                "linked": rule.note("linked.py", rule.LINK),
+                "big": rule.note("big.py", rule.OVER.format(limit=rule.MAX_HELPER_BYTES))}
+    for module, says in expected.items():
+        out = check_cell("ring_time", fns[module])
+        if says is None:
+            assert out["status"] == "passed", out["message"]
+        else:
+            assert out["status"] == "failed" and out["message"] == f"check_ring_time failed: {says}"
+    for i in range(rule.MAX_HELPERS):
+        (tmp_path / f"a{i:02d}.py").write_text("")
+    assert check_cell("ring_time", fns["mine"])["message"].endswith(rule.too_many("big.py"))
+    outside = tmp_path / "nb"
+    outside.mkdir()
+    monkeypatch.chdir(outside)                     # the notebook one folder down: mine.py is up
+    assert rule.ELSEWHERE in check_cell("ring_time", fns["mine"])["message"]
+
+
+def test_the_grader_says_the_same_of_those_helper_files(tmp_path):
+    from lesson10.checks import helper_files as rule
+    from lesson10.course.grade.submission_files import helper_files
+    (tmp_path / "nb.ipynb").write_text("{}")
+    (tmp_path / "big.py").write_text("#" * (rule.MAX_HELPER_BYTES + 1))
+    (tmp_path / "mine.py").write_text(RING_TIME)
+    os.symlink(tmp_path / "mine.py", tmp_path / "linked.py")
+    got = helper_files(tmp_path / "nb.ipynb")
+    assert [n for n, _ in got] == ["mine.py"]
+    assert sorted(got.notes) == sorted(rule.reaches_grader(str(tmp_path / n), str(tmp_path))
+                                       for n in ("big.py", "linked.py"))
+    for i in range(rule.MAX_HELPERS):
+        (tmp_path / f"a{i:02d}.py").write_text("")
+    said = helper_files(tmp_path / "nb.ipynb").notes
+    assert "mine.py" not in [n for n, _ in helper_files(tmp_path / "nb.ipynb")]
+    assert said == [rule.reaches_grader(str(tmp_path / "mine.py"), str(tmp_path))], said
+
+
+#: (exercise, answer in answers_one_verdict or course_wrappers, status both paths give,
+#: a sentence both say)
 JUDGED = [(ex, fn.__name__, "passed", "") for ex, fns in A.CONVERTED.items() for fn in fns] + [
     ("ring_attention", "ring_threads", "passed", ""),
     ("ring_attention", "ring_fork_pool", "failed", "was called from another process"),
     ("sp_bytes", "sp_bytes_set", "failed", "check_sp_bytes failed: your function returned a set: "
                                            + returns.WHAT_TO_RETURN),
-]
+] + [(ex, fn.__name__, "failed", f"exercise {ex} may not call lesson10.") for ex, fn in _through_stubs()]
+
+
+def _answer(name: str):
+    return getattr(A, name, None) or getattr(W, name)
 
 
 @pytest.mark.slow
@@ -116,13 +222,14 @@ def test_both_paths_give_one_verdict(tmp_path):
     for ex_id, fn, _, _ in JUDGED:
         ex = EXERCISES[ex_id]
         notebooks[f"{ex.notebook}-{fn}.ipynb"] = (ex.notebook, [
-            "from lesson10 import checks\nimport answers_one_verdict as A",
-            f"{ex.function} = A.{fn}", f"checks.check_{ex_id}({ex.function})"])
+            "from lesson10 import checks\nimport answers_one_verdict as A, course_wrappers as W",
+            f"{ex.function} = {'A' if hasattr(A, fn) else 'W'}.{fn}",
+            f"checks.check_{ex_id}({ex.function})"])
     graded = grade(tmp_path, notebooks, helpers=("course_wrappers.py", "answers_one_verdict.py",
                                                  "answers_01_03.py"))
     differ = _wrappers_differ(graded)
     for ex_id, fn, status, sentence in JUDGED:
-        here = check_cell(ex_id, getattr(A, fn))
+        here = check_cell(ex_id, _answer(fn))
         there = graded[f"{EXERCISES[ex_id].notebook}-{fn}.ipynb"][ex_id]
         for where, out in (("check cell", here), ("grader", there)):
             if out["status"] != status or sentence not in out["message"]:

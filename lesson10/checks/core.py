@@ -124,6 +124,7 @@ def _call(fn, *args, **kwargs):
     becomes a CheckFailed that names the function and the error. What it returns is taken
     by the return rule (:func:`.returns.plain`: exact numbers, torch tensors ... converted,
     the same as in the grader; :class:`~.returns.ReturnRefused` otherwise)."""
+    refused.rearm()           # the grader's rule on course code (a refusal caught removed it)
     try:
         out = fn(*args, **kwargs)
     except (NotImplementedError, CheckFailed, returns.ReturnRefused):
@@ -186,6 +187,9 @@ def register_exercise(exercise: str, notebook: str, points: int, title: str, fun
                 with refused.guard(exercise, notebook):   # the grader's rule on course code
                     verdict = judge_body(ex, student_fn, rng, name="your function",
                                          run=lambda fn, r: depends.run_body(exercise, body, fn, r))
+                unseen = refused.helper_note()            # a file the grader would not have
+                if unseen is not None and verdict.status is not Status.NOT_ATTEMPTED:
+                    verdict = Verdict.of(ex, Status.FAILED, f"check_{exercise} failed: {unseen}")
             _judged(student_fn, verdict)
             return _show(verdict)
 

@@ -9,6 +9,15 @@ Jupyter, :func:`guard` gives the check cell the same rule: while a check runs th
 student's function, each withheld function of that notebook refuses to be called from the
 student's code (directly, or through other course code the student called), with the same
 sentence; the check's own code (its references, what it serves) calls them as usual.
+
+The sandbox ships only :data:`REAL` as course code; every other module of the package
+(``spmd``, ``figures``, ``runs``, ``bench``, ``course``, the checks themselves) is a stub
+there that refuses any call while an exercise is judged. The guard refuses the student's
+calls into those modules too (a profile hook sees each call), but for what a check
+serves (:data:`SERVED`). And in a Jupyter kernel it notes every file of the student's
+own code the check ran: one that the grader would not copy beside the notebook (a
+package folder, a link, a file elsewhere: :mod:`.helper_files`) fails the check with the
+grader's sentence.
 """
 from __future__ import annotations
 
@@ -17,13 +26,34 @@ import importlib
 import os
 import sys
 import sysconfig
+import tempfile
 import threading
 import types
 from typing import Any
 
 from ..errors import Lesson10Error
+from .helper_files import reaches_grader
 
-__all__ = ["WITHHELD", "USE_INSTEAD", "NotAvailable", "guard", "refusal", "use_instead"]
+__all__ = ["WITHHELD", "USE_INSTEAD", "REAL", "SERVED", "NotAvailable", "guard", "refusal",
+           "use_instead", "is_real"]
+
+#: the modules (paths under lesson10/) the grader's sandbox ships as real code (less what
+#: :data:`WITHHELD` names); every other module is a stub there
+REAL = ("layouts.py", "cost.py", "topology.py", "sim/")
+
+#: the check modules whose objects a check hands to the student's function (a ring network,
+#: a served kernel or op): the student calls them; in the sandbox they are the wire's
+SERVED = ("checks/network.py", "checks/served_attention.py", "checks/served_ring.py",
+          "checks/served_sp.py", "checks/returns.py")
+
+#: check modules the sandbox has real code of too (its ``_standin``): this guard, and
+#: ``checks.fallback`` that a later exercise may call
+_SANDBOX_TOO = ("checks/refused.py", "checks/feedback.py")
+
+
+def is_real(rel: str) -> bool:
+    """Whether the module at ``rel`` (a path under lesson10/) is shipped as real code."""
+    return any(rel == r or (r.endswith("/") and rel.startswith(r)) for r in REAL)
 
 #: notebook -> {qualified name as defined: the student's function, "adapter:NAME" or None}
 #: (the right-hand side is what stands in for it in the grader's display-only cells)
@@ -201,19 +231,151 @@ def _restore() -> None:
     _ACTIVE.clear()
 
 
+# --------------------------------------------------------------------------- stub modules
+_KINDS: dict[str, str] = {}           # code file -> "stub", "student" or "" (neither)
+_SEEN: set[str] = set()               # the student's code files a check ran (in a kernel)
+_PREVIOUS: list = []                  # the profile functions the outermost guard replaced
+
+
+def _kind(filename: str) -> str:
+    """``"stub"`` for a module of the package the sandbox does not ship, ``"served"`` for
+    one whose objects a check serves, ``"student"`` for the student's own code in a file,
+    else ``""``."""
+    kind = _KINDS.get(filename)
+    if kind is None:
+        kind = ""
+        if not filename.startswith("<"):
+            path = os.path.abspath(filename)
+            if path.startswith(_COURSE + os.sep):
+                rel = os.path.relpath(path, _COURSE).replace(os.sep, "/")
+                kind = "" if is_real(rel) or rel in _SANDBOX_TOO else \
+                    "served" if rel in SERVED else "stub"
+            elif _who(filename) == "student" and not _is_cell(path):
+                kind = "student"
+        _KINDS[filename] = kind
+    return kind
+
+
+def _is_cell(path: str) -> bool:
+    """A notebook cell's code: no file (IPython's ``<ipython-input-...>``), or one a kernel
+    names under the temporary folder (ipykernel's ``ipykernel_<pid>/``, xeus-python's)."""
+    folder = os.path.dirname(path)
+    return not os.path.isfile(path) or (
+        os.path.dirname(folder) == os.path.abspath(tempfile.gettempdir())
+        and os.path.basename(folder).startswith(("ipykernel_", "xpython_")))
+
+
+_MAKERS: set = set()                  # code of the served modules' functions and constructors
+
+
+def _served_method(code) -> bool:
+    """A method of a served object (not its constructor, not a module's function: the
+    student gets the objects, and makes none)."""
+    if not _MAKERS:
+        for rel in SERVED:
+            module = importlib.import_module("lesson10." + rel[:-3].replace("/", "."))
+            for obj in vars(module).values():
+                if getattr(obj, "__module__", None) != module.__name__:
+                    continue
+                for fn in ([obj] if isinstance(obj, types.FunctionType) else
+                           [vars(obj).get(m) for m in ("__init__", "__new__", "__post_init__")]
+                           if isinstance(obj, type) else []):
+                    if isinstance(fn, types.FunctionType):
+                        _MAKERS.add(fn.__code__)
+    return code not in _MAKERS
+
+
+def _public(frame) -> str:
+    """The name a stub of the sandbox has for the function ``frame`` runs."""
+    module = frame.f_globals.get("__name__", "lesson10")
+    qual = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+    qual = qual.removesuffix(".__init__").removesuffix(".__new__")     # a class: its name
+    head = qual.split(".")[0]
+    package = sys.modules.get(module.rpartition(".")[0])
+    mine = getattr(sys.modules.get(module), head, None)
+    if package is not None and mine is not None and getattr(package, head, None) is mine:
+        module = package.__name__
+    return f"{module}.{qual}"
+
+
+def _profile(frame, event, arg):
+    """The guard's profile hook: a call into a stub module from the student's code is
+    refused (raising here also removes the hook: :func:`rearm` puts it back)."""
+    if event != "call":
+        return
+    kind = _kind(frame.f_code.co_filename)
+    if not kind:
+        return
+    if kind == "student":
+        _SEEN.add(frame.f_code.co_filename)
+    elif kind == "served" and _served_method(frame.f_code):
+        return                        # a method of what the check handed over
+    elif _JUDGING and frame.f_code.co_name != "<module>" and _called_by_student(frame.f_back):
+        raise NotAvailable(refusal(_JUDGING[-1], _public(frame)))
+
+
+def _called_by_student(frame) -> bool:
+    """:func:`_from_student`, but a course module being imported (its ``<module>`` code on
+    the way out) is no call: the sandbox has its stub to import."""
+    while frame is not None:
+        who = _who(frame.f_code.co_filename)
+        if who in ("check", "student"):
+            return who == "student"
+        if who == "course" and frame.f_code.co_name == "<module>":
+            return False
+        frame = frame.f_back
+    return False
+
+
+def rearm() -> None:
+    """Put the hook back in this thread while a check runs (after a refusal removed it)."""
+    if _JUDGING and sys.getprofile() is None:
+        sys.setprofile(_profile)
+
+
+def _in_kernel() -> bool:
+    shell = sys.modules.get("IPython")
+    try:
+        ip = shell.get_ipython() if shell is not None else None
+    except Exception:  # noqa: BLE001 - no IPython that can be asked
+        return False
+    return ip is not None and getattr(ip, "kernel", None) is not None
+
+
+def helper_note() -> str | None:
+    """In a Jupyter kernel: the grader's sentence for the first file of the student's own
+    code the check ran that the grader would not copy beside the notebook, or None."""
+    if not _in_kernel():
+        return None
+    folder = os.getcwd()
+    for path in sorted(_SEEN):
+        said = reaches_grader(path, folder)
+        if said is not None:
+            return said
+    return None
+
+
 @contextlib.contextmanager
 def guard(exercise: str, notebook: str):
     """While the block runs (the check of ``exercise`` of ``notebook``), the course
-    functions ``notebook`` withholds refuse calls from the student's code, as in the
-    grader's sandbox (:data:`WITHHELD`)."""
+    functions ``notebook`` withholds, and every function of a module the sandbox does not
+    ship, refuse calls from the student's code, as in the grader's sandbox
+    (:data:`WITHHELD`, :data:`REAL`). Only for a graded notebook (one of :data:`WITHHELD`)."""
+    if notebook not in WITHHELD:
+        yield
+        return
     with _LOCK:
         outermost = not _JUDGING
         _JUDGING.append(exercise)
         if outermost:
+            _SEEN.clear()
             for qualified in WITHHELD.get(notebook, {}):
                 found = _resolve(qualified)
                 if found is not None:
                     _install(*found)
+            _PREVIOUS[:] = [sys.getprofile(), threading.getprofile()]
+            sys.setprofile(_profile)
+            threading.setprofile(_profile)
     try:
         yield
     finally:
@@ -221,3 +383,5 @@ def guard(exercise: str, notebook: str):
             _JUDGING.pop()
             if not _JUDGING:
                 _restore()
+                sys.setprofile(_PREVIOUS[0] if _PREVIOUS else None)
+                threading.setprofile(_PREVIOUS[1] if _PREVIOUS else None)

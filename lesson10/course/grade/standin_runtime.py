@@ -155,6 +155,8 @@ def withheld_method(name, spec):
 
 def figure(name):
     def draw(*args, **kwargs):
+        if JUDGING is not None:            # an exercise calls no figure (the check cell's rule)
+            _refuse(name)
         print(f"[{name}: an interactive figure, drawn in Jupyter, not while grading]")
     draw.__name__ = draw.__qualname__ = name.rsplit(".", 1)[-1]
     return draw

@@ -23,10 +23,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...checks import helper_files as rule
+from ...checks.helper_files import MAX_HELPER_BYTES, MAX_HELPERS
 from ...errors import Lesson10Error
 
-#: helper modules one notebook's working folder gets, and the size of each
-MAX_HELPERS, MAX_HELPER_BYTES = 20, 1_000_000
+#: (the limits and sentences are the check cell's too: :mod:`lesson10.checks.helper_files`)
 _MODULE_FILE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.py")
 _FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) \
     | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
@@ -57,11 +58,11 @@ def read_regular(path: Path, limit: int | None = None, *, dir_fd: int | None = N
     name = os.fspath(path) if dir_fd is None else os.path.basename(os.fspath(path))
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if stat.S_ISLNK(st.st_mode):
-        raise FileRefused("it is a symbolic link: hand in the file itself")
+        raise FileRefused(rule.LINK)
     if not stat.S_ISREG(st.st_mode):
-        raise FileRefused("it is not a regular file")
+        raise FileRefused(rule.NOT_REGULAR)
     if limit is not None and st.st_size > limit:
-        raise FileRefused(f"it is over {limit:,} bytes")
+        raise FileRefused(rule.OVER.format(limit=limit))
     fd = os.open(name, _FLAGS, dir_fd=dir_fd)
     try:
         now = os.fstat(fd)
@@ -77,7 +78,7 @@ def read_regular(path: Path, limit: int | None = None, *, dir_fd: int | None = N
     finally:
         os.close(fd)
     if limit is not None and size > limit:
-        raise FileRefused(f"it is over {limit:,} bytes")
+        raise FileRefused(rule.OVER.format(limit=limit))
     return b"".join(chunks)
 
 
@@ -105,7 +106,7 @@ def owner(helper: Path, students: Sequence[str], student_from: str | None = None
 
 
 def _candidates(dir_fd: int) -> list[str]:
-    return sorted(n for n in os.listdir(dir_fd) if n.endswith(".py") and not n.startswith("."))
+    return sorted(n for n in os.listdir(dir_fd) if rule.is_candidate(n))
 
 
 def helper_files(notebook: Path, *, student: str | None = None, sharing: Sequence[str] = (),
@@ -128,15 +129,14 @@ def helper_files(notebook: Path, *, student: str | None = None, sharing: Sequenc
                 if who != student:
                     continue
             if len(out.files) >= MAX_HELPERS:
-                out.notes.append(f"more than {MAX_HELPERS} helper files beside the notebook: "
-                                 f"{name} and the ones after it were not copied")
+                out.notes.append(rule.too_many(name))
                 break
             try:
                 text = read_regular(folder / name, MAX_HELPER_BYTES, dir_fd=dir_fd).decode(
                     "utf-8", errors="replace")
             except OSError as exc:
                 why = str(exc) if isinstance(exc, FileRefused) else f"it cannot be read ({exc.strerror})"
-                out.notes.append(f"your helper file {name} was not copied into the sandbox: {why}")
+                out.notes.append(rule.note(name, why))
                 continue
             out.files.append((name, text))
             if alias and alias not in {n for n, _ in out.files}:

@@ -23,17 +23,12 @@ from __future__ import annotations
 
 import ast
 
-from ...checks.refused import WITHHELD
+from ...checks.refused import REAL, WITHHELD, is_real
 
-#: the modules (paths under lesson10/) shipped as real code, the rest being stubs
-REAL = ("layouts.py", "cost.py", "topology.py", "sim/")
-
-#: notebook -> {qualified name as defined: the student's function, "adapter:NAME" or None}
-#: (one table with the check cell, which refuses the same calls: :mod:`lesson10.checks.refused`)
-
-def is_real(rel: str) -> bool:
-    """Whether the module at ``rel`` (a path under lesson10/) is shipped as real code."""
-    return any(rel == r or (r.endswith("/") and rel.startswith(r)) for r in REAL)
+# WITHHELD (notebook -> {qualified name as defined: the student's function, "adapter:NAME"
+# or None}) and REAL (the modules shipped as real code, the rest being stubs) are one table
+# with the check cell, which refuses the same calls: :mod:`lesson10.checks.refused`
+__all__ = ["REAL", "WITHHELD", "is_real", "real_module"]
 
 
 _IMPORT = "from lesson10 import _standin as _lesson10_standin"
