@@ -153,17 +153,23 @@ def describe_value(x) -> str:
 
 
 def register_exercise(exercise: str, notebook: str, points: int, title: str, function: str = "",
-                      parts: tuple = ()):
-    """Turn ``body(student_fn, rng) -> success text`` into a public check function.
+                      parts: tuple = (), *, uses: tuple = (), withholds: dict | None = None,
+                      use_instead: str = ""):
+    """Turn ``body(student_fn, rng) -> success text`` into a public check function, and
+    write the exercise's record (:class:`.exercises.Exercise`: every fact of it, here).
     ``parts``: ``((name, points), ...)`` summing to ``points``, the parts the grader scores
-    on their own (the body asks :func:`lesson10.checks.parts.in_part` of each case)."""
+    on their own (the body asks :func:`lesson10.checks.parts.in_part` of each case);
+    ``uses``: the exercises whose functions it calls; ``withholds``: ``{qualified name:
+    stand-in}`` of the course functions that give its answer; ``use_instead``: what to
+    write instead of them."""
     if parts and sum(p for _, p in parts) != points:
         raise ValueError(f"the parts of {exercise} add up to {sum(p for _, p in parts)} "
                          f"points, not {points}")
 
     def decorate(body):
         EXERCISES[exercise] = Exercise(exercise, notebook, points, title, body,
-                                       function or exercise, tuple(parts))
+                                       function or exercise, tuple(parts), tuple(uses),
+                                       tuple((withholds or {}).items()), use_instead)
 
         @functools.wraps(body)
         def check(student_fn, *, seed: int | None = None) -> None:

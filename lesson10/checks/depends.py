@@ -21,17 +21,20 @@ from .exercises import EXERCISES, seed_of
 from .feedback import CheckFailed
 from .verdict import StudentError
 
-__all__ = ["USES", "note_for", "run_body", "helper_statuses"]
+__all__ = ["note_for", "run_body", "helper_statuses"]
 
-#: exercise -> the exercises whose functions it calls (the student's own)
-USES = {"ulysses_attention": ("seq_to_heads", "heads_to_seq")}
+
+def _uses(exercise: str) -> tuple:
+    """The exercises whose functions (the student's own) ``exercise`` calls: its record's."""
+    ex = EXERCISES.get(exercise)
+    return ex.uses if ex is not None else ()
 
 
 def note_for(exercise: str, statuses: dict) -> str:
     """The lines that go first in a failure of ``exercise``: one per helper whose status
     (``statuses[helper]``: "passed", "failed", ...) is known and not "passed"."""
     lines = []
-    for helper in USES.get(exercise, ()):
+    for helper in _uses(exercise):
         status = statuses.get(helper)
         if status is not None and status != "passed":
             name = EXERCISES[helper].function or helper
@@ -70,7 +73,7 @@ def helper_statuses(exercise: str, student_fn) -> dict:
     if code is None or not isinstance(found, dict):
         return {}
     used, out = _names(code), {}
-    for helper in USES.get(exercise, ()):
+    for helper in _uses(exercise):
         name = EXERCISES[helper].function or helper
         fn = found.get(name)
         if name in used and callable(fn) and not \
@@ -84,7 +87,7 @@ def run_body(exercise: str, body, student_fn, rng):
     try:
         return body(student_fn, rng)
     except (CheckFailed, StudentError) as exc:
-        if not USES.get(exercise):
+        if not _uses(exercise):
             raise
         note = note_for(exercise, helper_statuses(exercise, student_fn))
         if not note:

@@ -130,7 +130,11 @@ def _ag_hint(shards, out):
         "the sequence axis, in rank order"))
 
 
-@register_exercise("reduce_scatter", NB01, 1, "reduce-scatter along the sequence")
+@register_exercise("reduce_scatter", NB01, 1, "reduce-scatter along the sequence",
+                   withholds={
+                       "lesson10.sim.comm.SimGroup.reduce_scatter": "adapter:group_reduce_scatter",
+                       "lesson10.sim.comm.SimGroup.all_reduce": "adapter:group_all_reduce",
+                       "lesson10.sim.comm.SimGroup._sum": None})
 def check_reduce_scatter(reduce_scatter, rng):
     """``reduce_scatter(xs) -> list``: ``xs[r]`` is rank r's ``(s, h)`` partial sum; rank i
     must get the sum over ranks of rows ``i*s/t .. (i+1)*s/t - 1``."""
@@ -152,7 +156,9 @@ def check_reduce_scatter(reduce_scatter, rng):
             f"too), max error {err:.1e}")
 
 
-@register_exercise("all_gather", NB01, 1, "all-gather along the sequence")
+@register_exercise("all_gather", NB01, 1, "all-gather along the sequence",
+                   withholds={
+                       "lesson10.sim.comm.SimGroup.all_gather": "adapter:group_all_gather"})
 def check_all_gather(all_gather, rng):
     """``all_gather(shards) -> list``: every rank gets the ``t`` shards concatenated in
     rank order along the sequence axis."""
@@ -179,7 +185,11 @@ _SP_CALL = "sp_forward(partials, op, reduce_scatter=..., all_gather=...)"
 
 
 @register_exercise("sp_forward", NB01, 2, "SP: reduce-scatter, token-wise op, all-gather",
-                   parts=(("output", 1), ("op on s/t tokens", 1)))
+                   parts=(("output", 1), ("op on s/t tokens", 1)),
+                   withholds={
+                       "lesson10.sim.sp.sp_forward": "sp_forward",
+                       "lesson10.sim.sp.tp_forward": "adapter:tp_forward"},
+                   use_instead="use the reduce_scatter, all_gather and op the check passes in")
 def check_sp_forward(sp_forward, rng):
     """``sp_forward(partials, op, reduce_scatter=..., all_gather=...) -> list``: the
     row-parallel partial sums go through ``reduce_scatter``, ``op`` on each rank's ``s/t``
@@ -221,7 +231,13 @@ def _sp_hint(served, xs, out):
         "tokens")
 
 
-@register_exercise("sp_bytes", NB01, 1, "bytes of TP vs TP + SP")
+@register_exercise("sp_bytes", NB01, 1, "bytes of TP vs TP + SP",
+                   withholds={
+                       "lesson10.cost.comm_bytes": "adapter:comm_bytes",
+                       "lesson10.cost.all_reduce_bytes": None,
+                       "lesson10.cost.reduce_scatter_bytes": None,
+                       "lesson10.cost.all_gather_bytes": None,
+                       "lesson10.cost.moe_a2a_bytes": None})
 def check_sp_bytes(sp_bytes, rng):
     """``sp_bytes(s, h, t, e=2) -> (tp_bytes, sp_bytes)``: bytes each GPU sends per layer in
     the forward pass with plain TP (2 all-reduces) and with TP + SP (2 reduce-scatters and

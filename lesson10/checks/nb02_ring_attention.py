@@ -82,7 +82,9 @@ def _block_cases(rng, n_random=8):
     return fixed + rand
 
 
-@register_exercise("block_attention", NB02, 1, "attention of one block, with positions, mask and lse")
+@register_exercise("block_attention", NB02, 1, "attention of one block, with positions, mask and lse",
+                   withholds={
+                       "lesson10.sim.attention.attention": "adapter:attention"})
 def check_block_attention(block_attention, rng):
     """``block_attention(q, k, v, q_pos, k_pos, causal=True) -> (out, lse)`` for ``q`` of
     shape ``(sq, a, d)`` and ``k, v`` of shape ``(sk, a, d)``; query i may see key j when
@@ -146,7 +148,9 @@ def _merge_cases(rng, n_random=8):
     return fixed + [f"random {i}" for i in range(n_random)]
 
 
-@register_exercise("merge", NB02, 1, "the logsumexp merge of two partial results")
+@register_exercise("merge", NB02, 1, "the logsumexp merge of two partial results",
+                   withholds={
+                       "lesson10.sim.attention.merge": "merge"})
 def check_merge(merge, rng):
     """``merge(o1, lse1, o2, lse2) -> (o, lse)`` with ``o`` of shape ``(s, a, d)`` and ``lse``
     of shape ``(s, a)``: the exact attention over the union of two disjoint key sets."""
@@ -337,7 +341,10 @@ def _ring_case(rng, layout, causal, n, s, swap, large):
 
 
 @register_exercise("ring_attention", NB02, 2, "the ring loop",
-                   parts=(("non-causal", 1), ("causal", 1)))
+                   parts=(("non-causal", 1), ("causal", 1)),
+                   withholds={
+                       "lesson10.sim.ring.ring_attention": "ring_attention"},
+                   use_instead="use the group, block_attention and merge the check passes in")
 def check_ring_attention(ring_attention, rng):
     """``ring_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None,
     block_attention=..., merge=...) -> list`` of output shards; ``positions[r]`` are the

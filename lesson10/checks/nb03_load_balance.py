@@ -99,7 +99,9 @@ def ring_time_mistake(work, yours) -> Diagnosis | None:
     return mistakes.first(yours, mistakes.unless_right(cands, right))
 
 
-@register_exercise("zigzag_positions", NB03, 1, "the zig-zag layout")
+@register_exercise("zigzag_positions", NB03, 1, "the zig-zag layout",
+                   withholds={
+                       "lesson10.layouts.shard_positions": "adapter:shard_positions"})
 def check_zigzag_positions(zigzag_positions, rng):
     """``zigzag_positions(s, n) -> list`` of ``n`` integer arrays: rank r holds chunk r and
     chunk 2n-1-r of the 2n chunks of s/(2n) tokens, in increasing order."""
@@ -172,7 +174,15 @@ WORK_TOKENS = 512
 
 
 @register_exercise("causal_work", NB03, 2, "causal work per round and rank",
-                   parts=(("named layouts", 1), ("any token ids", 1)))
+                   parts=(("named layouts", 1), ("any token ids", 1)),
+                   withholds={
+                       "lesson10.layouts._token_work": "adapter:token_work",
+                       "lesson10.layouts.visible": None,
+                       "lesson10.layouts.block_plan": None,
+                       "lesson10.layouts.plan_pairs": None,
+                       "lesson10.layouts.plan_mask": None,
+                       "lesson10.sim.ring.ring_attention": "adapter:ring_by_documents"},
+                   use_instead="count the visible pairs with NumPy")
 def check_causal_work(causal_work, rng):
     """``causal_work(positions) -> array (rounds, ranks)``: ``work[k, r]`` counts the pairs
     (query in ``positions[r]``, key in ``positions[(r-k) % n]``) with key <= query."""
@@ -198,7 +208,9 @@ def _work_hint(positions, out):
         "on rank (r - k) mod N_c; count the visible (query, key) pairs by their token ids"))
 
 
-@register_exercise("ring_time", NB03, 1, "ring time")
+@register_exercise("ring_time", NB03, 1, "ring time",
+                   withholds={
+                       "lesson10.layouts.ring_time": "ring_time"})
 def check_ring_time(ring_time, rng):
     """``ring_time(work) -> number``: the time the whole ring takes, in the units of
     ``work`` (``work[k, r]``: round k, rank r; the ranks of a round wait for each other).

@@ -111,7 +111,11 @@ def _s2h_case(seq_to_heads, rng, where, n, x, swap) -> None:
                        "the other along the token axis")))
 
 
-@register_exercise("seq_to_heads", NB04, 1, "all-to-all: sequence shards -> head shards")
+@register_exercise("seq_to_heads", NB04, 1, "all-to-all: sequence shards -> head shards",
+                   withholds={
+                       "lesson10.sim.ulysses.seq_to_heads": "seq_to_heads",
+                       "lesson10.sim.ulysses._all_to_all_axes": None},
+                   use_instead="split with NumPy and move the blocks with the group the check passes in")
 def check_seq_to_heads(seq_to_heads, rng):
     """``seq_to_heads(shards, group) -> list``: ``shards[r]`` is ``(s/n, a, d)`` (tokens of
     rank r, every head); rank r must end with ``(s, a/n, d)``: every token, heads
@@ -155,7 +159,10 @@ def check_seq_to_heads(seq_to_heads, rng):
             f"r a/n .. (r+1) a/n - 1; a % n != 0 raises a ValueError")
 
 
-@register_exercise("heads_to_seq", NB04, 1, "all-to-all: head shards -> sequence shards")
+@register_exercise("heads_to_seq", NB04, 1, "all-to-all: head shards -> sequence shards",
+                   withholds={
+                       "lesson10.sim.ulysses.heads_to_seq": "heads_to_seq"},
+                   use_instead="split with NumPy and move the blocks with the group the check passes in")
 def check_heads_to_seq(heads_to_seq, rng):
     """``heads_to_seq(shards, group) -> list``: the inverse of ``seq_to_heads``, with exactly
     one ``group.all_to_all(blocks)``; the answer is built from what each rank received (in
@@ -344,7 +351,12 @@ def _ulysses_run(ulysses_attention, rng, layout, causal, n, c, a, a_kv, swap) ->
 
 
 @register_exercise("ulysses_attention", NB04, 2, "Ulysses attention",
-                   parts=(("non-causal", 1), ("causal", 1)))
+                   parts=(("non-causal", 1), ("causal", 1)),
+                   uses=("seq_to_heads", "heads_to_seq"),
+                   withholds={
+                       "lesson10.sim.ulysses.ulysses_attention": "adapter:ulysses_attention"},
+                   use_instead=("use your seq_to_heads and heads_to_seq with the group, and the "
+                                "attention kernel, that the check passes in"))
 def check_ulysses_attention(ulysses_attention, rng):
     """``ulysses_attention(q_shards, k_shards, v_shards, positions, causal=True, group=None,
     attention=None) -> list`` of sequence-sharded outputs; K/V may have fewer heads than Q
@@ -366,7 +378,11 @@ def check_ulysses_attention(ulysses_attention, rng):
             f"output matches, max error {err:.1e}")
 
 
-@register_exercise("ulysses_bytes", NB04, 1, "bytes of Ulysses vs ring attention")
+@register_exercise("ulysses_bytes", NB04, 1, "bytes of Ulysses vs ring attention",
+                   withholds={
+                       "lesson10.cost.comm_bytes": "adapter:comm_bytes",
+                       "lesson10.cost.usp_bytes": "adapter:usp_bytes",
+                       "lesson10.cost.moe_a2a_bytes": None})
 def check_ulysses_bytes(ulysses_bytes, rng):
     """``ulysses_bytes(s, h, n, g=1, e=2) -> float``: bytes each GPU sends per layer in the
     forward pass: four all-to-alls (Q, K, V, output); K and V have ``h/g`` columns."""

@@ -179,7 +179,9 @@ def _route_case(route_topk, label, logits, k) -> float:
             "(each row sums to 1), which must stay finite for logits of about 1000")))
 
 
-@register_exercise("route_topk", NB05, 1, "top-k routing", "route_topk")
+@register_exercise("route_topk", NB05, 1, "top-k routing", "route_topk",
+                   withholds={
+                       "lesson10.sim.moe.route_topk": "adapter:route_topk"})
 def check_route_topk(route_topk, rng):
     """``route_topk(logits, k) -> (experts, gates)``: for ``logits (T, E)``, the ids of the
     ``k`` experts with the largest logits per token (an integer array, best first; experts
@@ -332,7 +334,11 @@ CAPACITY_PARTS = ("copies kept per expert", "which copies are dropped")
 
 
 @register_exercise("capacity", NB05, 2, "capacity factor: which copies are dropped", "capacity_keep",
-                   parts=((CAPACITY_PARTS[0], 1), (CAPACITY_PARTS[1], 1)))
+                   parts=((CAPACITY_PARTS[0], 1), (CAPACITY_PARTS[1], 1)),
+                   withholds={
+                       "lesson10.sim.capacity.keep_within_capacity": "adapter:keep_within_capacity",
+                       "lesson10.sim.capacity._queues": None, "lesson10.sim.capacity.arrival_order": None,
+                       "lesson10.cost.expert_capacity": "adapter:expert_capacity"})
 def check_capacity(capacity_keep, rng):
     """``capacity_keep(experts, E, capacity_factor) -> bool (N, k)``: every expert accepts at
     most ``C = ceil(capacity_factor * k * N / E)`` copies, first come first served in token
@@ -376,7 +382,12 @@ def _moe_case(rng, Ne, E, k, T, h, cf, e, logits=None):
 
 
 @register_exercise("moe_stats", NB05, 2, "drops, all-to-all bytes and load per GPU", "moe_stats",
-                   parts=(("drops and load", 1), ("all-to-all bytes", 1)))
+                   parts=(("drops and load", 1), ("all-to-all bytes", 1)),
+                   withholds={
+                       "lesson10.sim.moe._kept_per_source": None, "lesson10.sim.moe.moe_layer": None,
+                       "lesson10.sim.moe.moe_reference": None,
+                       "lesson10.sim.moe.simulate_moe": "adapter:simulate_moe",
+                       "lesson10.sim.nodes.one_hop_copies": "adapter:one_hop_copies"})
 def check_moe_stats(moe_stats, rng):
     """``moe_stats(experts, keep, Ne, E, h, e=2) -> dict`` with ``drop_rate`` (fraction of
     the ``N k`` copies dropped), ``bytes_per_gpu`` (array ``(Ne,)``: bytes each GPU sends in
@@ -443,7 +454,9 @@ def _drops_and_load(out, stats, hint, where, Ne, T, k):
                                        "experts compute; expert i lives on GPU i // (E/Ne)"))
 
 
-@register_exercise("aux_loss", NB05, 1, "the Switch load-balancing loss", "switch_aux_loss")
+@register_exercise("aux_loss", NB05, 1, "the Switch load-balancing loss", "switch_aux_loss",
+                   withholds={
+                       "lesson10.sim.moe.switch_aux_loss": "switch_aux_loss"})
 def check_aux_loss(switch_aux_loss, rng):
     """``switch_aux_loss(probs, experts, alpha=1e-2) -> float``: ``alpha E sum_i f_i P_i`` with
     ``f_i`` the fraction of the ``N k`` copies routed to expert ``i`` and ``P_i`` the mean

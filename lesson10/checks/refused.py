@@ -2,9 +2,11 @@
 
 :data:`WITHHELD` lists, per course notebook, the course functions an exercise of that
 notebook may not use (its references, and whatever computes one of them in a line or
-two); :data:`USE_INSTEAD` says per exercise what to write instead. The grader's sandbox
-withholds those functions (:mod:`lesson10.course.grade.withheld`: while an exercise is
-judged there, each stand-in raises ``NotAvailable`` with :func:`refusal`'s sentence). In
+two), gathered from the exercise records (``withholds``, written where the exercise is
+registered); :func:`use_instead` says what to write instead (the record's
+``use_instead``). The grader's sandbox withholds those functions
+(:mod:`lesson10.course.grade.withheld`: while an exercise is judged there, each stand-in
+raises ``NotAvailable`` with :func:`refusal`'s sentence). In
 Jupyter, :func:`guard` gives the check cell the same rule: while a check runs the
 student's function, each withheld function of that notebook refuses to be called from the
 student's code (directly, or through other course code the student called), with the same
@@ -29,12 +31,14 @@ import sysconfig
 import tempfile
 import threading
 import types
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import Lesson10Error
+from .exercises import EXERCISES
 from .helper_files import reaches_grader
 
-__all__ = ["WITHHELD", "USE_INSTEAD", "REAL", "SERVED", "NotAvailable", "guard", "refusal",
+__all__ = ["WITHHELD", "REAL", "SERVED", "NotAvailable", "guard", "refusal",
            "use_instead", "is_real"]
 
 #: the modules (paths under lesson10/) the grader's sandbox ships as real code (less what
@@ -55,71 +59,30 @@ def is_real(rel: str) -> bool:
     """Whether the module at ``rel`` (a path under lesson10/) is shipped as real code."""
     return any(rel == r or (r.endswith("/") and rel.startswith(r)) for r in REAL)
 
-#: notebook -> {qualified name as defined: the student's function, "adapter:NAME" or None}
-#: (the right-hand side is what stands in for it in the grader's display-only cells)
-WITHHELD: dict[str, dict[str, str | None]] = {
-    "01_sequence_parallel": {
-        "lesson10.sim.comm.SimGroup.reduce_scatter": "adapter:group_reduce_scatter",
-        "lesson10.sim.comm.SimGroup.all_gather": "adapter:group_all_gather",
-        "lesson10.sim.comm.SimGroup.all_reduce": "adapter:group_all_reduce",
-        "lesson10.sim.comm.SimGroup._sum": None,
-        "lesson10.sim.sp.sp_forward": "sp_forward",
-        "lesson10.sim.sp.tp_forward": "adapter:tp_forward",
-        "lesson10.cost.comm_bytes": "adapter:comm_bytes",
-        "lesson10.cost.all_reduce_bytes": None,
-        "lesson10.cost.reduce_scatter_bytes": None,
-        "lesson10.cost.all_gather_bytes": None,
-        "lesson10.cost.moe_a2a_bytes": None,
-    },
-    "02_ring_attention": {
-        "lesson10.sim.attention.attention": "adapter:attention",
-        "lesson10.sim.attention.merge": "merge",
-        "lesson10.sim.ring.ring_attention": "ring_attention",
-    },
-    "03_load_balance": {
-        "lesson10.layouts.shard_positions": "adapter:shard_positions",
-        "lesson10.layouts._token_work": "adapter:token_work",
-        "lesson10.layouts.ring_time": "ring_time",
-        "lesson10.layouts.visible": None,
-        "lesson10.layouts.block_plan": None,
-        "lesson10.layouts.plan_pairs": None,
-        "lesson10.layouts.plan_mask": None,
-        "lesson10.sim.ring.ring_attention": "adapter:ring_by_documents",
-    },
-    "04_ulysses": {
-        "lesson10.sim.ulysses.seq_to_heads": "seq_to_heads",
-        "lesson10.sim.ulysses.heads_to_seq": "heads_to_seq",
-        "lesson10.sim.ulysses._all_to_all_axes": None,
-        "lesson10.sim.ulysses.ulysses_attention": "adapter:ulysses_attention",
-        "lesson10.cost.comm_bytes": "adapter:comm_bytes",
-        "lesson10.cost.usp_bytes": "adapter:usp_bytes",
-        "lesson10.cost.moe_a2a_bytes": None,
-    },
-    "05_moe_dispatch": {
-        "lesson10.sim.moe.route_topk": "adapter:route_topk",
-        "lesson10.sim.capacity.keep_within_capacity": "adapter:keep_within_capacity",
-        "lesson10.sim.capacity._queues": None,
-        "lesson10.sim.capacity.arrival_order": None,
-        "lesson10.cost.expert_capacity": "adapter:expert_capacity",
-        "lesson10.sim.moe._kept_per_source": None,
-        "lesson10.sim.moe.simulate_moe": "adapter:simulate_moe",
-        "lesson10.sim.moe.moe_layer": None,
-        "lesson10.sim.moe.moe_reference": None,
-        "lesson10.sim.moe.switch_aux_loss": "switch_aux_loss",
-        "lesson10.sim.nodes.one_hop_copies": "adapter:one_hop_copies",
-    },
-}
+class _Withheld(Mapping):
+    """notebook -> {qualified name as defined: the student's function, "adapter:NAME" or
+    None}: the ``withholds`` of the notebook's exercise records, gathered (read when used,
+    so it holds every exercise registered by then; the right-hand side is what stands in
+    for the name in the grader's display-only cells)."""
 
-#: what an exercise should use instead of the course's code (said when it calls some)
-USE_INSTEAD = {
-    "sp_forward": "use the reduce_scatter, all_gather and op the check passes in",
-    "ring_attention": "use the group, block_attention and merge the check passes in",
-    "seq_to_heads": "split with NumPy and move the blocks with the group the check passes in",
-    "heads_to_seq": "split with NumPy and move the blocks with the group the check passes in",
-    "ulysses_attention": "use your seq_to_heads and heads_to_seq with the group, and the "
-                         "attention kernel, that the check passes in",
-    "causal_work": "count the visible pairs with NumPy",
-}
+    def _table(self) -> dict[str, dict[str, str | None]]:
+        out: dict[str, dict[str, str | None]] = {}
+        for ex in EXERCISES.values():
+            out.setdefault(ex.notebook, {}).update(ex.withholds)
+        return out
+
+    def __getitem__(self, notebook: str) -> dict[str, str | None]:
+        return self._table()[notebook]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+#: notebook -> what its exercises may not call (their records' ``withholds``)
+WITHHELD: Mapping[str, dict[str, str | None]] = _Withheld()
 
 #: the sentence of a refusal, in the check cell and in the sandbox (which gets this text)
 REFUSAL = "exercise {exercise} may not call {name}; {instead}"
@@ -130,7 +93,10 @@ class NotAvailable(Lesson10Error, RuntimeError):
 
 
 def use_instead(exercise_id: str) -> str:
-    return USE_INSTEAD.get(exercise_id, "write it with NumPy and the functions you wrote")
+    """What the exercise's record says to write instead of the course's code."""
+    ex = EXERCISES.get(exercise_id)
+    return (ex.use_instead if ex is not None else "") or \
+        "write it with NumPy and the functions you wrote"
 
 
 def refusal(exercise: str, name: str, instead: str | None = None) -> str:

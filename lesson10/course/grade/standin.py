@@ -133,7 +133,7 @@ GENERAL = "general"
 
 def folder_for(notebook: str | None) -> str:
     """The folder of :func:`write_all` for a course notebook (GENERAL for None)."""
-    return notebook if notebook in WITHHELD else GENERAL
+    return notebook if notebook is not None and notebook in WITHHELD else GENERAL
 
 
 def write_all(folder: Path, source: Path | None = None) -> Path:

@@ -9,15 +9,17 @@ calls the student's own function of that exercise (the name on the right: the no
 ``ring_attention`` for ``sim.ring_attention``, or an adapter of :mod:`.standin_runtime` (``_adapt_*``) that builds
 the call from the student's functions), and while an exercise is judged refuses
 (``NotAvailable``). A name on the right of ``None``: no student function stands in (the
-cell gets NotAvailable). ``figures`` stay placeholders; ``spmd``, ``runs``, ``bench`` and
-``course`` stay stubs.
+cell gets NotAvailable). ``figures`` stay placeholders (refused while judged); ``spmd``,
+``runs``, ``bench`` and ``course`` stay stubs.
 
 Why each name: the check of the exercise imports it as its reference, or it gives the
 answer with no more than a call (``cost.comm_bytes("ulysses", ...)`` is ``ulysses_bytes``;
 ``SimGroup.reduce_scatter`` is ``reduce_scatter``; ``layouts.shard_positions(s, n,
 "zigzag")`` is ``zigzag_positions``; ``sim.ring_attention(..., return_stats=True).work`` and
 ``_kept_per_source`` and ``simulate_moe``'s accounting give ``moe_stats``; the two-level
-bytes of ``sim.nodes.node_bytes`` are not the flat all-to-all's, so it is shipped).
+bytes of ``sim.nodes.node_bytes`` are not the flat all-to-all's, so it is shipped). That
+nothing else shipped gives an answer is a tested property, not this list:
+``tests/test_sandbox_answers.py`` calls everything a sandbox ships on the exercises' cases.
 """
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ import ast
 from ...checks.refused import REAL, WITHHELD, is_real
 
 # WITHHELD (notebook -> {qualified name as defined: the student's function, "adapter:NAME"
-# or None}) and REAL (the modules shipped as real code, the rest being stubs) are one table
-# with the check cell, which refuses the same calls: :mod:`lesson10.checks.refused`
+# or None}, gathered from the exercise records' ``withholds``) and REAL (the modules shipped
+# as real code, the rest being stubs) are one table with the check cell, which refuses the
+# same calls: :mod:`lesson10.checks.refused`
 __all__ = ["REAL", "WITHHELD", "is_real", "real_module"]
 
 
