@@ -141,3 +141,24 @@ def test_every_error_of_the_package_has_one_base_and_its_own_name():
                 assert inspect.getmro(cls)[1:] != (Lesson10Error, Exception, BaseException, object) \
                     or name == "Lesson10Error", f"{rel}.{name} lost its builtin kind"
     assert {"Refused", "FileRefused", "PlanError", "RingPlanError", "CheckFailed"} <= set(seen)
+
+
+# ---------------------------------------------------------------- the grader's map
+def test_the_grader_s_two_sentence_map_names_real_code():
+    """Every `module.name` the map of the grader names is a real function, class or method
+    of lesson10.course.grade (so the map is rewritten when the code moves)."""
+    import importlib
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    para = text[text.index("The grader in two sentences"):text.index("| module | what it holds |",
+                                                                   text.index("The grader in two"))]
+    assert para.count(". ") + para.strip().endswith(".") <= 4         # two sentences and a note
+    names = re.findall(r"`(\w+(?:\.\w+)+)`", para)
+    assert len(names) >= 6, names
+    for name in names:
+        module, *attrs = name.split(".")
+        obj = importlib.import_module(f"lesson10.course.grade.{module}")
+        for attr in attrs:
+            obj = getattr(obj, attr)
+        assert callable(obj), name
+    for module in re.findall(r"the `(\w+)`", para):             # the runner: sandbox-only imports
+        assert (ROOT / "lesson10" / "course" / "grade" / f"{module}.py").is_file(), module
