@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from lesson10.course.grade import course, gradebook, nbread
-from lesson10.course.grade.notebook import Options, grade_notebook
+from lesson10.course.grade.config import GradeConfig
+from lesson10.course.grade.notebook import grade_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 NB03 = "03_load_balance"
@@ -151,7 +152,7 @@ def test_the_planner_takes_every_malformed_file_as_its_own_unreadable_file(tmp_p
 def test_grading_a_malformed_file_costs_only_its_points():
     """No sandbox is started: a refused file is reported before anything runs."""
     for case in ("metadata a list", "kernelspec a string", "a 200,000-term expression"):
-        rep = grade_notebook(Path(f"s/{NB03}.ipynb"), Options(), content=MALFORMED[case][0],
+        rep = grade_notebook(Path(f"s/{NB03}.ipynb"), GradeConfig(), content=MALFORMED[case][0],
                              student="s")
         assert rep["ok"] and rep["course_notebook"] == NB03 and rep["points"] == 0
         assert {e["status"] for e in rep["exercises"]} == {"unreadable"}

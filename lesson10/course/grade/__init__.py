@@ -14,7 +14,8 @@ Which exercises count comes from the course (:mod:`.course`); one notebook's rep
 import importlib
 
 #: public name -> submodule, imported on first use
-_LAZY = {"main": "cli", "exit_status": "cli", "grade_notebook": "notebook", "Options": "notebook"}
+_LAZY = {"main": "cli", "exit_status": "cli", "grade_notebook": "notebook",
+         "GradeConfig": "config"}
 
 __all__ = list(_LAZY)
 

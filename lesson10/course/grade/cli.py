@@ -28,7 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import adjust, archives, gradebook, late, lms, nbread, outputs, overrides, sandbox, standin, store
-from .notebook import Options, grade_notebook
+from .config import GradeConfig
+from .notebook import grade_notebook
 from .submission_files import Helpers, helper_files
 
 #: modules the judge imports before any notebook runs (the checks and their references):
@@ -346,7 +347,7 @@ class _SetupError(Exception):
     """The grader cannot start (no sandbox, no stand-in)."""
 
 
-def _options(args, seed: int) -> tuple[Options, Path]:
+def _options(args, seed: int) -> tuple[GradeConfig, Path]:
     sandboxed = not args.no_sandbox
     if sandboxed:
         why = sandbox.probe()
@@ -363,10 +364,10 @@ def _options(args, seed: int) -> tuple[Options, Path]:
                           f"{exc}") from None
     memory = int(args.memory * 2**30)
     limits = sandbox.Limits(memory=memory, cpu=int(args.notebook_timeout) + 30)
-    opts = Options(cell_timeout=args.timeout, exercise_timeout=args.exercise_timeout,
-                   notebook_timeout=args.notebook_timeout, memory=memory,
-                   save_executed=args.save_executed, sandboxed=sandboxed, seed=seed,
-                   standin=box_dir / standin.GENERAL, limits=limits)
+    opts = GradeConfig(cell_timeout=args.timeout, exercise_timeout=args.exercise_timeout,
+                       notebook_timeout=args.notebook_timeout, save_executed=args.save_executed,
+                       sandboxed=sandboxed, seed=seed, standin=box_dir / standin.GENERAL,
+                       limits=limits)
     return opts, box_dir
 
 
@@ -433,7 +434,7 @@ def _same_as(args, graded: gradebook.Item, rep: dict, item: gradebook.Item, seed
     return out
 
 
-def _one(args, opts: Options, item: gradebook.Item, contents, helpers, save=None,
+def _one(args, opts: GradeConfig, item: gradebook.Item, contents, helpers, save=None,
          real=None) -> dict:
     """Grade one file (read from ``real[path]``, the file on disk, when it came from a zip);
     its report goes to the results folder as soon as it is known."""

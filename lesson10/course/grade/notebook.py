@@ -16,29 +16,15 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...checks.verdict import Status
-from . import course, judge, nbread, sandbox, session
+from . import course, judge, nbread, session
+from .config import GradeConfig
 from .submission_files import MAX_HELPER_BYTES, MAX_HELPERS, Helpers, helper_files
 
-__all__ = ["MAX_HELPERS", "MAX_HELPER_BYTES", "Helpers", "Options", "grade_notebook", "helper_files",
+__all__ = ["MAX_HELPERS", "MAX_HELPER_BYTES", "Helpers", "GradeConfig", "grade_notebook", "helper_files",
            "notebook_report"]
-
-
-@dataclass
-class Options:
-    cell_timeout: float = 120.0
-    exercise_timeout: float = 30.0
-    notebook_timeout: float = 600.0
-    memory: int = 4 * 2**30
-    #: folder to write each executed notebook to (``<student>/<file name>``), or None
-    save_executed: Path | None = None
-    sandboxed: bool = True
-    seed: int = 0
-    standin: Path | None = None          # the stand-in folder (:func:`lesson10.course.grade.standin.write`)
-    limits: sandbox.Limits = field(default_factory=sandbox.Limits)
 
 
 def notebook_report(path: Path, notebook_id, entries=(), *, feedback=(), ok=True, error=None,
@@ -145,7 +131,7 @@ def _gradable(path: Path, content: bytes | None, sandboxed: bool, student: str |
     return nb, notebook_id
 
 
-def grade_notebook(path, opts: Options, content: bytes | None = None,
+def grade_notebook(path, opts: GradeConfig, content: bytes | None = None,
                    files: Helpers | list | None = None, student: str | None = None) -> dict:
     """Grade the notebook at ``path``; ``content``: its bytes, read before any student code
     ran (the command line reads every file first); ``files``: its helper modules
@@ -159,19 +145,16 @@ def grade_notebook(path, opts: Options, content: bytes | None = None,
         return got
     nb, notebook_id = got
     if opts.standin is None:
-        raise ValueError("Options.standin: give the stand-in folder (lesson10.course.grade."
+        raise ValueError("GradeConfig.standin: give the stand-in folder (lesson10.course.grade."
                          "standin.write) to grade a notebook")
     helpers = files if isinstance(files, Helpers) else \
         Helpers(list(files)) if files is not None else helper_files(path)
     import tempfile
-    settings = session.Settings(standin=opts.standin, limits=opts.limits,
-                              cell_timeout=opts.cell_timeout, exercise_timeout=opts.exercise_timeout,
-                              sandboxed=sandboxed, seed=opts.seed)
     deadline = time.monotonic() + opts.notebook_timeout
     with tempfile.TemporaryDirectory(prefix="lesson10-grade-", ignore_cleanup_errors=True) as tmp:
         workdir = Path(tmp)              # used only without the sandbox (its own /tmp inside)
         try:
-            run = session.run_notebook(course.code_cells(nb), notebook_id, settings, deadline,
+            run = session.run_notebook(course.code_cells(nb), notebook_id, opts, deadline,
                                      workdir, helpers.files)
         except judge.Failure as exc:
             return notebook_report(path, notebook_id, _zero(notebook_id, Status.GRADER_ERROR,

@@ -15,13 +15,13 @@ from __future__ import annotations
 import time
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from ...checks import depends, refused
 from ...checks.verdict import Status
 from . import course, sandbox, wire
+from .config import GradeConfig
 from .judge import Channel, Failure, entry, judge_exercise, verdict_text
 
 _OUTPUT_LIMIT = 200_000        # characters of one cell's reported output we keep
@@ -29,16 +29,6 @@ _NOTEBOOK_OUTPUT = 2_000_000   # ... and of a whole notebook's
 
 
 # --------------------------------------------------------------------------- one notebook
-@dataclass
-class Settings:
-    standin: Path                        # the stand-in folder
-    limits: sandbox.Limits
-    cell_timeout: float
-    exercise_timeout: float
-    sandboxed: bool
-    seed: int
-
-
 #: how one sandbox's run of the cells ended: None (every cell ran), the index of the cell
 #: that broke it (skipped next time), "deadline", or :data:`RESTART`
 Outcome = int | str | None
@@ -69,7 +59,7 @@ class Run:
         self.asked.add(e["exercise"])
 
 
-def run_notebook(cells, notebook_id: str, settings: Settings, deadline: float, workdir,
+def run_notebook(cells, notebook_id: str, settings: GradeConfig, deadline: float, workdir,
                  files=()) -> Run:
     """Run ``cells`` (``[(index, source)]``, every code cell) and judge each exercise of
     ``notebook_id`` at every call of its check (the last one that ran counts). Raises
@@ -100,9 +90,11 @@ def _op(msg) -> object:
     return msg.get("op") if isinstance(msg, dict) else None
 
 
-def _one_run(cells, exercises, settings: Settings, deadline: float, workdir, files,
+def _one_run(cells, exercises, settings: GradeConfig, deadline: float, workdir, files,
              run: Run) -> Outcome:
     """One sandbox, the cells run in it (see :data:`Outcome`)."""
+    if settings.standin is None:
+        raise Failure("no stand-in folder to grade with (GradeConfig.standin)")
     box = sandbox.Sandbox(settings.standin, settings.limits, sandboxed=settings.sandboxed,
                           workdir=workdir)
     conn = wire.Conn(box.main.fileno(), box.main.fileno(), nonblocking_write=True)
@@ -114,7 +106,7 @@ def _one_run(cells, exercises, settings: Settings, deadline: float, workdir, fil
         box.kill()
 
 
-def _start(conn, cells, files, settings: Settings, deadline: float) -> None:
+def _start(conn, cells, files, settings: GradeConfig, deadline: float) -> None:
     """Hello, setup, ready; :class:`Failure` when the runner does not get there."""
     try:
         hello, _ = conn.recv(min(deadline, time.monotonic() + 60))
@@ -136,7 +128,7 @@ class _Session:
     sandbox says is trusted: a message out of turn is the fault of the cell that sent it
     (the one running, else the one that ran last), which is skipped next time."""
 
-    def __init__(self, box, conn, exercises: dict, settings: Settings, deadline: float,
+    def __init__(self, box, conn, exercises: dict, settings: GradeConfig, deadline: float,
                  run: Run):
         self.box, self.conn, self.exercises = box, conn, exercises
         self.settings, self.deadline, self.run = settings, deadline, run
