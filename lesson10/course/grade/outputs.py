@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import adjust, classroom, feedback, gradebook, lms, reports, similarity
 
@@ -85,12 +87,80 @@ def class_doc(results: list[dict], rows: list[dict], the_plan, *, seed, sandboxe
     return doc if timings else without_timings(doc)
 
 
+@dataclass(frozen=True)
+class Written:
+    """What every writer reads: the options, the class's rows and reports (safe text), the
+    JSON document and its text, the seed, and this run's own ``(plan, results)``."""
+    args: Any
+    rows: list
+    results: list
+    doc: dict
+    text: str
+    seed: int
+    sandboxed: bool
+    batch: tuple
+    adj: Any
+    flags: Any
+
+
+def _json_file(w: Written) -> None:
+    w.args.output.write_text(w.text, encoding="utf-8")
+
+
+def _csv(w: Written) -> None:
+    w.args.csv.write_text(reports.class_csv(w.results, w.rows, seed=w.seed), encoding="utf-8")
+
+
+def _junit(w: Written) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+    w.args.junit.write_text(reports.junit(w.results, w.rows, seed=w.seed, timestamp=stamp),
+                            encoding="utf-8")
+
+
+def _markdown(w: Written) -> None:
+    with open(w.args.markdown, "a", encoding="utf-8") as f:
+        f.write(reports.markdown(w.results, w.rows, seed=None, sandboxed=w.sandboxed))
+
+
+def _feedback(w: Written) -> None:           # what students read: no seed (STUDENT_OUTPUTS)
+    feedback.write(w.args.feedback, w.rows, w.results, seed=None, sandboxed=w.sandboxed)
+
+
+def _report(w: Written) -> None:
+    from .. import report as class_report
+    class_report.write(w.args.report, w.rows, w.results, seed=w.seed, flags=w.flags,
+                       folders=w.adj.folders if w.adj is not None else None)
+
+
+def _gradescope(w: Written) -> None:
+    b_results, b_rows = _one_student(w)
+    notes = [] if w.sandboxed else ["Not sandboxed: graded with --no-sandbox."]
+    doc = json.loads(reports.gradescope(b_results, b_rows, seed=None, sandboxed=w.sandboxed,
+                                        notes=notes))
+    doc["extra_data"]["seed"] = w.seed             # hidden from the student
+    w.args.gradescope.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def _classroom(w: Written) -> None:
+    b_results, b_rows = _one_student(w)
+    w.args.classroom.write_text(json.dumps(classroom.runner_results(
+        b_results, b_rows, seed=w.seed, sandboxed=w.sandboxed), indent=1) + "\n",
+        encoding="utf-8")
+
+
+#: option -> its writer, in the order they are written (the table or JSON on stdout last);
+#: ``--export`` (the LMS files) is written with the similarity flags, by :func:`extras`
+WRITERS = (("output", _json_file), ("csv", _csv), ("gradescope", _gradescope),
+           ("classroom", _classroom), ("junit", _junit), ("markdown", _markdown),
+           ("feedback", _feedback), ("report", _report))
+
+
 def write(args, the_plan, results: list[dict], seed: int, sandboxed: bool, *,
           batch: tuple | None = None) -> list[dict]:
-    """Write every output asked for; returns the gradebook rows. ``the_plan`` and
-    ``results`` are the whole class (a results folder's, see :mod:`.store`); ``batch``,
-    ``(plan, results)`` of the notebooks of this run, is what the one-student outputs
-    (``--gradescope``, ``--classroom``) are written from."""
+    """Write every output asked for (:data:`WRITERS`); returns the gradebook rows.
+    ``the_plan`` and ``results`` are the whole class (a results folder's, see :mod:`.store`);
+    ``batch``, ``(plan, results)`` of the notebooks of this run, is what the one-student
+    outputs (``--gradescope``, ``--classroom``) are written from."""
     adj = getattr(args, "adjust", None)
     raw = adjust.apply(gradebook.rows(results, the_plan), adj)
     for row in raw:                 # the seed of the student's files (a regrade draws anew)
@@ -104,27 +174,11 @@ def write(args, the_plan, results: list[dict], seed: int, sandboxed: bool, *,
     if "similarity" in doc:
         doc["similarity"] = flags
     text = json.dumps(doc, indent=1) + "\n"
-    notes = [] if sandboxed else ["Not sandboxed: graded with --no-sandbox."]
-    if args.output:
-        args.output.write_text(text, encoding="utf-8")
-    if args.csv:
-        args.csv.write_text(reports.class_csv(results, rows, seed=seed), encoding="utf-8")
-    if args.gradescope or args.classroom:
-        _one_student(args, batch if batch is not None else (the_plan, results), adj,
-                     seed=seed, sandboxed=sandboxed, notes=notes)
-    if args.junit:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
-        args.junit.write_text(reports.junit(results, rows, seed=seed, timestamp=stamp),
-                              encoding="utf-8")
-    if args.markdown:
-        with open(args.markdown, "a", encoding="utf-8") as f:
-            f.write(reports.markdown(results, rows, seed=None, sandboxed=sandboxed))
-    if args.feedback:                       # what students read: no seed (STUDENT_OUTPUTS)
-        feedback.write(args.feedback, rows, results, seed=None, sandboxed=sandboxed)
-    if getattr(args, "report", None):
-        from .. import report as class_report
-        class_report.write(args.report, rows, results, seed=seed, flags=flags,
-                           folders=adj.folders if adj is not None else None)
+    w = Written(args, rows, results, doc, text, seed, sandboxed,
+                batch if batch is not None else (the_plan, results), adj, flags)
+    for option, writer in WRITERS:
+        if getattr(args, option, None):
+            writer(w)
     print(text if args.json else reports.table(results, rows, seed=seed),
           end="" if args.json else "\n")
     return rows
@@ -136,20 +190,11 @@ def write(args, the_plan, results: list[dict], seed: int, sandboxed: bool, *,
 STUDENT_OUTPUTS = ("feedback", "markdown", "gradescope", "save_executed")
 
 
-def _one_student(args, batch: tuple, adj, *, seed, sandboxed, notes) -> None:
-    """``--gradescope`` and ``--classroom``, from ``batch`` (``(plan, results)``)."""
-    b_plan, b_results = batch
-    b_rows = gradebook.safe_text(adjust.apply(gradebook.rows(b_results, b_plan), adj))
-    b_results = gradebook.safe_text(b_results)
-    if args.gradescope:
-        doc = json.loads(reports.gradescope(b_results, b_rows, seed=None, sandboxed=sandboxed,
-                                            notes=notes))
-        doc["extra_data"]["seed"] = seed             # hidden from the student
-        args.gradescope.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    if args.classroom:
-        args.classroom.write_text(json.dumps(classroom.runner_results(
-            b_results, b_rows, seed=seed, sandboxed=sandboxed), indent=1) + "\n",
-            encoding="utf-8")
+def _one_student(w: Written) -> tuple[list, list]:
+    """``(results, rows)`` of the batch's one student (``--gradescope``, ``--classroom``)."""
+    b_plan, b_results = w.batch
+    b_rows = gradebook.safe_text(adjust.apply(gradebook.rows(b_results, b_plan), w.adj))
+    return gradebook.safe_text(b_results), b_rows
 
 
 def extras(args, doc: dict, rows: list[dict], adj) -> dict | None:
