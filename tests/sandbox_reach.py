@@ -30,7 +30,7 @@ import warnings
 import numpy as np
 
 #: calls tried per function and exercise (the first case); most functions need far fewer
-BUDGET = 4000
+BUDGET = 1500
 #: one call's time: a case's size taken as a count of elements cannot stall the search
 CALL_SECONDS = 0.25
 EXTRAS = (1, 2, True, False, None)
