@@ -31,7 +31,8 @@ import numpy as np
 
 #: calls tried per function and exercise (the first case); most functions need far fewer
 BUDGET = 1500
-#: one call's time: a case's size taken as a count of elements cannot stall the search
+#: one call's CPU time (not wall time: a busy machine does not cut a call short; the calls
+#: that give answers take milliseconds): a case's size taken as a count cannot stall the search
 CALL_SECONDS = 0.25
 EXTRAS = (1, 2, True, False, None)
 
@@ -275,11 +276,11 @@ def _alarm(signum, frame):
 
 
 def call(target, pos, kw, args, kwargs, make):
-    signal.setitimer(signal.ITIMER_REAL, CALL_SECONDS)
+    signal.setitimer(signal.ITIMER_VIRTUAL, CALL_SECONDS)
     try:
         return _call(target, pos, kw, args, kwargs, make)
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
 
 
 def _call(target, pos, kw, args, kwargs, make):
@@ -414,7 +415,7 @@ def record_cases(right: dict, exercises=None) -> dict:
 if __name__ == "__main__":
     box, cases_file = sys.argv[1], sys.argv[2]
     sys.modules["torch"] = None       # type: ignore[assignment]  # not course code; slow to import
-    signal.signal(signal.SIGALRM, _alarm)
+    signal.signal(signal.SIGVTALRM, _alarm)
     sys.path.insert(0, box)
     with open(cases_file, "rb") as f:
         cases = pickle.load(f)
