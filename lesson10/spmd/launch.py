@@ -232,6 +232,10 @@ def _entry(rank, nprocs, port, backend, timeout, threads, fn, args, kwargs, conn
                               timeout=datetime.timedelta(seconds=timeout))
         dist.init_process_group(backend, store=store, rank=rank, world_size=nprocs,
                                 timeout=datetime.timedelta(seconds=timeout))
+        # every rank's mesh is whole before any rank runs fn: a rank that finished joining
+        # and ran ahead could close its connections while a slower one still builds its
+        # own (gloo: "Connection closed by peer"), and that start could not be tried again
+        dist.barrier()
         stage = "run"
         conn.send(("run", None))        # the parent then knows fn ran here: no second start
         out = fn(*args, **kwargs)
