@@ -296,7 +296,7 @@ def _call(target, pos, kw, args, kwargs, make):
             return fn(*values, **kwv)
 
 
-def maker(box_inputs):
+def maker():
     """An instance of ``cls`` made from the case (its constructor's arguments remapped from
     the case's sizes, first that works), cached per class and case."""
     cache: dict = {}
@@ -325,7 +325,7 @@ def probe(cases: dict) -> tuple[list, int]:
     everything = reachable()
     everything += [(f"lesson10._standin.{n}", f) for n, f in sorted(vars(standin).items())
                    if isinstance(f, types.FunctionType)]
-    make = maker(None)
+    make = maker()
     for exercise, (names, recorded) in cases.items():
         args, kwargs, answer = recorded[0]
         wanted = targets(answer, list(args) + list(kwargs.values()))

@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import stat
 
-__all__ = ["MAX_HELPERS", "MAX_HELPER_BYTES", "note", "is_candidate", "reaches_grader"]
+__all__ = ["MAX_HELPERS", "MAX_HELPER_BYTES", "note", "is_candidate", "too_many", "refusal",
+           "reaches_grader"]
 
 #: helper modules one notebook's working folder gets, and the size of each
 MAX_HELPERS, MAX_HELPER_BYTES = 20, 1_000_000

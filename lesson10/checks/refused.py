@@ -132,11 +132,15 @@ def _who(filename: str) -> str:
 
 def _from_student(frame) -> bool:
     """Whether the call whose caller is ``frame`` comes from the student's code: the first
-    frame outwards that is neither course code nor a library decides."""
+    frame outwards that is neither course code nor a library decides. A course module being
+    imported on the way out (its ``<module>`` code) is no call of the student's: the sandbox
+    has a module of that name to import too."""
     while frame is not None:
         who = _who(frame.f_code.co_filename)
         if who in ("check", "student"):
             return who == "student"
+        if who == "course" and frame.f_code.co_name == "<module>":
+            return False
         frame = frame.f_back
     return False
 
@@ -276,21 +280,8 @@ def _profile(frame, event, arg):
         _SEEN.add(frame.f_code.co_filename)
     elif kind == "served" and _served_method(frame.f_code):
         return                        # a method of what the check handed over
-    elif _JUDGING and frame.f_code.co_name != "<module>" and _called_by_student(frame.f_back):
+    elif _JUDGING and frame.f_code.co_name != "<module>" and _from_student(frame.f_back):
         raise NotAvailable(refusal(_JUDGING[-1], _public(frame)))
-
-
-def _called_by_student(frame) -> bool:
-    """:func:`_from_student`, but a course module being imported (its ``<module>`` code on
-    the way out) is no call: the sandbox has its stub to import."""
-    while frame is not None:
-        who = _who(frame.f_code.co_filename)
-        if who in ("check", "student"):
-            return who == "student"
-        if who == "course" and frame.f_code.co_name == "<module>":
-            return False
-        frame = frame.f_back
-    return False
 
 
 def rearm() -> None:
