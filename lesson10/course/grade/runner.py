@@ -252,6 +252,7 @@ class Forker:
     def __init__(self):
         self.job = None
         self.raw = None
+        self.interval = sys.getswitchinterval()
         if sys.implementation.name == "cpython":
             try:
                 import _imp
@@ -268,6 +269,7 @@ class Forker:
     def _child(self):
         job, self.job = self.job, None
         if job is not None:
+            sys.setswitchinterval(self.interval)     # the parent's, not fork()'s 1000 s
             job()                                    # ends the process (os._exit)
 
     def fork(self, job) -> int:
@@ -280,7 +282,7 @@ class Forker:
                     os._exit(1)
                 return pid
             fork, after, imp, errno = self.raw
-            interval = sys.getswitchinterval()
+            interval = self.interval = sys.getswitchinterval()
             sys.setswitchinterval(1000.0)            # no thread asks for the GIL meanwhile
             imp.acquire_lock()
             pid = -1
@@ -335,9 +337,12 @@ def _max_fd() -> int:
 def _restart_thread_pools() -> None:
     """A fork keeps only the thread that forked: a ``ThreadPoolExecutor`` made in an earlier
     cell still counts its workers as alive and idle, and would never run what the judged
-    function submits. Make each one start new workers (honest code that uses a pool works)."""
+    function submits. Make each one start new workers (honest code that uses a pool works).
+    Its work queue is new too: a worker of the parent may have held the queue's lock at the
+    fork (woken, not yet marked as its holder), and the new workers would then wait on that
+    lock for ever while ``put`` sees nothing to release."""
     import gc
-    import threading
+    import queue
     pools = sys.modules.get("concurrent.futures.thread")
     if pools is None:
         return
@@ -346,6 +351,10 @@ def _restart_thread_pools() -> None:
             obj._threads = set()
             obj._idle_semaphore = threading.Semaphore(0)
             obj._shutdown_lock = threading.Lock()
+            fresh: queue.SimpleQueue = queue.SimpleQueue()
+            while not obj._work_queue.empty():       # submitted, not yet taken
+                fresh.put(obj._work_queue.get_nowait())
+            obj._work_queue = fresh
     getattr(pools, "_threads_queues", {}).clear()
 
 
