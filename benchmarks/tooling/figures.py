@@ -13,6 +13,13 @@ first-visit median; it writes ``benchmarks/results/figures.md`` (+ ``.csv``). Th
 median of at most 100 ms and a 90th percentile of at most 200 ms on the 2-core development
 machine, with the test suite running beside it. Sliders redraw on release, so a drag costs
 one redraw, not one per step. No torch, no Jupyter: the widgets are built headless.
+
+``cold``: what a fresh figure costs, ``draw_<name>(**params)`` (a new Figure, no widget) then
+``kit.png`` of it, in a warm process (one call of each setting first), for a few settings of
+each figure (``COLD``), round-robin, ``--reps`` times each. Each call is timed with the kept
+backgrounds of :mod:`lesson10.figures.fresh` (``cold``) and, interleaved so both see the same
+load, without them (``cold, no cache``: every fresh figure drawn whole); the load beside is
+the 1-minute load around that part of the run. Goal: a cold median of at most 100 ms.
 """
 from __future__ import annotations
 
@@ -40,6 +47,16 @@ MOVES: dict[str, tuple[dict[str, object], list[Move]]] = {
                           dict(rank=3), dict(state="sequence", rank=0, kv_heads=8)]),
     "moe_capacity": ({}, [dict(skew=1.0), dict(skew=3.0), dict(capacity_factor=None), dict(skew=6.0),
                           dict(capacity_factor=1.25, skew=0.0)]),
+}
+
+
+#: figure -> draw keyword arguments of the fresh figures timed by :func:`cold`, round-robin
+COLD: dict[str, list[dict[str, object]]] = {
+    "ring_rounds": [dict(round=1), dict(round=3), dict(layout="zigzag", round=2)],
+    "sp_strip": [dict(t=8, sp=True), dict(t=2), dict(t=4, sp=True)],
+    "block_size": [dict(c=4096), dict(c=60_000, g=4), dict(causal=True)],
+    "ulysses_grid": [dict(), dict(state="heads", rank=2), dict(kv_heads=2, rank=3)],
+    "moe_capacity": [dict(skew=3.0), dict(skew=3.25), dict(skew=3.0, capacity_factor=None)],
 }
 
 
@@ -74,6 +91,36 @@ def measure(name: str, reps: int) -> dict:
     return {"moves": out, "first": first, "load": load}
 
 
+def cold(name: str, reps: int) -> dict:
+    """Milliseconds of each fresh figure of ``name`` (``draw_<name>(**params)`` then
+    ``kit.png``) with the kept backgrounds (``on``) and without (``off``), and the load."""
+    from lesson10 import figures
+    from lesson10.figures import fresh, kit
+    draw = getattr(figures, f"draw_{name}")
+
+    def once(params) -> float:
+        t0 = time.perf_counter()
+        kit.png(draw(**params))
+        return (time.perf_counter() - t0) * 1e3
+
+    was = fresh.ENABLED
+    out: dict[bool, list[float]] = {True: [], False: []}
+    load = [_load()]
+    try:
+        for params in COLD[name]:               # warm-up: fonts, texts, kept backgrounds
+            fresh.ENABLED = True
+            once(params)
+        for _ in range(reps):
+            for params in COLD[name]:
+                for enabled in (True, False):
+                    fresh.ENABLED = enabled
+                    out[enabled].append(once(params))
+    finally:
+        fresh.ENABLED = was
+    load.append(_load())
+    return {"on": out[True], "off": out[False], "load": load}
+
+
 def percentile(values, q: float) -> float:
     """The ``q``-quantile (0..1) of ``values``, nearest rank."""
     ordered = sorted(values)
@@ -81,23 +128,33 @@ def percentile(values, q: float) -> float:
 
 
 def table(rows, load_start: float) -> tuple[str, str]:
-    """The markdown report and the CSV of ``rows`` = [(name, measure(...)), ...]."""
-    lines = ["# Figures: one redraw (draw + PNG) after a control moves", "",
+    """The markdown report and the CSV of ``rows`` = [(name, measure(...) and cold(...)), ...]."""
+    calls = len(rows[0][1]["on"]) if rows else 0
+    lines = ["# Figures: one redraw (draw + PNG) after a control moves, and a fresh figure", "",
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
              f"load {load_start:.1f} at the start (1-minute `os.getloadavg`; the machine is shared, "
              f"so each row gives the load around its run). Goal: median <= {TARGET_MEDIAN_MS} ms and "
              f"p90 <= {TARGET_P90_MS} ms over the moves. *First visit*: the same changes after the view "
-             f"forgot every structure it drew (a structure not seen before), for reference.", "",
-             "| figure | redraws | median (ms) | p90 (ms) | load | within goal | first visit median (ms) |",
-             "|---|---:|---:|---:|---:|---|---:|"]
-    csv = ["figure,redraws,median_ms,p90_ms,load_start,load_end,first_visit_median_ms"]
+             f"forgot every structure it drew (a structure not seen before), for reference. *Cold*: a "
+             f"fresh figure, `draw_*(fig=None, ...)` then `kit.png`, median over {calls} calls with the kept "
+             f"backgrounds of `lesson10.figures.fresh` and, interleaved, without them (*no cache*: drawn "
+             f"whole); goal: cold median <= {TARGET_MEDIAN_MS} ms.", "",
+             "| figure | redraws | median (ms) | p90 (ms) | load | within goal | first visit median (ms) "
+             "| cold median (ms) | cold, no cache (ms) | cold load | cold within goal |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+    csv = ["figure,redraws,median_ms,p90_ms,load_start,load_end,first_visit_median_ms,"
+           "cold_median_ms,cold_no_cache_median_ms,cold_load_start,cold_load_end"]
     for name, m in rows:
         med, p90, first = statistics.median(m["moves"]), percentile(m["moves"], 0.9), statistics.median(m["first"])
         ok = med <= TARGET_MEDIAN_MS and p90 <= TARGET_P90_MS
         lo, hi = m["load"]
+        on, off = statistics.median(m["on"]), statistics.median(m["off"])
+        clo, chi = m["cold_load"]
         lines.append(f"| {name} | {len(m['moves'])} | {med:.0f} | {p90:.0f} | {lo:.1f}–{hi:.1f} | "
-                     f"{'yes' if ok else 'no'} | {first:.0f} |")
-        csv.append(f"{name},{len(m['moves'])},{med:.1f},{p90:.1f},{lo:.2f},{hi:.2f},{first:.1f}")
+                     f"{'yes' if ok else 'no'} | {first:.0f} | {on:.0f} | {off:.0f} | {clo:.1f}–{chi:.1f} | "
+                     f"{'yes' if on <= TARGET_MEDIAN_MS else 'no'} |")
+        csv.append(f"{name},{len(m['moves'])},{med:.1f},{p90:.1f},{lo:.2f},{hi:.2f},{first:.1f},"
+                   f"{on:.1f},{off:.1f},{clo:.2f},{chi:.2f}")
     return "\n".join(lines) + "\n", "\n".join(csv) + "\n"
 
 
@@ -112,7 +169,10 @@ def main(argv=None) -> int:
         p.error("--reps must be at least 1")
     os.environ.setdefault("MPLBACKEND", "Agg")
     load_start = _load()
-    rows = [(name, measure(name, args.reps)) for name in args.only or list(MOVES)]
+    rows = []
+    for name in args.only or list(MOVES):
+        m = cold(name, args.reps)
+        rows.append((name, {**measure(name, args.reps), "on": m["on"], "off": m["off"], "cold_load": m["load"]}))
     text, csv = table(rows, load_start)
     print(text)
     out = Path(args.out)

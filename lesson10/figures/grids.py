@@ -33,7 +33,7 @@ def ring(fig, *, n: int, s: int, layout: str, round: int, causal: bool):
     fig, parts = kit.structured(fig, "ring_rounds", (n, s, layout, causal), RING_SIZE, _ring_skeleton,
                                 lambda parts: _ring_restructure(parts, n, s, layout, causal, owner))
     _ring_update(parts, round)
-    return fig
+    return kit.finish(fig)
 
 
 def _ring_skeleton(fig):
@@ -79,12 +79,12 @@ def _ring_restructure(parts, n, s, layout, causal, owner):
     ax.set_ylim(s - 0.5, -0.5)
     parts.bands.set_segments([[(-0.5, r * s / n - 0.5), (s - 0.5, r * s / n - 0.5)] for r in range(1, n)])
     if s <= 16:                  # few tokens: name every query row and key column
-        ax.set_xticks(range(s), [str(x) for x in range(s)], fontsize=10)
-        ax.set_yticks(range(s), [f"r{owner[i]}: q{i}" for i in order], fontsize=7)
+        kit.ticks(ax.xaxis, range(s), range(s), fontsize=10)
+        kit.ticks(ax.yaxis, range(s), [f"r{owner[i]}: q{i}" for i in order], fontsize=7)
     else:                        # many: one label per rank band, key ticks at band edges
         step = s // n
-        ax.set_xticks(range(0, s, step), [str(x) for x in range(0, s, step)], fontsize=7)
-        ax.set_yticks([r * step + (step - 1) / 2 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=7)
+        kit.ticks(ax.xaxis, range(0, s, step), range(0, s, step), fontsize=7)
+        kit.ticks(ax.yaxis, [r * step + (step - 1) / 2 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=7)
     if len(parts.done) < n:      # bars for the most ranks seen so far (two containers), shown or hidden
         for container in list(bx.containers):
             container.remove()
@@ -94,7 +94,7 @@ def _ring_restructure(parts, n, s, layout, causal, owner):
         done.set_visible(r < n)
         idle.set_visible(r < n)
     parts.dynamic["bars"] = parts.done[:n] + parts.idle[:n]
-    bx.set_xticks(range(n), [str(r) if n > 4 else f"rank {r}" for r in range(n)])
+    kit.ticks(bx.xaxis, range(n), [str(r) if n > 4 else f"rank {r}" for r in range(n)])
     margin = 0.05 * (n - 0.2)                        # what autoscaling gives n bars of width 0.8
     bx.set_xlim(-0.4 - margin, n - 0.6 + margin)
     bx.set_xlabel("rank" if n > 4 else "")
@@ -132,7 +132,7 @@ def ulysses(fig, *, n: int, s: int, heads: int, kv_heads: int, state: str, rank:
                                 lambda parts: _ulysses_restructure(parts, n, s, heads, kv_heads))
     _ulysses_update(parts, owner, state, rank, state == "heads" if arrived is None else arrived)
     fig.ulysses_warning = parts.warning
-    return fig
+    return kit.finish(fig)
 
 
 def _squares(cells, inset: float = 0.0) -> np.ndarray:
@@ -187,8 +187,8 @@ def _ulysses_restructure(parts, n, s, heads, kv_heads):
     parts.labels.set_labels(xy=np.stack([cols + 0.5, rows + 0.5], axis=1))
     ax.set_xlim(0, heads)
     ax.set_ylim(s, 0)
-    ax.set_xticks(np.arange(heads) + 0.5, range(heads))
-    ax.set_yticks(np.arange(s) + 0.5, range(s))
+    kit.ticks(ax.xaxis, np.arange(heads) + 0.5, range(heads))
+    kit.ticks(ax.yaxis, np.arange(s) + 0.5, range(s))
     parts.warning = _kv_strip(parts, n, heads, kv_heads)
     parts.n, parts.s, parts.heads = n, s, heads
     parts.restructured((n, s, heads, kv_heads))
@@ -205,7 +205,7 @@ def _kv_strip(parts, n, heads, kv_heads) -> str:
     parts.kv_labels.set_labels(xy=[(kv + 0.5, 0.5) for kv in range(kv_heads)],
                                texts=[",".join(map(str, r)) for r in needed_by], colors=["black"] * kv_heads)
     kx.set_xlim(0, max(kv_heads, 1))
-    kx.set_xticks(np.arange(kv_heads) + 0.5, range(kv_heads))
+    kit.ticks(kx.xaxis, np.arange(kv_heads) + 0.5, range(kv_heads))
     warning = "" if kv_heads >= n else (
         f"warning: {n} ranks but only {kv_heads} K/V heads. Each rank needs whole K/V heads, "
         f"so Ulysses alone scales to {kv_heads} rank{'s' if kv_heads > 1 else ''}; "

@@ -10,7 +10,9 @@ it changes (an image's data, bar heights, colours, a title). :func:`render` keep
 of the rest (the background: axes, ticks, labels, fixed legends) for the last few structures
 and paints the changed artists on a copy of it before encoding the PNG, so going back to a
 structure seen before costs no full draw either. Texts are drawn through
-:mod:`lesson10.figures.text`, which makes each text's pixels once.
+:mod:`lesson10.figures.text`, which makes each text's pixels once. A new figure from a draw
+function (``fig=None``) is painted from a background kept for every fresh figure of its
+structure (:mod:`lesson10.figures.fresh`), with the pixels of a full draw.
 """
 from __future__ import annotations
 
@@ -20,11 +22,12 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from . import fresh
 from .text import Canvas, Labels, TextCacheRenderer  # figures use them through kit
 
 __all__ = ["COLORS", "MARGINS", "BLANK", "RELEASE", "STYLE", "DPI", "new_figure", "legend", "png",
-           "widgets", "fixed", "Parts", "reuse", "skeleton", "structured", "keep", "render", "View", "Canvas",
-           "TextCacheRenderer", "Labels"]
+           "widgets", "ticks", "fixed", "Parts", "reuse", "skeleton", "structured", "keep", "finish", "render",
+           "View", "Canvas", "TextCacheRenderer", "Labels"]
 
 COLORS = {
     "computed": "#2f6fdb",    # blue
@@ -54,9 +57,11 @@ MARGINS = {
 
 
 def new_figure(fig, size, name: str):
-    """``fig`` cleared (or a new Figure of ``size``) with the fixed margins of figure ``name``."""
+    """``fig`` cleared (or a new Figure of ``size`` on a :class:`~lesson10.figures.fresh.FreshCanvas`)
+    with the fixed margins of figure ``name``."""
     if fig is None:
         fig = Figure(figsize=size)
+        fresh.FreshCanvas(fig)
     else:
         fig.clear()
     fig.lesson10_parts = None               # whatever was kept for the old picture is gone
@@ -71,6 +76,17 @@ def legend(ax, entries, **kw):
     box = ax.legend(handles=handles, **{"fontsize": 8, **kw})
     box.lesson10_key = (id(ax), tuple(entries), repr(sorted(kw.items())))   # its pixels depend on these
     return box
+
+
+def ticks(axis, locs, labels, fontsize=None) -> None:
+    """``axis.set_ticks(locs, labels, fontsize=fontsize)``, except that the Tick artists are
+    made when first drawn or asked for: a fresh figure painted from a kept background
+    (:mod:`lesson10.figures.fresh`) never makes them, and making them is most of a build."""
+    from matplotlib.ticker import FixedFormatter, FixedLocator
+    axis.set_major_locator(FixedLocator(list(locs)))
+    axis.set_major_formatter(FixedFormatter([str(label) for label in labels]))
+    if fontsize is not None:
+        axis.set_tick_params(which="major", labelsize=fontsize)
 
 
 def fixed(artist, *content):
@@ -93,6 +109,7 @@ class Parts:
 
     def __init__(self, name: str, key, axes=(), **named):
         self.name, self.key, self.axes = name, key, list(axes)
+        self.fresh, self.rc = False, None   # a figure just built by a draw function (see fresh)
         self.dynamic: dict = {}
         self.backgrounds: OrderedDict = OrderedDict()  # key -> (width, height, BufferRegion)
         self.stamps: dict = {}              # the pixels of legends and fixed artists (see _stamp)
@@ -149,13 +166,24 @@ def structured(fig, name: str, key, size, build, restructure, fits=None):
     figure of no kind (or whose axes ``fits(parts)`` says cannot move there) first gets its
     axes from ``build(fig)`` (on ``fig`` cleared, or a new Figure of ``size``)."""
     parts = reuse(fig, name, key)
-    if parts is None:
+    if parts is not None:
+        parts.fresh = parts.fresh and fresh.untouched(fig)
+    else:
         parts = skeleton(fig, name)
         if parts is None or (fits is not None and not fits(parts)):
+            new = fig is None
             fig = new_figure(fig, size, name)
             parts = build(fig)
+            parts.fresh = new
+        else:
+            parts.fresh = False
         restructure(parts)
     return fig, parts
+
+
+def finish(fig):
+    """``fig``, marked fresh if a draw function built it new (:func:`lesson10.figures.fresh.finish`)."""
+    return fresh.finish(fig)
 
 
 def keep(fig, parts: Parts) -> Parts:
@@ -229,8 +257,11 @@ def _make_stamp(artist, renderer, parts: Parts):
 def render(fig) -> bytes:
     """The figure as PNG bytes at its own dpi. A figure with :class:`Parts` paints only its
     dynamic artists over its kept background (drawn once, with them hidden); texts and legends
-    are painted from stamps (:func:`_stamp`)."""
+    are painted from stamps (:func:`_stamp`). A fresh figure is painted by
+    :func:`lesson10.figures.fresh.paint` (exactly a full draw's pixels)."""
     canvas = fig.canvas if isinstance(fig.canvas, Canvas) else Canvas(fig)
+    if fresh.paint(fig, canvas):
+        return _encode(canvas)
     parts = getattr(fig, "lesson10_parts", None)
     if parts is None:
         canvas.draw()
@@ -238,15 +269,7 @@ def render(fig) -> bytes:
     artists = parts.artists()
     size = canvas.get_width_height(physical=True)
     if parts.background is None or parts.background[:2] != size:
-        shown = [a.get_visible() for a in artists]
-        for a in artists:
-            a.set_visible(False)
-        try:
-            canvas.draw()
-        finally:
-            for a, was in zip(artists, shown):
-                a.set_visible(was)
-        parts.background = (*size, canvas.copy_from_bbox(fig.bbox))
+        parts.background = (*size, fresh.draw_without(fig, canvas, artists))
     else:
         canvas.restore_region(parts.background[2])
     renderer = canvas.get_renderer()
@@ -257,9 +280,11 @@ def render(fig) -> bytes:
 
 
 def png(fig) -> bytes:
-    """The figure as PNG bytes (90 dpi), drawn whole."""
+    """The figure as PNG bytes (90 dpi), drawn whole, or painted from a kept background if it
+    is fresh (:mod:`lesson10.figures.fresh`: the same pixels). Light compression: at the
+    default level encoding costs more than painting, for a PNG shown once."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
+    fig.savefig(buf, format="png", dpi=DPI, pil_kwargs={"compress_level": 1})
     return buf.getvalue()
 
 

@@ -54,7 +54,7 @@ def sp(fig, *, t: int, sp: bool, s: int, h: int, a: int, e: int):
                                 lambda parts: parts.restructured(key))
     _sp_update(parts, int(t), bool(sp))
     fig.sp_strip_bytes = parts.sent
-    return fig
+    return kit.finish(fig)
 
 
 def _sp_build(fig, key):
@@ -172,7 +172,7 @@ def block(fig, *, h: int, link, g: int, causal: bool, gpu, c, e: int, F):
                     f"({'hidden' if tc >= tt else 'exposed'})")
     parts.title.set_text(setting)
     fig.c_star = c_star
-    return fig
+    return kit.finish(fig)
 
 
 def _block_restructure(parts, decades):
@@ -253,7 +253,7 @@ def moe(fig, *, E: int, Ne: int, k: int, T: int, skew: float, capacity_factor, s
     mean = load.mean()
     parts.titles[1].set_text(f"max/mean load = {busiest / mean:.2f}" if mean > 0 else "no load")
     fig.moe_routing = r
-    return fig
+    return kit.finish(fig)
 
 
 def _moe_restructure(parts, key):
@@ -271,7 +271,7 @@ def _moe_build(fig, E, Ne, tops, key):
     computed = ax.scatter(none[:, 0], none[:, 1], s=5, marker="s", color=kit.COLORS["computed"], label="computed")
     dropped = ax.scatter(none[:, 0], none[:, 1], s=5, marker="s", color=kit.COLORS["dropped"], label="dropped")
     capacity = ax.axhline(0, color=kit.COLORS["edge"], ls="--", lw=1)
-    ax.set_xticks(range(E), [f"e{i}" for i in range(E)])
+    kit.ticks(ax.xaxis, range(E), [f"e{i}" for i in range(E)])
     ax.set_xlim(-0.6, E - 0.4)
     ax.set_ylim(-0.03 * tops[0], tops[0])
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -280,7 +280,7 @@ def _moe_build(fig, E, Ne, tops, key):
         ax.axvline(gpu * E // Ne - 0.5, color=kit.COLORS["masked"], lw=1, zorder=0.5)
     done = bx.bar(range(Ne), np.zeros(Ne), color=kit.COLORS["computed"], label="copies computed")
     wait = bx.bar(range(Ne), np.zeros(Ne), color=kit.COLORS["idle"], label="waiting")
-    bx.set_xticks(range(Ne), [f"GPU {i}" for i in range(Ne)])
+    kit.ticks(bx.xaxis, range(Ne), [f"GPU {i}" for i in range(Ne)])
     bx.set_ylabel("copies per GPU")
     bx.yaxis.set_major_locator(MaxNLocator(integer=True))
     bx.set_ylim(0, tops[1])
