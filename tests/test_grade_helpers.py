@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lesson10.course.grade import gradebook
-from lesson10.course.grade.cli import _helpers
+from lesson10.course.grade.pipeline import _helpers
 from lesson10.course.grade.submission_files import (
     MAX_HELPER_BYTES,
     MAX_HELPERS,

@@ -5,7 +5,8 @@ too); a run that stopped is resumed with its own."""
 import pytest
 
 from lesson10.course.grade import store
-from lesson10.course.grade.cli import _parser, verdict_limits
+from lesson10.course.grade.cli import _parser
+from lesson10.course.grade.request import Request
 
 LIMITS = {"cell_timeout": 120, "exercise_timeout": 30, "notebook_timeout": 600,
           "memory_gib": 4, "sandboxed": True}
@@ -43,7 +44,7 @@ def test_code_version_is_a_digest_of_the_package():
 def test_the_limits_come_from_the_options():
     args = _parser().parse_args(["x.ipynb", "--exercise-timeout", "45", "--memory", "2",
                                  "--no-sandbox"])
-    assert verdict_limits(args) == {"cell_timeout": 120, "exercise_timeout": 45,
+    assert Request.from_args(args).verdict_limits() == {"cell_timeout": 120, "exercise_timeout": 45,
                              "notebook_timeout": 600, "memory_gib": 2, "sandboxed": False}
 
 

@@ -16,8 +16,7 @@ import pytest
 
 from lesson10.checks import EXERCISES
 from lesson10.course import report as class_report
-from lesson10.course.grade import cli as grade_cli
-from lesson10.course.grade import gradebook, main
+from lesson10.course.grade import gradebook, main, pipeline
 
 pytestmark = pytest.mark.slow   # a whole command end to end: make test-slow
 
@@ -87,7 +86,7 @@ def test_output_folders_are_made_and_a_bad_one_stops_before_grading(graded, tmp_
     assert graded["status"] == 1 and (graded["out"] / "grades.csv").is_file()
     (tmp_path / "a-folder").mkdir()
     graded_now = []                 # the rule, not a time: no notebook is graded at all
-    monkeypatch.setattr(grade_cli, "_one", lambda *a, **k: graded_now.append(a) or {})
+    monkeypatch.setattr(pipeline, "_one", lambda *a, **k: graded_now.append(a) or {})
     assert main([str(graded["cls"]), "--csv", str(tmp_path / "a-folder"), "--no-results"]) == 2
     assert "--csv" in capsys.readouterr().err and not graded_now
     (tmp_path / "file").write_text("")

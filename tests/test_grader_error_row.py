@@ -5,7 +5,7 @@ import json
 
 from adjusted_class import BLANK
 
-from lesson10.course.grade import cli, main, sandbox
+from lesson10.course.grade import main, pipeline, sandbox
 
 RING = "02_ring_attention"
 
@@ -19,7 +19,7 @@ def test_a_refused_notebook_is_one_grader_error_not_unknown_and_missing(tmp_path
         raise sandbox.Unprotected("user lesson10 cannot run this Python (/root/py): install "
                                   "it where every user can")
 
-    monkeypatch.setattr(cli, "grade_notebook", refuse)
+    monkeypatch.setattr(pipeline, "grade_notebook", refuse)
     out = tmp_path / "results.json"
     status = main([str(nb), "--student", "submission", "--no-sandbox", "--gradescope", str(out),
                    "--output", str(tmp_path / "report.json")])

@@ -117,14 +117,14 @@ def test_an_empty_submission_without_a_sandbox(bundle, tmp_path):
 
 
 def test_a_grader_error_is_shown_not_a_silent_zero(tmp_path, monkeypatch):
-    from lesson10.course.grade import cli
+    from lesson10.course.grade import pipeline
     seen = {}
 
-    def broken(argv):
+    def broken(request):
         seen["cwd"], seen["path"] = os.getcwd(), list(sys.path)
         raise RuntimeError("no kernel")
 
-    monkeypatch.setattr(cli, "main", broken)
+    monkeypatch.setattr(pipeline, "run", broken)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", ["", str(tmp_path)] + sys.path)
     assert gradescope.run(tmp_path / "ag") == 0
@@ -174,3 +174,32 @@ def test_the_bundles_scripts_are_shell_files_that_parse(tmp_path):
                 (tmp_path / name).write_text(text)
                 assert _subprocess.run(["bash", "-n", str(tmp_path / name)]).returncode == 0, name
     assert "@PACKAGE@" in (gradescope.SCRIPTS / "setup.sh").read_text()
+
+
+def test_the_submission_is_graded_as_the_bundle_asks(tmp_path, monkeypatch):
+    """run_autograder hands the pipeline a Request: one student, the bundle's options and
+    seed ($LESSON10_SEED first), Gradescope's results into the private folder."""
+    monkeypatch.delenv("LESSON10_SEED", raising=False)
+    config = {"options": {"timeout": 60, "jobs": "2", "not_an_option": 1}, "seed": 7}
+    req = gradescope.request(config, tmp_path)
+    assert (req.student, req.notebooks, req.timeout, req.jobs, req.seed) == \
+        ("submission", (Path("."),), 60.0, 2, 7)
+    assert req.gradescope == tmp_path / "results.json" and req.output == tmp_path / "report.json"
+    assert req.exercise_timeout == 30.0 and not req.no_sandbox       # the grader's defaults
+    monkeypatch.setenv("LESSON10_SEED", "11")
+    assert gradescope.request(config, tmp_path, sandboxed=False).seed == 11
+    assert gradescope.request(config, tmp_path, sandboxed=False).no_sandbox
+    with pytest.raises(ValueError):
+        gradescope.request({"options": {"memory": "lots"}}, tmp_path)
+
+
+def test_an_option_that_is_no_number_is_a_grader_error(tmp_path, monkeypatch):
+    root = tmp_path / "ag"
+    (root / "source").mkdir(parents=True)
+    (root / "source" / gradescope.CONFIG).write_text(json.dumps({"options": {"memory": "lots"}}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert gradescope.run(root) == 0
+    doc = json.loads((root / "results" / "results.json").read_text())
+    assert doc["output"].startswith("GRADER ERROR") and "lots" in doc["output"]
+    assert doc["score"] == 0 and len(doc["tests"]) == len(EXERCISES)

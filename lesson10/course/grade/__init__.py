@@ -8,14 +8,16 @@ judge outside (:mod:`.judge`) runs the course's check on hidden cases, calling t
 student's function in the fork over a plain-data wire (:mod:`.wire`) and serving what the
 exercise may use (an op, a ring network, an attention kernel) as callbacks it counts.
 Which exercises count comes from the course (:mod:`.course`); one notebook's report:
-:mod:`.notebook`; outputs: :mod:`.reports`; command line and exit status: :mod:`.cli`
-(0 all passed, 1 points lost, 2 the grader or the environment failed).
+:mod:`.notebook`; outputs: :mod:`.reports`. A run is four stages (plan, grade, collect,
+write) in :mod:`.pipeline`, over one :class:`~.request.Request` that the command line
+(:mod:`.cli`) parses; its exit status is 0 all passed, 1 points lost, 2 the grader or the
+environment failed.
 """
 import importlib
 
 #: public name -> submodule, imported on first use
-_LAZY = {"main": "cli", "exit_status": "cli", "grade_notebook": "notebook",
-         "GradeConfig": "config"}
+_LAZY = {"main": "cli", "exit_status": "pipeline", "grade_notebook": "notebook",
+         "Request": "request", "run": "pipeline", "GradeConfig": "config"}
 
 __all__ = list(_LAZY)
 

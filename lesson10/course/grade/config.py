@@ -1,7 +1,7 @@
-"""One grading run's settings: :class:`GradeConfig`, frozen, made once by the command line.
+"""One grading run's settings: :class:`GradeConfig`, frozen, made once per run.
 
-Every part of a run reads the same object: the command line makes it from its options
-(:func:`lesson10.course.grade.cli.main`), :func:`~lesson10.course.grade.notebook.grade_notebook`
+Every part of a run reads the same object: the pipeline makes it from the run's request
+(:func:`lesson10.course.grade.pipeline.grade`), :func:`~lesson10.course.grade.notebook.grade_notebook`
 grades one notebook with it, and the session that runs that notebook's cells and checks
 (:mod:`.session`) reads its limits and seed. The sandbox's own limits are one field
 (:class:`.sandbox.Limits`: memory, CPU, file size, processes), so memory is said once.

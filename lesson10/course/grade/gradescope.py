@@ -30,8 +30,10 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from . import gradebook
+from .request import Request
 
 CONFIG = "lesson10_autograder.json"
 #: grader options the bundle can fix (``--timeout 60`` ...), passed on by ``run_autograder``
@@ -131,7 +133,7 @@ def run(root: Path, out: Path | None = None) -> int:
     user can reach; ``run_autograder`` then calls :func:`finish`, which writes
     ``results/results.json`` once this process has exited. Without ``out``: straight into
     ``results/results.json`` (in-process use)."""
-    from . import cli, sandbox
+    from . import pipeline, sandbox
     root = Path(root)
     submission, results = root / "submission", root / "results" / "results.json"
     results.parent.mkdir(parents=True, exist_ok=True)
@@ -148,10 +150,9 @@ def run(root: Path, out: Path | None = None) -> int:
     if results.exists():
         results.unlink()
     private = Path(tempfile.mkdtemp(prefix="lesson10-gs-"))        # 0700: only this user
-    argv = _argv(config, private)
     why = sandbox.probe()
-    user_set = "LESSON10_GRADE_USER" not in os.environ     # protect() sets it for cli.main
-    notes = _without_sandbox(root, argv, why) if why and sandbox.probe_kind() != "python" else []
+    user_set = "LESSON10_GRADE_USER" not in os.environ     # protect() sets it for the grading
+    notes = _without_sandbox(root, why) if why and sandbox.probe_kind() != "python" else []
     for line in notes:
         print(f"run_autograder: {line}", flush=True)
     error = None
@@ -159,7 +160,7 @@ def run(root: Path, out: Path | None = None) -> int:
         error = f"the grader's environment is broken: {why}"
     else:
         try:
-            status = cli.main(argv)
+            status = pipeline.run(request(config, private, sandboxed=not notes))
             error = None if status in (0, 1) else f"the grader stopped with exit status {status}"
         except BaseException as exc:  # noqa: BLE001 - any failure must reach results.json
             error = f"{type(exc).__name__}: {exc}"
@@ -182,11 +183,10 @@ def run(root: Path, out: Path | None = None) -> int:
     return 0
 
 
-def _without_sandbox(root: Path, argv: list[str], why: str) -> list[str]:
-    """Grade with ``--no-sandbox``, the notebooks as an unprivileged user (:func:`protect`);
+def _without_sandbox(root: Path, why: str) -> list[str]:
+    """The notebooks will run without bubblewrap, as an unprivileged user (:func:`protect`);
     the summary's note."""
     from . import sandbox
-    argv.append("--no-sandbox")
     try:
         who = protect(root)
     except (sandbox.Unprotected, OSError) as exc:
@@ -196,16 +196,18 @@ def _without_sandbox(root: Path, argv: list[str], why: str) -> list[str]:
             f"{who}."]
 
 
-def _argv(config: dict, private: Path) -> list[str]:
-    argv = [".", "--student", "submission", "--gradescope", str(private / "results.json"),
-            "--output", str(private / "report.json")]
-    for key, value in (config.get("options") or {}).items():
-        if key in OPTIONS:
-            argv += ["-j" if key == "jobs" else "--" + key.replace("_", "-"), str(value)]
+def request(config: dict, private: Path, sandboxed: bool = True) -> Request:
+    """The grading :class:`~.request.Request` of one submission: the current folder as one
+    student's, Gradescope's results and the JSON report into ``private``, the bundle's
+    options and seed (``$LESSON10_SEED`` first); raises ValueError for an option that is
+    not a number."""
+    given: dict[str, Any] = {key: (int if key == "jobs" else float)(value)
+             for key, value in (config.get("options") or {}).items() if key in OPTIONS}
     seed = os.environ.get("LESSON10_SEED") or config.get("seed")
-    if seed not in (None, ""):
-        argv += ["--seed", str(int(seed))]
-    return argv
+    return Request(notebooks=(Path("."),), student="submission",
+                   gradescope=private / "results.json", output=private / "report.json",
+                   seed=None if seed in (None, "") else int(seed), no_sandbox=not sandboxed,
+                   **given)
 
 
 def finish(root: Path, out: Path, status: int) -> int:
