@@ -34,6 +34,7 @@ __all__ = [
     "ring_source",
     "check_permutation",
     "visible",
+    "kernel_mask",
     "Block",
     "block_plan",
     "plan_pairs",
@@ -123,12 +124,13 @@ def visible(q_pos, k_pos, causal: bool = False, doc_ids=None) -> np.ndarray:
     """Bool ``(s_q, s_k)``: which keys each query sees. ``k_pos[j] <= q_pos[i]`` when causal,
     and ``doc_ids[k_pos[j]] == doc_ids[q_pos[i]]`` with a document mask (positions are global
     token ids, ``doc_ids`` has one entry per global position)."""
-    return _mask(q_pos, k_pos, causal, doc_ids)
+    return kernel_mask(q_pos, k_pos, causal, doc_ids)
 
 
-def _mask(q_pos, k_pos, causal: bool = False, doc_ids=None) -> np.ndarray:
-    """:func:`visible`'s mask, for the attention kernel (notebook 03's sandbox withholds the
-    public name, whose pair counts are its exercise, and keeps the kernel)."""
+def kernel_mask(q_pos, k_pos, causal: bool = False, doc_ids=None) -> np.ndarray:
+    """The same mask as :func:`visible`, under the name the simulated attention kernels call:
+    notebook 03's grader withholds ``visible`` (counting its pairs is that notebook's
+    exercise) and keeps the kernels working."""
     q_pos, k_pos = np.asarray(q_pos), np.asarray(k_pos)
     mask = np.ones((q_pos.size, k_pos.size), dtype=bool)
     if causal:

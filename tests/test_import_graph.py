@@ -199,3 +199,24 @@ def test_relative_and_function_level_imports_are_resolved(tmp_path):
     got = imports_of("lesson10.checks.core", pkg / "core.py", known)
     assert got == {"lesson10.checks.depends", "lesson10.sim", "numpy"}
     assert imports_of("lesson10.checks", pkg / "__init__.py", known) == {"lesson10.checks.core"}
+
+
+# ---------------------------------------------------------------- no private names across modules
+def private_imports(tree: ast.AST) -> list[str]:
+    """``module.name`` for each ``_private`` name that a ``from lesson10... import`` (or a
+    relative one) takes from another module (dunders are not private)."""
+    return [f"{'.' * n.level}{n.module or ''}.{a.name}" for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and (n.level > 0 or (n.module or "").split(".")[0] == "lesson10")
+            for a in n.names if a.name.startswith("_") and not a.name.startswith("__")]
+
+
+def test_no_module_imports_a_private_name_of_another():
+    found = {name: got for name, path in modules().items()
+             if (got := private_imports(ast.parse(path.read_text(encoding="utf-8"))))}
+    assert not found, f"make these public (a short docstring) in the module of their concept: {found}"
+
+
+def test_the_private_import_rule_sees_one():
+    assert private_imports(ast.parse("def f():\n    from ..layouts import _mask, visible\n")) == ["..layouts._mask"]
+    assert private_imports(ast.parse("from lesson10.cost import __all__, comm_bytes\n")) == []
+    assert private_imports(ast.parse("from numpy import _globals\n")) == []

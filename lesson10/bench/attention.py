@@ -41,7 +41,7 @@ from .harness import (
 __all__ = ["breakdown_section", "time_attention", "ring_table", "compare_table", "bench", "bench_compare"]
 
 
-def _sdpa_once(state, cfg):
+def sdpa_once(state, cfg):
     """One fwd+bwd of ``F.scaled_dot_product_attention`` over the whole sequence, timed."""
     if "sdpa" not in state:
         dt, dev = torch_dtype(cfg.get("dtype", "float32")), current_device()
@@ -71,7 +71,7 @@ def _step(cfg, st):
     """One timed fwd+bwd of ``cfg`` (a ring / Ulysses config, or the SDPA baseline)."""
     from ..spmd.ring import ring_options
     if cfg["method"] == "sdpa":
-        return one_process(cfg["threads"], _sdpa_once, st, cfg)
+        return one_process(cfg["threads"], sdpa_once, st, cfg)
     if "qkv" not in st:
         n, dev = dist.get_world_size(), current_device()
         b, s, a, d = cfg["b"], cfg["s"], cfg["a"], cfg["d"]

@@ -51,8 +51,8 @@ def _step(cfg: dict, st: dict) -> float:
     from ..spmd.ulysses import ulysses_attention
     from ..spmd.ulysses_pipeline import ulysses_timings
     if cfg["method"] == "sdpa":
-        from .attention import _sdpa_once
-        return harness.one_process(cfg["threads"], _sdpa_once, st, cfg)
+        from .attention import sdpa_once
+        return harness.one_process(cfg["threads"], sdpa_once, st, cfg)
     if "qkv" not in st:
         _setup(cfg, st)
     q, k, v = st["qkv"]

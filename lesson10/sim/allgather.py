@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layouts import _mask
+from ..layouts import kernel_mask
 from .attention import attention, check_doc_ids
 from .comm import Stats
 from .validate import check_qkv_shards
@@ -60,5 +60,5 @@ def allgather_attention(q_shards, k_shards, v_shards, positions, causal: bool = 
         lse.append(l_)
     if not return_stats:
         return out
-    work = np.array([_mask(p, k_pos, causal, doc_ids).sum() for p in positions])
+    work = np.array([kernel_mask(p, k_pos, causal, doc_ids).sum() for p in positions])
     return out, AllGatherStats(work=work, lse=lse, bytes_sent=group.bytes_sent - start)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layouts import _mask, visible  # the one visibility mask, re-exported
+from ..layouts import kernel_mask, visible  # the one visibility mask, re-exported
 from .validate import check_doc_ids, check_token_positions, real_finite
 
 __all__ = ["attention", "merge", "visible", "check_doc_ids"]
@@ -60,7 +60,7 @@ def attention(q, k, v, causal: bool = False, q_pos=None, k_pos=None, doc_ids=Non
     scores = qg @ kt                                             # (a_kv, g, s_q, s_k)
     scores *= 1.0 / np.sqrt(d)
     if causal or doc_ids is not None:
-        hidden = ~_mask(qp, kp, causal, doc_ids)               # (s_q, s_k)
+        hidden = ~kernel_mask(qp, kp, causal, doc_ids)               # (s_q, s_k)
         scores[..., hidden] = -np.inf
     if s_k == 0:
         m = np.full(scores.shape[:-1] + (1,), -np.inf)
