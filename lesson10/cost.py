@@ -14,10 +14,9 @@ ranks, negative sizes, ...) with a ``ValueError``.
 """
 from __future__ import annotations
 
-import math
-import numbers
-from fractions import Fraction
-from typing import Any, cast
+from typing import Any
+
+from .rules import MoEConfig, count, number
 
 __all__ = [
     "HARDWARE",
@@ -61,7 +60,7 @@ def _preset(name, kind: str, field: str) -> float:
                 return HARDWARE[key][field]
         raise ValueError(f"unknown {kind} {name!r}; use one of {valid} or a number in "
                          f"{'FLOP/s' if kind == 'gpu' else 'bytes/s'}")
-    return _positive(f"{kind} {field}", name)
+    return number(f"{kind} {field}", name)
 
 
 def peak_flops(gpu) -> float:
@@ -74,26 +73,13 @@ def link_bandwidth(link) -> float:
     return _preset(link, "link", "bandwidth")
 
 
-def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    return cast(float, value)
-
-
-def _count(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _divides(s, n: int, what: str) -> None:
-    if isinstance(s, numbers.Integral) and s % n:
+def _tokens(s, n: int, what: str):
+    """``s`` checked (a number > 0 that, given as an integer, ``n`` ranks split evenly)."""
+    s = number("s", s)
+    if isinstance(s, int) and s % n:
         raise ValueError(f"s = {s} tokens do not split evenly over {what} = {n}; "
                          f"use a multiple of {n} (pad the sequence)")
+    return s
 
 
 # --------------------------------------------------------------------------- memory
@@ -106,8 +92,8 @@ def activation_bytes(s, b, h, a, t: int = 1, sp: bool = False, flash: bool = Tru
     * ``flash=True`` (FlashAttention) does not store the score matrix: the
       ``5as/h`` term is dropped. ``t = 1`` gives ``34 sbh`` in both cases.
     """
-    s, b, h, a = (_positive(nm, v) for nm, v in (("s", s), ("b", b), ("h", h), ("a (heads)", a)))
-    t = _count("t (TP degree)", t)
+    s, b, h, a = (number(nm, v) for nm, v in (("s", s), ("b", b), ("h", h), ("a (heads)", a)))
+    t = count("t (TP degree)", t)
     sbh = s * b * h
     scores = 0.0 if flash else 5 * a * s / h
     if sp:
@@ -118,26 +104,20 @@ def activation_bytes(s, b, h, a, t: int = 1, sp: bool = False, flash: bool = Tru
 # --------------------------------------------------------------------------- collectives
 def all_reduce_bytes(nbytes, n: int) -> float:
     """Bytes each of ``n`` GPUs sends in a ring all-reduce of ``nbytes``: ``2 (n-1)/n nbytes``."""
-    n = _count("n", n)
-    return 2 * (n - 1) / n * _nonneg("nbytes", nbytes)
+    n = count("n", n)
+    return 2 * (n - 1) / n * number("nbytes", nbytes, strict=False)
 
 
 def reduce_scatter_bytes(nbytes, n: int) -> float:
     """Bytes per GPU of a ring reduce-scatter of an ``nbytes`` tensor: ``(n-1)/n nbytes``."""
-    n = _count("n", n)
-    return (n - 1) / n * _nonneg("nbytes", nbytes)
+    n = count("n", n)
+    return (n - 1) / n * number("nbytes", nbytes, strict=False)
 
 
 def all_gather_bytes(nbytes, n: int) -> float:
     """Bytes per GPU of a ring all-gather producing ``nbytes`` on every GPU: ``(n-1)/n nbytes``."""
-    n = _count("n", n)
-    return (n - 1) / n * _nonneg("nbytes", nbytes)
-
-
-def _nonneg(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return value
+    n = count("n", n)
+    return (n - 1) / n * number("nbytes", nbytes, strict=False)
 
 
 COMM_METHODS = ("sp", "ring", "ulysses", "allgather")
@@ -160,10 +140,10 @@ def comm_bytes(method: str, s, h, n: int, g=1, e=2) -> float:
     if not isinstance(method, str) or method.lower() not in COMM_METHODS:
         raise ValueError(f"unknown method {method!r}; use one of {', '.join(map(repr, COMM_METHODS))}")
     method = method.lower()
-    s, h = _positive("s", s), _positive("h", h)
-    g, e = _positive("g (GQA group size)", g), _positive("e (bytes per element)", e)
-    n = _count("n (number of GPUs)", n)
-    _divides(s, n, "n")
+    h = number("h", h)
+    g, e = number("g (GQA group size)", g), number("e (bytes per element)", e)
+    n = count("n (number of GPUs)", n)
+    s = _tokens(s, n, "n")
     if method == "sp":
         return 4 * (n - 1) / n * s * h * e
     if method == "ring":
@@ -185,10 +165,10 @@ def usp_bytes(s, h, ulysses_size: int, ring_size: int, g=1, e=2) -> float:
     ``s/r`` tokens and ``h/u`` columns. ``u = N_c`` gives ``"ulysses"``, ``u = 1``
     gives ``"ring"``. Ulysses needs ``u`` to divide the number of K/V heads (not checked here).
     """
-    s, h = _positive("s", s), _positive("h", h)
-    g, e = _positive("g (GQA group size)", g), _positive("e (bytes per element)", e)
-    u, r = _count("ulysses_size", ulysses_size), _count("ring_size", ring_size)
-    _divides(s, u * r, "ulysses_size * ring_size")
+    h = number("h", h)
+    g, e = number("g (GQA group size)", g), number("e (bytes per element)", e)
+    u, r = count("ulysses_size", ulysses_size), count("ring_size", ring_size)
+    s = _tokens(s, u * r, "ulysses_size * ring_size")
     c = s / (u * r)
     return (u - 1) / u * (2 + 2 / g) * c * h * e + (r - 1) * 2 * (s / r) * h * e / (g * u)
 
@@ -198,14 +178,14 @@ def ring_round_flops(c, h, causal: bool = False) -> float:
     """FLOPs of one ring round: ``Q K^T`` and ``P V`` for ``c`` queries and ``c`` keys over all
     heads, ``4 c^2 h``; half of that, ``2 c^2 h``, per round with a causal mask and a balanced
     (zig-zag) layout."""
-    c, h = _positive("c (block size)", c), _positive("h", h)
+    c, h = number("c (block size)", c), number("h", h)
     return (2 if causal else 4) * c * c * h
 
 
 def ring_round_bytes(c, h, g=1, e=2) -> float:
     """Bytes one rank sends per ring round: a K and a V block, ``2 c (h/g) e`` (``4ch`` in bf16)."""
-    c, h = _positive("c (block size)", c), _positive("h", h)
-    g, e = _positive("g (GQA group size)", g), _positive("e (bytes per element)", e)
+    c, h = number("c (block size)", c), number("h", h)
+    g, e = number("g (GQA group size)", g), number("e (bytes per element)", e)
     return 2 * c * h * e / g
 
 
@@ -227,7 +207,7 @@ def min_block_size(F, W, causal: bool = False, g=1, e=2) -> float:
     the bytes by ``e/2``: ``c* = F/W * (2 if causal) / g * e/2``. Independent of ``h`` and ``N_c``.
     """
     F, W = peak_flops(F), link_bandwidth(W)
-    g, e = _positive("g (GQA group size)", g), _positive("e (bytes per element)", e)
+    g, e = number("g (GQA group size)", g), number("e (bytes per element)", e)
     return F / W * (2 if causal else 1) / g * e / 2
 
 
@@ -241,11 +221,11 @@ def link_split(nbytes, pattern: str, rank: int, n: int, node_size: int) -> tuple
     which ``node_size - 1`` share the node. Two nodes of 4 and an all-to-all: 3/7 of the
     bytes stay inside, 4/7 cross.
     """
-    n, node_size = _count("n (ranks)", n), _count("node_size", node_size)
+    n, node_size = count("n (ranks)", n), count("node_size", node_size)
     if n % node_size:
         raise ValueError(f"n = {n} ranks do not fill nodes of node_size = {node_size}; every "
                          f"node runs the same number of ranks")
-    nbytes = _nonneg("nbytes", nbytes)
+    nbytes = number("nbytes", nbytes, strict=False)
     if pattern == "ring":
         across = n > node_size and (rank + 1) % n // node_size != rank // node_size
         return (0.0, nbytes) if across else (nbytes, 0.0)
@@ -262,17 +242,17 @@ def moe_a2a_bytes(k, T, h, Ne: int, e=2) -> float:
     ``k T`` (token, expert) copies, each ``h e`` bytes, leave the GPU with probability
     ``(Ne-1)/Ne`` in the dispatch, and come back the same way in the combine (factor 2).
     """
-    k = _count("k (experts per token)", k)
-    T, h, e = _positive("T (tokens per GPU)", T), _positive("h", h), _positive("e (bytes per element)", e)
-    Ne = _count("Ne (expert-parallel GPUs)", Ne)
+    k = count("k (experts per token)", k)
+    T, h, e = number("T (tokens per GPU)", T), number("h", h), number("e (bytes per element)", e)
+    Ne = count("Ne (expert-parallel GPUs)", Ne)
     return 2 * k * T * h * e * (Ne - 1) / Ne
 
 
 def moe_expert_flops(k, T, h, d_ff, swiglu: bool = False) -> float:
     """Expert FLOPs per GPU for ``k T`` copies: ``2 * 2 h d_ff`` each for a two-matrix MLP,
     ``3 * 2 h d_ff`` with SwiGLU (three matrices)."""
-    k = _count("k (experts per token)", k)
-    T, h, d_ff = _positive("T (tokens per GPU)", T), _positive("h", h), _positive("d_ff", d_ff)
+    k = count("k (experts per token)", k)
+    T, h, d_ff = number("T (tokens per GPU)", T), number("h", h), number("d_ff", d_ff)
     return k * T * (6 if swiglu else 4) * h * d_ff
 
 
@@ -281,8 +261,8 @@ def moe_comm_ratio(F, W, Ne: int, d_ff, swiglu: bool = False, e=2) -> float:
     ``F/W * (Ne-1)/Ne / d_ff`` (bf16, two-matrix MLP); SwiGLU has 1.5x the FLOPs
     (ratio / 1.5); other formats scale the bytes by ``e/2``. Independent of ``k``, ``T``, ``h``."""
     F, W = peak_flops(F), link_bandwidth(W)
-    Ne = _count("Ne (expert-parallel GPUs)", Ne)
-    d_ff, e = _positive("d_ff", d_ff), _positive("e (bytes per element)", e)
+    Ne = count("Ne (expert-parallel GPUs)", Ne)
+    d_ff, e = number("d_ff", d_ff), number("e (bytes per element)", e)
     return F / W * (Ne - 1) / Ne / d_ff / (1.5 if swiglu else 1.0) * e / 2
 
 
@@ -292,17 +272,7 @@ def expert_capacity(N: int, E: int, k: int, capacity_factor=None):
     The factor is read as the decimal number it was written as (``1.1`` is 11/10), so
     that ``C`` is not off by one because of binary rounding.
     """
-    for name, val, lo in (("N (tokens)", N, 0), ("E (experts)", E, 1), ("k", k, 1)):
-        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < lo:
-            raise ValueError(f"{name} must be an integer >= {lo}, got {val!r}")
-    if capacity_factor is None:
-        return None
-    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, numbers.Real) \
-            or not math.isfinite(capacity_factor) or capacity_factor <= 0:
-        raise ValueError(f"capacity_factor must be a number > 0 (or None for no limit), "
-                         f"got {capacity_factor!r}")
-    cf = Fraction(repr(float(capacity_factor)))
-    return math.ceil(cf * k * N / E)
+    return MoEConfig(E, k, capacity_factor).capacity(N)
 
 
 def sp_block_activation_bytes(s, b, h, t: int = 1, sp: bool = False, e: float = 2,

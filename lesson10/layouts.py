@@ -21,11 +21,12 @@ ring figure all read that one plan, so a new layout needs no edit anywhere else.
 """
 from __future__ import annotations
 
-import numbers
 from fractions import Fraction
 from typing import NamedTuple
 
 import numpy as np
+
+from .rules import count
 
 __all__ = [
     "LAYOUTS",
@@ -58,15 +59,6 @@ def layout_name(layout) -> str:
     raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(map(repr, LAYOUTS))}")
 
 
-def _check_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 def layout_unit(n: int, layout: str) -> int:
     """The smallest sequence length ``layout`` splits over ``n`` ranks (every valid ``s`` is a
     multiple of it): ``2n`` for ``"zigzag"`` (two chunks a rank), ``n`` otherwise."""
@@ -90,8 +82,8 @@ def shard_positions(s: int, n: int, layout: str = "contiguous") -> list[np.ndarr
     Every rank gets ``s/n`` tokens and every token ``0..s-1`` appears on exactly one
     rank. ``s`` must be a multiple of ``n`` (of ``2n`` for ``"zigzag"``).
     """
-    s = _check_int("s (sequence length)", s)
-    n = _check_int("n (number of ranks)", n)
+    s = count("s (sequence length)", s)
+    n = count("n (number of ranks)", n)
     layout = layout_name(layout)
     _check_divisible(s, n, layout)
     if layout == "contiguous":
@@ -116,7 +108,7 @@ def check_permutation(pos: np.ndarray, where: str) -> None:
 
 def ring_source(r: int, k: int, n: int) -> int:
     """Rank whose K/V block rank ``r`` holds in ring round ``k``: ``(r - k) mod n``."""
-    n = _check_int("n (number of ranks)", n)
+    n = count("n (number of ranks)", n)
     return (r - k) % n
 
 
@@ -274,7 +266,7 @@ def causal_work(n: int, layout: str = "contiguous", s: int | None = None) -> np.
       pair count is a quadratic in the chunk length ``m``, and its leading
       coefficient is its second difference over ``m = 1, 2, 3`` halved.
     """
-    n = _check_int("n (number of ranks)", n)
+    n = count("n (number of ranks)", n)
     layout = layout_name(layout)
     if s is not None:
         return _token_work(s, n, layout)

@@ -22,19 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 import os
 from dataclasses import dataclass
+
+from .rules import count
 
 __all__ = ["Topology", "current", "assume", "check_ulysses_size", "usp_group_ranks",
            "check_heads", "default_ulysses_size", "usp_ulysses_size", "usp_ring_positions",
            "ulysses_spans_nodes", "check_nodes"]
-
-
-def _int(name, val, lo=1) -> int:
-    if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < lo:
-        raise ValueError(f"{name} must be an integer >= {lo}, got {val!r}")
-    return int(val)
 
 
 @dataclass(frozen=True)
@@ -44,8 +39,8 @@ class Topology:
     node_size: int
 
     def __post_init__(self):
-        _int("world", self.world)
-        _int("node_size", self.node_size)
+        count("world", self.world)
+        count("node_size", self.node_size)
         if self.world % self.node_size:
             raise ValueError(f"{self.world} ranks do not fill nodes of {self.node_size}: every "
                              f"node must run the same number of ranks (--node-size, torchrun "
@@ -88,7 +83,7 @@ _ASSUMED: list[int] = []
 def assume(node_size: int):
     """Inside the block, :func:`current` says nodes of ``node_size`` ranks (pretend nodes on
     one machine: the byte counter then splits bytes as if they crossed a network)."""
-    _ASSUMED.append(_int("node_size", node_size))
+    _ASSUMED.append(count("node_size", node_size))
     try:
         yield
     finally:
@@ -126,7 +121,7 @@ def _world() -> int:
 def check_ulysses_size(ulysses_size, n: int) -> int:
     """``u = ulysses_size`` as an int, if it is >= 1 and divides the ``n`` ranks; else a
     ValueError that says what to do."""
-    u = _int("ulysses_size", ulysses_size)
+    u = count("ulysses_size", ulysses_size)
     if n % u:
         raise ValueError(f"usp_attention: N = {n} ranks do not split into Ulysses groups of "
                          f"ulysses_size = {u}; use a ulysses_size that divides N (N = "
@@ -205,13 +200,13 @@ def check_nodes(E: int, k: int, nodes, max_nodes):
             raise ValueError("max_nodes needs nodes: pass nodes= (how many nodes the experts are "
                              "split over) together with max_nodes=")
         return None, None
-    nodes = _int("nodes", nodes)
+    nodes = count("nodes", nodes)
     if E % nodes:
         raise ValueError(f"E = {E} experts do not split evenly over nodes = {nodes}; use a number "
                          f"of nodes that divides E")
     if max_nodes is None:
         return nodes, nodes
-    max_nodes = _int("max_nodes", max_nodes)
+    max_nodes = count("max_nodes", max_nodes)
     if max_nodes > nodes:
         raise ValueError(f"max_nodes = {max_nodes} is more than the nodes = {nodes} there are; "
                          f"use 1 <= max_nodes <= nodes")

@@ -68,12 +68,13 @@ def _imported(nodes) -> list[str]:
 
 
 def test_sim_and_the_shared_rules_never_import_torch():
-    """sim/: no torch anywhere; layouts, cost, topology: not at import time (topology reads
+    """sim/: no torch anywhere; layouts, cost, topology, rules: not at import time (topology reads
     torch.distributed's world lazily, when a job is up)."""
     for rel, _, tree in _trees():
         if rel.startswith("lesson10/sim/"):
             names = _imported(ast.walk(tree))
-        elif rel in ("lesson10/layouts.py", "lesson10/cost.py", "lesson10/topology.py"):
+        elif rel in ("lesson10/layouts.py", "lesson10/cost.py", "lesson10/topology.py",
+                     "lesson10/rules.py"):
             names = _imported(tree.body)
         else:
             continue

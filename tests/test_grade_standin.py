@@ -12,6 +12,7 @@ import pytest
 
 from lesson10 import cost, layouts
 from lesson10.course.grade import main, standin, withheld
+from lesson10.rules import MoEConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "solutions").glob("0[1-5]*.ipynb"))
@@ -40,7 +41,8 @@ REFERENCES = {
     "04_ulysses": ["lesson10.sim.ulysses.seq_to_heads", "lesson10.sim.ulysses.heads_to_seq",
                    "lesson10.sim.ulysses.ulysses_attention", "lesson10.cost.comm_bytes"],
     "05_moe_dispatch": ["lesson10.sim.moe.route_topk", "lesson10.sim.capacity.keep_within_capacity",
-                        "lesson10.cost.expert_capacity", "lesson10.sim.moe.simulate_moe",
+                        "lesson10.cost.expert_capacity", "lesson10.rules.MoEConfig.capacity",
+                        "lesson10.sim.moe.simulate_moe",
                         "lesson10.sim.moe.switch_aux_loss"],
 }
 
@@ -132,6 +134,7 @@ def test_the_adapters_agree_with_the_course():
                               keep_within_capacity(experts, 4, C))
     for cf in (0.5, 1.0, 1.25):
         assert ns["_adapt_expert_capacity"](30, 4, 2, cf) == min(cost.expert_capacity(30, 4, 2, cf), 60)
+        assert ns["_adapt_moe_capacity"](MoEConfig(4, 2, cf), 30) == ns["_adapt_expert_capacity"](30, 4, 2, cf)
 
 
 def test_a_function_that_calls_the_reference_is_refused_while_judged(tmp_path):

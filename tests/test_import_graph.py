@@ -6,7 +6,8 @@ imports resolved. ``from pkg import name`` is an edge to ``pkg.name`` when that 
 of the package, else to ``pkg`` itself. The layer rule is the one ARCHITECTURE.md states:
 shared rules <- ``sim``, ``spmd``, ``figures``, ``checks`` <- ``runs``, ``bench``, ``course``;
 ``sim`` never imports torch; ``layouts``, ``cost`` and ``topology`` import neither ``sim``
-nor ``spmd``.
+nor ``spmd``; ``rules`` (the size and MoE rules those three, ``sim``, ``spmd``, ``runs`` and
+``bench`` share) imports nothing of the package but ``errors``.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "lesson10"
 
-SHARED = {"lesson10", "lesson10.layouts", "lesson10.cost", "lesson10.topology", "lesson10.errors"}
+SHARED = {"lesson10", "lesson10.layouts", "lesson10.cost", "lesson10.topology", "lesson10.errors",
+          "lesson10.rules"}
 MIDDLE = ("sim", "spmd", "figures", "checks")
 TOP = ("runs", "bench", "course")
 TOP_MODULES = {"lesson10.__main__", "lesson10.run"}    # the commands
@@ -166,6 +168,10 @@ def test_sim_never_imports_torch(g):
 
 def test_the_shared_rules_import_neither_sim_nor_spmd(g):
     assert shared_into_methods(g) == []
+
+
+def test_the_size_rules_import_nothing_of_the_package_but_errors(g):
+    assert internal(g)["lesson10.rules"] <= {"lesson10.errors"}
 
 
 # --- the rules reject what they should (a graph written out, not the package) -------------

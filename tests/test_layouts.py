@@ -232,5 +232,5 @@ def test_ring_time_rejects_complex_and_ragged_work():
         layouts.ring_time([[1 + 5j, 2], [3, 4]])       # used to drop the imaginary part
     with pytest.raises(ValueError, match="rows of different lengths"):
         layouts.ring_time([[1, 2], [3]])
-    with pytest.raises(ValueError, match="n \\(number of ranks\\) must be >= 1"):
+    with pytest.raises(ValueError, match="n \\(number of ranks\\) must be an integer >= 1"):
         layouts.ring_source(0, 0, 0)                  # used to be a ZeroDivisionError

@@ -140,7 +140,7 @@ def test_the_refusals_use_the_lessons_rules():
                      (dict(node_size=2, max_nodes=1, experts=4, topk=3), "fewer than k = 3")):
         with pytest.raises(validate.Refused, match=says):
             validate.check_run(_args("moe", **kw), 4)
-    assert validate.moe_case(_args("moe", experts=12, topk=3), 4)["E"] == 12
+    assert validate.moe_case(_args("moe", experts=12, topk=3), 4).config.E == 12
 
 
 def test_the_memory_estimate_grows_with_the_sizes_and_compares_with_the_machine(monkeypatch):

@@ -248,9 +248,9 @@ def test_sampler_handles_underflowing_weights():
 def test_simulate_moe_rejects_bad_input():
     with pytest.raises(ValueError, match="capacity_factor"):
         simulate_moe(64, 8, 2, 2, capacity_factor=-1)
-    with pytest.raises(ValueError, match="multiple of Ne"):
+    with pytest.raises(ValueError, match="multiple of N_e"):
         simulate_moe(64, 6, 2, 4)
-    with pytest.raises(ValueError, match="multiple of Ne"):
+    with pytest.raises(ValueError, match="multiple of N_e"):
         simulate_moe(66, 8, 2, 4)
 
 

@@ -79,3 +79,31 @@ def test_real_finite_refuses_complex_text_and_nan():
     for bad, words in (([1j], "real numbers"), (["a"], "real numbers"), ([np.inf], "NaN or inf")):
         with pytest.raises(ValueError, match=words):
             real_finite(bad, "x")
+
+
+def test_the_sim_attention_family_has_one_signature_with_a_keyword_only_tail():
+    """ring, ulysses, allgather and usp: the same leading parameters in one order (USP adds
+    its ulysses_size after positions), everything after group keyword-only, doc_ids first."""
+    import inspect
+
+    from lesson10 import sim
+    P = inspect.Parameter
+    for fn in (sim.ring_attention, sim.ulysses_attention, sim.allgather_attention,
+               sim.usp_attention):
+        params = list(inspect.signature(fn).parameters.values())
+        names = [p.name for p in params if p.kind == P.POSITIONAL_OR_KEYWORD]
+        lead = ["q_shards", "k_shards", "v_shards", "positions"]
+        if fn is sim.usp_attention:
+            lead.append("ulysses_size")
+        assert names == lead + ["causal", "group"], (fn.__name__, names)
+        assert inspect.signature(fn).parameters["causal"].default is True
+        tail = [p for p in params if p.kind == P.KEYWORD_ONLY]
+        assert tail and tail[0].name == "doc_ids" and tail[0].default is None, fn.__name__
+
+
+def test_document_ids_passed_where_the_group_goes_are_named_in_the_error():
+    from lesson10 import sim
+    rng = np.random.default_rng(0)
+    shards = [rng.standard_normal((2, 1, 2)) for _ in range(2)]
+    with pytest.raises(ValueError, match="keyword-only: pass doc_ids="):
+        sim.allgather_attention(shards, shards, shards, "contiguous", True, np.zeros(4, int))

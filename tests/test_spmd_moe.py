@@ -160,9 +160,9 @@ def _bad_t(*shape, dtype=torch.float32):
 
 def test_dist_moe_single_process_rejects_bad_args():
     L = _bad_t(6, 4)
-    with pytest.raises(ValueError, match="must be an integer between 1"):
+    with pytest.raises(ValueError, match="k \\(experts per token\\) must be an integer >= 1"):
         dmoe.route_topk(L, 2.0)
-    with pytest.raises(ValueError, match="must be an integer between 1"):
+    with pytest.raises(ValueError, match="k \\(experts per token\\) must be an integer >= 1"):
         dmoe.route_topk(L, None)
     with pytest.raises(ValueError, match="floating-point tensor \\(T, E\\)"):
         dmoe.route_topk(L[0], 1)
@@ -174,7 +174,7 @@ def test_dist_moe_single_process_rejects_bad_args():
         dmoe.moe_reference(x.double(), rw, w1, w2, 2)
     with pytest.raises(ValueError, match="h = 3"):
         dmoe.moe_reference(x[:, :3], rw, w1, w2, 2)
-    with pytest.raises(ValueError, match="E = 0"):
+    with pytest.raises(ValueError, match="E \\(experts\\) must be an integer >= 1, got 0"):
         dmoe.moe_reference(x, rw[:, :0], w1[:0], w2[:0], 1)
     # numpy scalars are numbers, as in lesson10.sim
     y = dmoe.moe_reference(x, rw, w1, w2, 2, np.float32(1.0))
@@ -184,7 +184,7 @@ def test_dist_moe_single_process_rejects_bad_args():
 
 # multi-process bad input (rank_workers.bad_input_cases) -> what its error says
 test_multi_process_bad_input_says_what_to_do = bad_input_test({
-    "moe k float": "must be an integer between 1",
+    "moe k float": "k (experts per token) must be an integer >= 1",
     "moe E % Ne": "E a multiple of N_e",
     "moe cf nan": "capacity_factor must be a number > 0",
     "moe x float64": "pass x.to(torch.float32)",

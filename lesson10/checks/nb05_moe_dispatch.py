@@ -338,7 +338,8 @@ CAPACITY_PARTS = ("copies kept per expert", "which copies are dropped")
                    withholds={
                        "lesson10.sim.capacity.keep_within_capacity": "adapter:keep_within_capacity",
                        "lesson10.sim.capacity._queues": None, "lesson10.sim.capacity.arrival_order": None,
-                       "lesson10.cost.expert_capacity": "adapter:expert_capacity"})
+                       "lesson10.cost.expert_capacity": "adapter:expert_capacity",
+                       "lesson10.rules.MoEConfig.capacity": "adapter:moe_capacity"})
 def check_capacity(capacity_keep, rng):
     """``capacity_keep(experts, E, capacity_factor) -> bool (N, k)``: every expert accepts at
     most ``C = ceil(capacity_factor * k * N / E)`` copies, first come first served in token

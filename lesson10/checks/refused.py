@@ -43,7 +43,7 @@ __all__ = ["WITHHELD", "REAL", "SERVED", "NotAvailable", "guard", "refusal",
 
 #: the modules (paths under lesson10/) the grader's sandbox ships as real code (less what
 #: :data:`WITHHELD` names); every other module is a stub there
-REAL = ("layouts.py", "cost.py", "topology.py", "sim/")
+REAL = ("layouts.py", "cost.py", "topology.py", "rules.py", "sim/")
 
 #: the check modules whose objects a check hands to the student's function (a ring network,
 #: a served kernel or op): the student calls them; in the sandbox they are the wire's

@@ -4,11 +4,10 @@
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .. import layouts
+from ..rules import MoEConfig, count, number
 from ..sim import moe as sim_moe
 
 __all__ = ["owners", "ring_states", "ulysses_owner", "moe_routing"]
@@ -62,15 +61,10 @@ def moe_routing(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float = 
     expert's queue, ``kept`` (N, k) bool, ``capacity`` (int or None), ``received_per_expert``
     (all copies), ``load_per_expert`` and ``load_per_gpu`` (computed copies), ``drop_rate``.
     """
-    for name, value in (("E", E), ("Ne", Ne), ("T (tokens per GPU)", T)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if E % Ne:
-        raise ValueError(f"E = {E} experts do not split over Ne = {Ne} GPUs; use E a multiple of Ne")
-    if not math.isfinite(skew) or skew < 0:
-        raise ValueError(f"skew must be a finite number >= 0, got {skew!r}")
-    N = Ne * T
-    capacity = sim_moe.expert_capacity(N, E, k, capacity_factor)   # validates k and CF
+    config = MoEConfig(E, k, capacity_factor, N_e=Ne)   # 1 <= k <= E, CF, E a multiple of Ne
+    N = config.N_e * count("T (tokens per GPU)", T)
+    number("skew", skew, strict=False)
+    capacity = config.capacity(N)
     popularity, experts = sim_moe.skewed_routing(N, E, k, skew, seed)
     experts = experts.astype(np.int64)
     arrival = sim_moe.arrival_order(experts, E)
@@ -81,6 +75,6 @@ def moe_routing(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float = 
     return {
         "experts": experts, "arrival": arrival, "kept": kept, "capacity": capacity,
         "received_per_expert": counts, "load_per_expert": load_expert,
-        "load_per_gpu": load_expert.reshape(Ne, E // Ne).sum(axis=1),
+        "load_per_gpu": load_expert.reshape(Ne, config.experts_per_rank).sum(axis=1),
         "drop_rate": 1.0 - kept.mean(), "popularity": popularity,
     }

@@ -137,10 +137,10 @@ def cases(args, n: int) -> list[tuple]:
                 for sp in (False, True)]
     from .validate import moe_case
     c = moe_case(args, n)
-    base = dict(T=c["T"], h=c["h"], E=c["E"], d_ff=c["d_ff"], k=c["k"], dtype=args.dtype,
+    base = dict(T=c.T, h=c.h, E=c.config.E, d_ff=c.d_ff, k=c.config.k, dtype=args.dtype,
                 max_nodes=args.max_nodes, dispatch=args.dispatch, **topo)
     return [("check_moe", dict(base, routing="uniform")),
-            ("check_moe", dict(base, routing="random", capacity_factor=c["cf"]))]
+            ("check_moe", dict(base, routing="random", capacity_factor=c.config.capacity_factor))]
 
 
 def _case(res: dict) -> str:

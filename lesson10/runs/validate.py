@@ -2,9 +2,10 @@
 
 A refusal is a :class:`Refused` (a ValueError) whose message is one line: the limit that was
 broken and what to use instead. The rules are the lesson's, from where they already live:
-the sequence layouts (:func:`lesson10.layouts.layout_unit`), USP's group shapes and head
-limit and node-limited routing (:mod:`lesson10.topology`), the capacity factor
-(:func:`lesson10.cost.expert_capacity`) and top-k (the simulation's ``k <= E``). Ulysses is
+counts and numbers and the MoE configuration (:mod:`lesson10.rules`: ``1 <= k <= E``, a
+capacity factor > 0, ``E`` a multiple of ``N_e``), worded here with the flags' names, the
+sequence layouts (:func:`lesson10.layouts.layout_unit`), USP's group shapes and head limit
+and node-limited routing (:mod:`lesson10.topology`). Ulysses is
 USP with ``ulysses_size = N`` (every rank in one Ulysses group), so its head limit is
 :func:`lesson10.topology.check_heads` with ``u = N``.
 
@@ -17,19 +18,20 @@ this machine has available (``/proc/meminfo``'s MemAvailable, a cgroup's limit, 
 from __future__ import annotations
 
 import argparse
-import math
-import numbers
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from .. import cost, layouts, topology
+from .. import layouts, rules, topology
 from ..errors import Lesson10Error
+from ..rules import MoEConfig
 
 __all__ = ["Refused", "Parser", "DTYPE_NAMES", "ELEM", "positive", "check_run", "check_attention",
-           "check_sp", "check_moe", "moe_case", "need_bytes", "memory_available", "check_memory",
-           "check_out", "refuse", "nodes_of", "parse_capacity_factor", "finite", "optional", "rule"]
+           "check_sp", "check_moe", "moe_case", "MoECase", "moe_config", "need_bytes",
+           "memory_available", "check_memory", "check_out", "refuse", "nodes_of",
+           "parse_capacity_factor", "finite", "optional", "rule"]
 
 #: the dtypes of the workers and benchmarks (``lesson10.spmd.device.DTYPES``), bytes per number
 ELEM = {"float64": 8, "float32": 4, "bfloat16": 2}
@@ -55,18 +57,21 @@ def refuse(prog: str, exc: Exception) -> int:
 
 
 def positive(flag: str, value, lo: int = 1) -> int:
-    """``value`` if it is an integer >= ``lo``; else :class:`Refused` naming ``flag``."""
-    if value is None or isinstance(value, bool) or not isinstance(value, numbers.Integral) \
-            or value < lo:
-        raise Refused(f"{flag} must be an integer >= {lo}, got {value!r}")
-    return int(value)
+    """``value`` if it is an integer >= ``lo`` (:func:`lesson10.rules.count`); else
+    :class:`Refused` naming ``flag``."""
+    try:
+        return rules.count(flag, value, lo)
+    except ValueError as e:
+        raise Refused(str(e)) from None
 
 
 def optional(flag: str, value, lo: int = 1, meaning: str = "") -> None:
     """``None`` (the option not given) or an integer >= ``lo``: 0 never means the default."""
-    if value is not None and (isinstance(value, bool) or value < lo):
-        raise Refused(f"{flag} must be an integer >= {lo}, got {value}" +
-                      (f" (leave it out for {meaning})" if meaning else ""))
+    try:
+        if value is not None:
+            rules.count(flag, value, lo)
+    except ValueError as e:
+        raise Refused(f"{e}" + (f" (leave it out for {meaning})" if meaning else "")) from None
 
 
 def rule(where: str, fn, *args):
@@ -83,7 +88,7 @@ def parse_capacity_factor(text: str):
         return None
     try:
         cf = float(text)
-        cost.expert_capacity(1, 1, 1, cf)                # the lesson's rule: CF > 0
+        MoEConfig(1, 1, cf)                              # the lesson's rule: CF > 0
     except ValueError:
         raise Refused(f"must be a number > 0 (copies an expert may take, per k N / E) or "
                       f"'none' (dropless), got {text!r}") from None
@@ -173,44 +178,75 @@ def check_sp(args, n: int) -> None:
                       f"--heads {(args.heads // n + 1) * n} or --nproc dividing {args.heads}")
 
 
-def moe_case(args, n: int) -> dict:
-    """``run moe``'s layer on ``n`` ranks: ``E`` (``--experts``, default max(4, 2N)), ``k``
-    (``--topk``, default 2), ``T = s/N`` tokens per rank, ``h = max(a d, E)`` (uniform routing
-    needs ``h >= E``), ``d_ff = 2h``, ``cf`` (``--capacity-factor`` of the random-router run,
-    default 1.25)."""
+@dataclass(frozen=True)
+class MoECase:
+    """``run moe``'s layer: its :class:`~lesson10.rules.MoEConfig` (``E``, ``k``, the
+    capacity factor of the random-router run, ``N_e`` ranks), ``T`` tokens per rank, hidden
+    size ``h`` and expert width ``d_ff``."""
+    config: MoEConfig
+    T: int
+    h: int
+    d_ff: int
+
+
+def _moe_choice(args, n: int) -> tuple:
+    """``(E, k, cf)`` of ``run moe`` as given: ``--experts`` (default max(4, 2N)), ``--topk``
+    (default 2), ``--capacity-factor`` (default 1.25)."""
     E = args.experts if getattr(args, "experts", None) is not None else max(4, 2 * n)
     k = args.topk if getattr(args, "topk", None) is not None else 2
-    h = max(args.heads * args.dim, E)
-    cf = getattr(args, "capacity_factor", 1.25)
-    return {"E": E, "k": k, "T": args.seq // n, "h": h, "d_ff": 2 * h, "cf": cf}
+    return E, k, getattr(args, "capacity_factor", 1.25)
 
 
-def check_moe(args, n: int, E=None, k=None, cf=None, where: str = "moe") -> None:
-    """MoE on ``n`` ranks: ``E`` a multiple of ``N_e`` (so ``E >= N_e``), ``1 <= k <= E``, a
-    capacity factor > 0, node-limited routing (:func:`lesson10.topology.check_nodes`), and (for
-    ``run``) at least one token per rank, ``s`` a multiple of ``N_e``."""
-    if E is None:
-        c = moe_case(args, n)
-        E, k, cf = c["E"], c["k"], c["cf"]
-        if args.seq % n:
-            raise Refused(f"{where}: --seq {args.seq} tokens do not split evenly over N_e = {n} "
-                          f"ranks (T = s/N_e each); use --seq {(args.seq // n + 1) * n}")
-    positive("--experts", E)
-    positive("--topk", k)
-    if n > E or E % n:
+def moe_case(args, n: int) -> MoECase:
+    """``run moe``'s layer on ``n`` ranks (:func:`_moe_choice`), ``T = s/N`` tokens per rank,
+    ``h = max(a d, E)`` (uniform routing needs ``h >= E``), ``d_ff = 2h``; :class:`Refused`
+    when the MoE rules refuse it (:func:`moe_config`)."""
+    E, k, cf = _moe_choice(args, n)
+    config = moe_config(E, k, cf, n)
+    h = max(args.heads * args.dim, config.E)
+    return MoECase(config, args.seq // n, h, 2 * h)
+
+
+def _holds(*args) -> bool:
+    """Whether ``MoEConfig(*args)`` keeps the lesson's MoE rules."""
+    try:
+        MoEConfig(*args)
+    except ValueError:
+        return False
+    return True
+
+
+def moe_config(E, k, cf, n: int, where: str = "moe") -> MoEConfig:
+    """``MoEConfig(E, k, cf, N_e=n)``, each rule it breaks refused in the flags' words:
+    ``--experts`` and ``--topk`` counts, ``--topk <= --experts``, ``--experts`` a multiple of
+    ``N_e`` (so ``E >= N_e``), a capacity factor > 0."""
+    E, k = positive("--experts", E), positive("--topk", k)
+    if not _holds(E, k):
+        raise Refused(f"{where}: --topk {k} is more than the --experts {E} there are (a token "
+                      f"picks k distinct experts); use --topk <= {E}")
+    if not _holds(E, k, None, n):
         raise Refused(f"{where}: --experts {E} do not split over N_e = {n} ranks (each rank holds "
                       f"E/N_e whole experts, so E >= N_e and a multiple of it); use --experts "
                       f"{max(n, (E // n + 1) * n)} or fewer ranks")
-    if k > E:
-        raise Refused(f"{where}: --topk {k} is more than the --experts {E} there are (a token "
-                      f"picks k distinct experts); use --topk <= {E}")
-    if cf is not None:
-        rule(f"{where}: --capacity-factor", cost.expert_capacity, 1, E, k, cf)
+    return rule(f"{where}: --capacity-factor", MoEConfig, E, k, cf, n)
+
+
+def check_moe(args, n: int, E=None, k=None, cf=None, where: str = "moe") -> None:
+    """MoE on ``n`` ranks: the rules of :func:`moe_config`, node-limited routing
+    (:func:`lesson10.topology.check_nodes`), and (for ``run``, ``E=None``) ``s`` a multiple of
+    ``N_e``."""
+    if E is None:
+        if args.seq % n:
+            raise Refused(f"{where}: --seq {args.seq} tokens do not split evenly over N_e = {n} "
+                          f"ranks (T = s/N_e each); use --seq {(args.seq // n + 1) * n}")
+        config = moe_case(args, n).config
+    else:
+        config = moe_config(E, k, cf, n, where)
     max_nodes = getattr(args, "max_nodes", None)
     if where == "moe" and (max_nodes is not None or nodes_of(args, n).nodes > 1):
         count = nodes_of(args, n).nodes
-        rule(f"{where}: --max-nodes", topology.check_nodes, E, k,
-             count if E % count == 0 else None, max_nodes)
+        rule(f"{where}: --max-nodes", topology.check_nodes, config.E, config.k,
+             count if config.E % count == 0 else None, max_nodes)
 
 
 # ------------------------------------------------------------------------- memory
@@ -227,7 +263,7 @@ def need_bytes(args, n: int) -> float:
         return 8.0 * (4 * h * 4 * h * 3 + 2 * b * s * (8 * h + 3 * 4 * h))
     if args.method == "moe":
         c = moe_case(args, n)
-        N, h, k, E, f = n * c["T"], c["h"], c["k"], c["E"], c["d_ff"]
+        N, h, k, E, f = n * c.T, c.h, c.config.k, c.config.E, c.d_ff
         return 8.0 * (N * h * 8 + N * k * (3 * h + 3 * f) + N * E * 4 + 6 * E * h * f)
     return 8.0 * (5 * b * a * s * s + 8 * b * s * (a + a_kv) * d) + s * s
 
@@ -285,8 +321,9 @@ def check_out(path) -> Path:
 
 
 def finite(flag: str, value, unit: str = "seconds") -> float:
-    """``value`` if it is a finite number > 0 (of ``unit``); :class:`Refused` else."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0:
-        raise Refused(f"{flag} must be a finite number of {unit} > 0, got {value!r}")
-    return float(value)
+    """``value`` if it is a finite number > 0 (of ``unit``, :func:`lesson10.rules.number`);
+    :class:`Refused` else."""
+    try:
+        return rules.number(flag, value)
+    except ValueError:
+        raise Refused(f"{flag} must be a finite number of {unit} > 0, got {value!r}") from None

@@ -6,6 +6,11 @@ collectives and counts the bytes each rank sends, with ``e`` bytes per element.
 Besides the lesson's methods, their combinations: all-gather context parallelism
 (:mod:`.allgather`), document masks (``doc_ids=``), USP (:mod:`.usp`) and node-limited
 MoE routing (:mod:`.nodes`). Nothing here imports torch.
+
+The attention family has one signature: ``(q_shards, k_shards, v_shards, positions,
+causal=True, group=None, *, doc_ids=None, ...)`` (USP puts its ``ulysses_size`` after
+``positions``); everything after ``group`` is keyword-only, each method's own options
+(``return_stats``, ``replicate_kv``, ``attention``) last.
 """
 from .allgather import AllGatherStats, allgather_attention
 from .attention import attention, merge

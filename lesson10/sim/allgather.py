@@ -35,7 +35,7 @@ class AllGatherStats(Stats):
 
 
 def allgather_attention(q_shards, k_shards, v_shards, positions, causal: bool = True,
-                        doc_ids=None, group=None, return_stats: bool = False):
+                        group=None, *, doc_ids=None, return_stats: bool = False):
     """All-gather attention over ``N_c = len(q_shards)`` simulated ranks.
 
     Same inputs and output as :func:`lesson10.sim.ring_attention`: ``q_shards[r]``

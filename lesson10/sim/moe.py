@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import cost
 from ..cost import expert_capacity  # the one exact formula; re-exported here
+from ..rules import MoEConfig, count, number
 from ..topology import check_nodes
 from .capacity import arrival_order, keep_within_capacity  # re-exported
 from .comm import Stats, check_shards
@@ -64,15 +65,6 @@ def _real(x, name: str, finite: bool = True) -> np.ndarray:
     return arr
 
 
-def _check_k(k, E: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or int(k) < 1:
-        raise ValueError(f"k (experts per token) must be an integer >= 1, got {k!r}")
-    if int(k) > E:
-        raise ValueError(f"k = {k} experts per token is more than the E = {E} experts there are; "
-                         f"use k <= E")
-    return int(k)
-
-
 def router_probs(logits) -> np.ndarray:
     """Softmax of the router logits over all ``E`` experts: ``(T, E) -> (T, E)``."""
     logits = _real(logits, "logits")
@@ -93,7 +85,7 @@ def route_topk(logits, k: int, bias=None, nodes=None, max_nodes=None):
     if logits.ndim != 2:
         raise ValueError(f"logits must be (tokens, experts), got shape {logits.shape}")
     T, E = logits.shape
-    k = _check_k(k, E)
+    k = MoEConfig(E, k).k
     scores = logits
     if bias is not None:
         bias = _real(bias, "bias")
@@ -175,7 +167,7 @@ def moe_reference(x, router_w, experts, k: int, capacity_factor=None, bias=None,
         raise ValueError(f"x must be (tokens, h), got shape {x.shape}")
     E = _check_router(router_w, x.shape[1], experts)
     chosen, gates = route_topk(x @ router_w, k, bias, nodes=nodes, max_nodes=max_nodes)
-    keep = keep_within_capacity(chosen, E, expert_capacity(x.shape[0], E, k, capacity_factor))
+    keep = keep_within_capacity(chosen, E, MoEConfig(E, k, capacity_factor).capacity(x.shape[0]))
     y = np.zeros_like(x)
     for i in range(E):
         rows, slots = np.nonzero((chosen == i) & keep)
@@ -203,18 +195,14 @@ def moe_layer(x_shards, router_w, experts, k: int, capacity_factor=None, group=N
     if xs[0].ndim != 2:
         raise ValueError(f"moe_layer: each shard must be (tokens, h), got {xs[0].shape}")
     T, h = xs[0].shape
-    E = _check_router(router_w, h, experts)
-    k = _check_k(k, E)
-    if E % n:
-        raise ValueError(f"moe_layer: E = {E} experts do not split over N_e = {n} ranks; "
-                         f"E must be a multiple of N_e")
+    config = MoEConfig(_check_router(router_w, h, experts), k, capacity_factor, N_e=n)
+    E, k, per_rank = config.E, config.k, config.experts_per_rank
     group = check_group(group, n, "moe_layer")
-    per_rank = E // n
 
     # 1. route: every rank on its own tokens
     routes = [route_topk(x @ router_w, k, bias, nodes=nodes, max_nodes=max_nodes) for x in xs]
     # capacity, first come first served in global token order (rank 0 first)
-    capacity = expert_capacity(n * T, E, k, capacity_factor)
+    capacity = config.capacity(n * T)
     keep = np.split(keep_within_capacity(np.concatenate([c for c, _ in routes]), E, capacity), n)
 
     # 2. dispatch: rank i sends x[t] for each kept copy (t, j) whose expert lives on rank d
@@ -312,23 +300,16 @@ class MoEStats(Stats):
     remote_nodes_per_token: float | None = None
 
 
-def _check_sim_args(T, E, k, Ne, h, skew, seed) -> int:
-    """ValueError for a bad :func:`simulate_moe` size, skew or seed; returns ``k`` checked."""
-    for name, val, lo in (("T (tokens, all GPUs)", T, 1), ("E (experts)", E, 1),
-                          ("Ne (GPUs)", Ne, 1), ("h", h, 1)):
-        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < lo:
-            raise ValueError(f"{name} must be an integer >= {lo}, got {val!r}")
-    k = _check_k(k, E)
-    if E % Ne:
-        raise ValueError(f"E = {E} experts do not split over Ne = {Ne} GPUs; use E a multiple of Ne")
-    if T % Ne:
-        raise ValueError(f"T = {T} tokens do not split over Ne = {Ne} GPUs; use T a multiple of Ne")
-    if isinstance(skew, bool) or not isinstance(skew, numbers.Real) or not np.isfinite(float(skew)) \
-            or skew < 0:
-        raise ValueError(f"skew must be a finite number >= 0, got {skew!r}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    return k
+def _check_sim_args(T, E, k, Ne, capacity_factor, h, skew, seed) -> MoEConfig:
+    """ValueError for a bad :func:`simulate_moe` size, skew or seed; returns the checked
+    :class:`~lesson10.rules.MoEConfig` (``T`` tokens over all ``Ne`` GPUs split evenly)."""
+    count("T (tokens, all GPUs)", T)
+    count("h", h)
+    config = MoEConfig(E, k, capacity_factor, N_e=Ne)
+    config.tokens_per_rank(T)
+    number("skew", skew, strict=False)
+    count("seed", seed, lo=0)
+    return config
 
 
 def skewed_routing(T: int, E: int, k: int, skew: float = 0.0, seed: int = 0, bias=None,
@@ -341,7 +322,7 @@ def skewed_routing(T: int, E: int, k: int, skew: float = 0.0, seed: int = 0, bia
     Plackett-Luce by :func:`lesson10.sim.sampling.sample_topk`; node-limited through
     :func:`route_topk` on explicit scores). :func:`simulate_moe` and the MoE figure
     (:func:`lesson10.figures.data.moe_routing`) draw from it, so one seed is one sample."""
-    k = _check_k(k, E)
+    k = MoEConfig(E, k).k
     nodes, max_nodes = check_nodes(E, k, nodes, max_nodes)
     pop_seq, route_seq = np.random.SeedSequence(seed).spawn(2)
     if popularity is None:
@@ -394,15 +375,15 @@ def simulate_moe(T: int, E: int, k: int, Ne: int, capacity_factor=None, skew: fl
     stats then add the inter- and intra-node bytes. ``max_nodes``: node-limited routing
     (:func:`route_topk` on the scores above, built explicitly in chunks of tokens).
     """
-    k = _check_sim_args(T, E, k, Ne, h, skew, seed)
-    capacity = expert_capacity(T, E, k, capacity_factor)
+    config = _check_sim_args(T, E, k, Ne, capacity_factor, h, skew, seed)
+    k, capacity = config.k, config.capacity(T)
     nodes, max_nodes = check_nodes(E, k, nodes, max_nodes)
     if nodes is not None and Ne % nodes:
         raise ValueError(f"Ne = {Ne} GPUs do not split evenly over nodes = {nodes}; use a number "
                          f"of nodes that divides Ne")
     popularity, choices = skewed_routing(T, E, k, skew, seed, bias, popularity, nodes, max_nodes)
     keep = keep_within_capacity(choices, E, capacity) if capacity is not None else None
-    per_gpu_e, per_gpu_t = E // Ne, T // Ne
+    per_gpu_e, per_gpu_t = config.experts_per_rank, config.tokens_per_rank(T)
     src_exp = _kept_per_source(choices, keep, E, Ne)
     traffic = src_exp.reshape(Ne, Ne, per_gpu_e).sum(axis=2)   # [source GPU, expert GPU]
     local = np.diag(traffic)
@@ -463,6 +444,5 @@ def update_expert_bias(bias, load, rate: float) -> np.ndarray:
     if bias.shape != load.shape or bias.ndim != 1 or bias.size == 0:
         raise ValueError(f"bias and load must be non-empty 1-D arrays of the same shape (E,), "
                          f"got {bias.shape} and {load.shape}")
-    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not np.isfinite(rate) or rate < 0:
-        raise ValueError(f"rate must be a finite number >= 0, got {rate!r}")
+    rate = number("rate", rate, strict=False)
     return bias - rate * np.sign(load - load.mean())

@@ -48,7 +48,7 @@ class RingStats(Stats):
 
 
 def ring_attention(q_shards, k_shards, v_shards, positions, causal: bool = True, group=None,
-                   return_stats: bool = False, doc_ids=None):
+                   *, doc_ids=None, return_stats: bool = False):
     """Ring attention over ``N_c = len(q_shards)`` simulated ranks.
 
     ``q_shards[r]`` is ``(c, a, d)``, ``k_shards[r]`` / ``v_shards[r]`` are ``(c, a_kv, d)``

@@ -85,7 +85,7 @@ def kv_replication(a: int, a_kv: int, n: int) -> int:
 
 
 def ulysses_attention(q_shards, k_shards, v_shards, positions, causal: bool = True, group=None,
-                      attention=None, replicate_kv: bool = False, doc_ids=None):
+                      *, doc_ids=None, attention=None, replicate_kv: bool = False):
     """Ulysses attention over ``N_c = len(q_shards)`` simulated ranks.
 
     Same inputs and output as :func:`lesson10.sim.ring_attention`: ``q_shards[r]``

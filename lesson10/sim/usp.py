@@ -46,7 +46,7 @@ def usp_groups(ulysses_size: int, group):
 
 
 def usp_attention(q_shards, k_shards, v_shards, positions, ulysses_size: int, causal: bool = True,
-                  doc_ids=None, group=None):
+                  group=None, *, doc_ids=None):
     """USP attention over ``N = len(q_shards)`` simulated ranks, ``N = ulysses_size * ring_size``.
 
     Same inputs and output as :func:`lesson10.sim.ring_attention` (``q_shards[r]`` ``(c, a,

@@ -27,7 +27,10 @@ def check_group(group, n: int, where: str, needs: tuple = ()):
         if needs and all(callable(getattr(group, name, None)) for name in needs):
             return group
         also = f" (or an object with {', '.join(needs)})" if needs else ""
-        raise ValueError(f"{where}: group must be a SimGroup{also}, or None; got {type(group).__name__}")
+        ids = (" (document ids? everything after group is keyword-only: pass doc_ids=...)"
+               if isinstance(group, (np.ndarray, list, tuple)) else "")
+        raise ValueError(f"{where}: group must be a SimGroup{also}, or None; got "
+                         f"{type(group).__name__}{ids}")
     if group.n != n:
         raise ValueError(f"{where}: {n} shards for a group of {group.n} ranks")
     return group

@@ -37,6 +37,7 @@ import torch.nn as nn
 
 from .. import topology
 from ..cost import expert_capacity
+from ..rules import MoEConfig, count, number
 from ..topology import check_nodes
 from . import comm
 from .moe_dispatch import Copies, DispatchPlan, all_to_all, flat_exchange, two_level_exchange
@@ -63,7 +64,7 @@ def route_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None, n
                          f"{type(logits).__name__} {tuple(getattr(logits, 'shape', ()))} "
                          f"{getattr(logits, 'dtype', '')}")
     E = logits.shape[-1]
-    _check_k(k, E)
+    k = MoEConfig(E, k).k
     if bias is not None and tuple(bias.shape) != (E,):
         raise ValueError(f"bias must have one entry per expert, shape ({E},), got {tuple(bias.shape)}")
     scores = logits.detach() if bias is None else logits.detach() + bias.to(logits.dtype)
@@ -80,11 +81,6 @@ def route_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None, n
     return experts, gates
 
 
-def _check_k(k, E) -> None:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= int(k) <= E:
-        raise ValueError(f"k = {k!r} must be an integer between 1 and the number of experts E = {E}")
-
-
 def switch_aux_loss(probs: torch.Tensor, experts: torch.Tensor, alpha: float = 1e-2):
     """Switch load-balancing loss ``alpha E sum_i f_i P_i`` on one device (a tensor).
 
@@ -99,9 +95,7 @@ def switch_aux_loss(probs: torch.Tensor, experts: torch.Tensor, alpha: float = 1
 
 def update_expert_bias(bias: torch.Tensor, load: torch.Tensor, rate: float) -> torch.Tensor:
     """DeepSeek-V3 balancing without a loss: ``bias - rate * sign(load - mean(load))``."""
-    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not math.isfinite(rate) \
-            or rate < 0:
-        raise ValueError(f"rate must be a finite number >= 0, got {rate!r}")
+    rate = number("rate", rate, strict=False)
     if bias.shape != load.shape or bias.dim() != 1:
         raise ValueError(f"bias and load must be 1-D of the same shape (E,), got "
                          f"{tuple(bias.shape)} and {tuple(load.shape)}")
@@ -147,7 +141,7 @@ def moe_reference(x, router_w, w1, w2, k: int, capacity_factor=None, bias=None,
                          f"dtype: cast x with x.to(w1.dtype)")
     logits = x.to(router_w.dtype) @ router_w                        # (N, E)
     experts, gates = route_topk(logits, k, bias, nodes=nodes, max_nodes=max_nodes)
-    C = expert_capacity(N, E, k, capacity_factor)
+    C = MoEConfig(E, k, capacity_factor).capacity(N)
     arrival = arrival_order(experts, E)
     keep = torch.ones_like(arrival, dtype=torch.bool) if C is None else arrival < C
     y = torch.zeros_like(x)
@@ -222,6 +216,7 @@ class ExpertParallelMoE(nn.Module):
     w2: nn.Parameter
     group: Any
     capacity_factor: float | None
+    config: MoEConfig
     nodes: int | None
     max_nodes: int | None
 
@@ -230,15 +225,10 @@ class ExpertParallelMoE(nn.Module):
                  alpha: float = 1e-2, reduce_router_grad: bool = True, nodes=None,
                  max_nodes=None, dispatch: str = "auto"):
         super().__init__()
-        for name, val in (("h", h), ("E", E), ("d_ff", d_ff)):
-            if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {val!r}")
+        h, d_ff = count("h", h), count("d_ff", d_ff)
         n, r = comm.group_size(group), comm.group_rank(group)
-        if E % n:
-            raise ValueError(f"E = {E} experts do not split over N_e = {n} ranks; "
-                             f"use E a multiple of N_e.")
-        _check_k(k, E)
-        expert_capacity(1, E, k, capacity_factor)          # validates capacity_factor
+        config = MoEConfig(E, k, capacity_factor, N_e=n)     # k <= E, CF, E a multiple of N_e
+        E, k = config.E, config.k
         self.node_size: int
         self.dispatch: str
         self.node_size, self.dispatch = _dispatch_levels(group, dispatch)
@@ -261,7 +251,7 @@ class ExpertParallelMoE(nn.Module):
             raise ValueError(f"expected router_w ({h}, {E}), w1 ({E}, {h}, {d_ff}), "
                              f"w2 ({E}, {d_ff}, {h}); got {tuple(router_w.shape)}, "
                              f"{tuple(w1.shape)}, {tuple(w2.shape)}")
-        El = E // n
+        El = config.experts_per_rank
         local = slice(r * El, (r + 1) * El)
         rdtype = torch.promote_types(w1.dtype, torch.float32)
         self.router_w = nn.Parameter(router_w.detach().to(rdtype).clone())
@@ -272,7 +262,8 @@ class ExpertParallelMoE(nn.Module):
         self.E: int = E
         self.d_ff: int = d_ff
         self.k: int = k
-        self.capacity_factor = capacity_factor
+        self.capacity_factor = config.capacity_factor
+        self.config = config
         self.group = group
         self.alpha: float = alpha
         self.reduce_router_grad: bool = reduce_router_grad
@@ -337,7 +328,7 @@ class ExpertParallelMoE(nn.Module):
         all_counts = comm.all_gather(counts[None], dim=0, group=self.group,
                                      op="metadata")              # (N_e, E)
         N = int(all_counts.sum()) // k                           # tokens over all ranks
-        C = expert_capacity(N, E, k, self.capacity_factor)
+        C = self.config.capacity(N)
         before = all_counts.cumsum(0) - all_counts               # copies of earlier ranks
         kept = all_counts if C is None else (C - before).clamp(min=0).minimum(all_counts)
         # a copy is kept when it is among the first kept[r][e] of this rank's copies of e

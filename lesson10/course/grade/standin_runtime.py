@@ -428,3 +428,9 @@ def _adapt_expert_capacity(N, E, k, capacity_factor=None):
         return None
     keep = _student("capacity_keep", "expert_capacity")
     return int(_np.asarray(keep(_np.zeros((N, k), dtype=int), E, capacity_factor)).sum())
+
+
+def _adapt_moe_capacity(config, N):
+    # MoEConfig.capacity(N), a method: the config's E, k and capacity factor
+    _not_judging("_adapt_moe_capacity")
+    return _adapt_expert_capacity(N, config.E, config.k, config.capacity_factor)

@@ -1,8 +1,8 @@
 """What each course notebook's sandbox withholds of the course's code.
 
-A notebook is graded with the real ``layouts``, ``cost``, ``topology`` and ``sim`` (so its
-display-only cells run: layouts, closed forms, the simulation's helpers), less the names
-listed here for that notebook: the references of its exercises (what
+A notebook is graded with the real ``layouts``, ``cost``, ``topology``, ``rules`` and ``sim``
+(so its display-only cells run: layouts, closed forms, size rules, the simulation's helpers),
+less the names listed here for that notebook: the references of its exercises (what
 ``lesson10.checks.EXERCISES`` asks for) and whatever computes one of them in a line or two.
 Their source is not in the sandbox. Each stands in as a stub that, in a display-only cell,
 calls the student's own function of that exercise (the name on the right: the notebook's
