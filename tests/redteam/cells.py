@@ -297,16 +297,36 @@ def _load(path, name):
                 if isinstance(c, types.CodeType) and c.co_name == name:
                     return types.FunctionType(c, {'np': np, '__builtins__': __builtins__}, name)
         return ns.get(name)
+    return _module(path).get(name)
+
+_MODULES = {}
+
+def _module(path):
+    """A source file's names, run outside its package: relative imports are loaded from the
+    files beside it (each file once), every other statement run on its own."""
+    path = os.path.normpath(path)
+    if path in _MODULES:
+        return _MODULES[path]
+    ns = _MODULES[path] = {'__name__': 'copied', 'np': np}
+    if not os.path.isfile(path):
+        return ns
     text = open(path, errors='replace').read()
-    ns = {'__name__': 'copied', 'np': np}
     try:
         exec(compile(text, 'mine.py', 'exec'), ns)
+        return ns
     except Exception:
-        for node in ast.parse(text).body:
-            if isinstance(node, ast.FunctionDef) and node.name == name:
-                ns = {'np': np}
-                exec(compile(ast.Module([node], []), 'mine.py', 'exec'), ns)
-    return ns.get(name)
+        pass
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            up = [os.pardir] * (node.level - 1) + (node.module or '__init__').split('.')
+            there = _module(os.path.join(os.path.dirname(path), *up) + '.py')
+            ns.update({a.asname or a.name: there[a.name] for a in node.names if a.name in there})
+            continue
+        try:
+            exec(compile(ast.Module([node], []), 'mine.py', 'exec'), ns)
+        except Exception:
+            pass
+    return ns
 
 def steal(how, rel, name, probe):
     """Course code from disk: the first file found by ``how`` whose ``name`` passes ``probe``."""
