@@ -4,6 +4,7 @@ grade`` (the red team is in test_grade_redteam.py)."""
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -292,7 +293,11 @@ def test_exit_status():
 # ------------------------------------------------------------------ end to end
 def test_grade_solution_and_blank_notebook_end_to_end(tmp_path, capsys):
     out, ju = tmp_path / "r.json", tmp_path / "j.xml"
-    status = main([str(ROOT / "solutions" / NB), str(ROOT / "notebooks" / NB), "--json", "-j", "2",
+    files = []                  # copies: the other xdist worker runs these notebooks meanwhile
+    for folder in ("solutions", "notebooks"):
+        (tmp_path / folder).mkdir()
+        files.append(str(shutil.copy(ROOT / folder / NB, tmp_path / folder / NB)))
+    status = main([*files, "--json", "-j", "2",
                    "--output", str(out), "--junit", str(ju),
                    "--timeout", "60", "--save-executed", str(tmp_path / "runs")])
     report = json.loads(capsys.readouterr().out)
@@ -300,7 +305,8 @@ def test_grade_solution_and_blank_notebook_end_to_end(tmp_path, capsys):
     assert (report["points"], report["max_points"]) == (4, 8)
     solved, blank = report["notebooks"]
     assert solved["ok"] and blank["ok"] and solved["points"] == 4 and blank["points"] == 0
-    assert {e["status"] for e in blank["exercises"]} == {"not attempted"}
+    assert {e["status"] for e in blank["exercises"]} == {"not attempted"}, \
+        (blank["feedback"], [e["message"] for e in blank["exercises"]])
     assert blank["feedback"] == []                              # the exercise notebook runs clean
     assert status == 1
     root = ET.parse(ju).getroot()              # every course exercise of both "students"
