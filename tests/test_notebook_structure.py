@@ -136,23 +136,70 @@ def test_each_notebook_states_its_ramp_easiest_first_hardest_last(name):
     assert all(0 < minutes <= 20 for _, minutes in _levels(name)), name
 
 
-def _estimate(name) -> float:
+GOING_FURTHER = "## Going further"
+TIME = re.compile(r"\*\*Time:\*\* about (\d+) minutes for a strong student, (\d+) for an average "
+                  r"one[^*]*?\*Going further\* part adds about (\d+) minutes")
+
+
+def _parts(name):
+    """(core cells, Going further cells): the optional part runs from its heading to the
+    closing "Where you stand"."""
+    cells = _cells(name)
+    start = next(i for i, c in enumerate(cells) if c["type"] == "markdown"
+                 and c["source"].startswith(GOING_FURTHER))
+    end = next(i for i, c in enumerate(cells) if c["type"] == "markdown"
+               and c["source"].startswith("## Where you stand"))
+    assert start < end, name
+    return cells[:start] + cells[end:], cells[start:end]
+
+
+def _estimate(cells) -> float:
     """Average-student minutes: markdown at 200 words a minute, 1 per prediction, plus the
     minutes the exercises state (the rule the notebooks' tops quote)."""
-    cells = _cells(name)
     words = sum(len(c["source"].split()) for c in cells if c["type"] == "markdown")
     predictions = sum("my_prediction = None" in c["source"] for c in cells)
-    return words / 200 + predictions + sum(minutes for _, minutes in _levels(name))
+    exercises = [LEVEL.search(c["source"]) for c in cells
+                 if c["type"] == "markdown" and c["source"].startswith("### Exercise")]
+    return words / 200 + predictions + sum(int(m.group(2)) for m in exercises)
+
+
+def _stated(name):
+    top = _cells(name)[0]["source"]
+    m = TIME.search(top)
+    assert m and "200 words a minute" in top, name
+    return tuple(int(g) for g in m.groups())
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_the_stated_time_follows_the_stated_rule(name):
-    top = _cells(name)[0]["source"]
-    m = re.search(r"\*\*Time:\*\* about (\d+) minutes for a strong student, (\d+) for an average one", top)
-    assert m and "200 words a minute" in top, name
-    strong, average = int(m.group(1)), int(m.group(2))
-    assert _estimate(name) <= average <= _estimate(name) + 10, (name, average, _estimate(name))
+    """The top states the minutes of the exercises and what comes before them (strong and
+    average student), and separately those of the optional *Going further* part."""
+    strong, average, further = _stated(name)
+    core, optional = _parts(name)
+    assert _estimate(core) <= average <= _estimate(core) + 10, (name, average, _estimate(core))
     assert strong <= 0.7 * average, name
+    assert _estimate(optional) - 3 <= further <= _estimate(optional) + 5, \
+        (name, further, _estimate(optional))
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_going_further_holds_no_exercise_and_says_it_is_optional(name):
+    core, optional = _parts(name)
+    assert len(_exercises(core)) == len(_exercises(_cells(name)))
+    assert not any("### BEGIN SOLUTION" in c["source"] or "checks.check_" in c["source"]
+                   for c in optional), name
+    head = optional[0]["source"]
+    assert "optional" in head.lower() and "not graded" in head.lower(), name
+
+
+def test_the_readme_states_the_course_time_the_notebooks_add_up_to():
+    average = sum(_stated(name)[1] for name in NOTEBOOKS)
+    further = sum(_stated(name)[2] for name in NOTEBOOKS)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"01.05 take about (\d+) minutes for an average student, plus about (\d+) "
+                  r"minutes of \*Going further\*", readme)
+    assert m, "the README states the course's time"
+    assert (int(m.group(1)), int(m.group(2))) == (average, further)
 
 
 def test_the_last_exercise_of_03_asks_for_the_layout_not_its_recipe():
