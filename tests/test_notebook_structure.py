@@ -157,7 +157,7 @@ def _estimate(cells) -> float:
     """Average-student minutes: markdown at 200 words a minute, 1 per prediction, plus the
     minutes the exercises state (the rule the notebooks' tops quote)."""
     words = sum(len(c["source"].split()) for c in cells if c["type"] == "markdown")
-    predictions = sum("my_prediction = None" in c["source"] for c in cells)
+    predictions = sum(c["type"] == "code" and "my_prediction = None" in c["source"] for c in cells)
     exercises = [LEVEL.search(c["source"]) for c in cells
                  if c["type"] == "markdown" and c["source"].startswith("### Exercise")]
     return words / 200 + predictions + sum(int(m.group(2)) for m in exercises)
