@@ -332,3 +332,26 @@ def test_launch_rejects_bad_timeout_and_threads():
             launch(w.whoami, 2, timeout=timeout, quiet=True)
     with pytest.raises(ValueError, match="threads must be None"):
         launch(w.whoami, 2, threads=0, quiet=True)
+
+
+def test_the_rank_that_failed_first_is_named_though_another_is_heard_first():
+    """On a busy machine the rank that lost its peer may report before the rank that failed:
+    ``_collect`` orders the errors by when each rank caught its own (one clock per machine)."""
+    import multiprocessing.connection as mpc
+    L = sys.modules["lesson10.spmd.launch"]
+
+    class Done:                                   # a rank process that has already reported
+        exitcode = 0
+
+        def join(self, timeout=None):
+            pass
+
+    pairs = [mpc.Pipe() for _ in range(2)]
+    lost = ("RuntimeError", "Traceback ...\nRuntimeError: Connection closed by peer\n", None, "run")
+    pairs[0][1].send(("err", (*lost, 20.0)))     # rank 0, heard first, failed at t = 20
+    pairs[1][1].send(("err", ("ValueError", "Traceback ...\nValueError: bad shard\n", None,
+                              "run", 10.0)))      # rank 1, the cause, failed at t = 10
+    with pytest.raises(RankError) as info:
+        L._collect([Done(), Done()], [p[0] for p in pairs], timeout=SAFETY)
+    assert info.value.rank == 1 and info.value.exc_type == "ValueError"
+    assert "rank 0 RuntimeError" in str(info.value)

@@ -220,8 +220,10 @@ def _set_env(rank: int, world: int, local_rank: int, port: int) -> None:
 # ---------------------------------------------------------------- child side
 def _entry(rank, nprocs, port, backend, timeout, threads, fn, args, kwargs, conn):
     """Body of one spawned rank: init, run ``fn``, send ``("ok", bytes)`` or
-    ``("err", (type name, traceback, pickled exception, stage))``; ``stage`` is ``"start"``
-    while the rank joins the group and ``"run"`` once ``fn`` was called."""
+    ``("err", (type name, traceback, pickled exception, stage, when))``; ``stage`` is
+    ``"start"`` while the rank joins the group and ``"run"`` once ``fn`` was called; ``when``
+    is ``time.monotonic()`` as the error was caught (one clock for every process of a
+    machine), so the parent names the rank that failed first, not the one heard first."""
     stage = "start"
     try:
         _set_env(rank, nprocs, rank, port)
@@ -245,13 +247,14 @@ def _entry(rank, nprocs, port, backend, timeout, threads, fn, args, kwargs, conn
             raise TypeError(f"the return value of {fn.__name__} cannot be pickled: {e}") from e
         conn.send(("ok", payload))
     except BaseException as e:  # noqa: BLE001 - everything goes back to the caller
+        when = time.monotonic()
         tb = traceback.format_exc()
         try:
             exc = pickle.dumps(e)
         except Exception:  # noqa: BLE001 - an unpicklable error still reports its traceback
             exc = None
         try:
-            conn.send(("err", (type(e).__name__, tb, exc, stage)))
+            conn.send(("err", (type(e).__name__, tb, exc, stage, when)))
         except Exception:  # noqa: BLE001 - the caller is gone: nobody is left to tell
             pass
     finally:
@@ -362,7 +365,7 @@ def _collect(procs, conns, timeout):
     deadline = time.monotonic() + timeout
     results = [None] * n
     done = [False] * n
-    errors = []  # (rank, exc_type, traceback, pickled exception, stage) in arrival order
+    errors = []  # (rank, exc_type, traceback, pickled exception, stage, when) as they arrive
     ran = []     # the ranks that called fn
 
     def receive(r):
@@ -380,7 +383,7 @@ def _collect(procs, conns, timeout):
                            f"rank {r} exited (exit code {code}) without sending a result "
                            "(killed, out of memory, os._exit, or it failed while starting: see its stderr; "
                            "a script that calls launch() needs an `if __name__ == '__main__':` guard)",
-                           None, None))
+                           None, None, float("-inf")))   # no word, no time: taken as first
         else:
             if kind == "ok":
                 results[r] = pickle.loads(body)
@@ -401,7 +404,11 @@ def _collect(procs, conns, timeout):
             while not all(done) and time.monotonic() < grace:
                 for c in wait([conns[r] for r in range(n) if not done[r]], timeout=0.1):
                     receive(conns.index(c))
-            r, name, tb, exc, _ = errors[0]
+            # the rank that failed first is the cause (a rank that died without a word counts
+            # as first); the others mostly lost it as a peer (gloo: "Connection closed by
+            # peer"), and may be heard first on a busy machine
+            errors.sort(key=lambda e: e[5])
+            r, name, tb, exc = errors[0][:4]
             original = None
             if exc is not None:
                 try:
@@ -409,7 +416,7 @@ def _collect(procs, conns, timeout):
                 except Exception:  # noqa: BLE001 - any error class may fail to rebuild here
                     original = None
             others = "; ".join(f"rank {r2} {n2}: {t2.strip().splitlines()[-1]}"
-                               for r2, n2, t2, _, _ in errors[1:])
+                               for r2, n2, t2, *_ in errors[1:])
             raise RankError(r, name, tb, original, others,
                             stages=[e[4] for e in errors], ran=ran) from original
     return results
