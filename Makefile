@@ -31,7 +31,7 @@ FAST    := -m "not slow and not ($(OTHER))"
 # (tests/conftest.py: the workers share one launch of the ranks)
 XDIST   := -n 2 --dist loadfile
 
-.PHONY: lab lint test test-slow test-redteam test-loaded test-colab test-frontends test-grader test-multinode demo bench build clean
+.PHONY: bench-anchors lab lint test test-slow test-redteam test-loaded test-colab test-frontends test-grader test-multinode demo bench build clean
 
 PYENV_ROOT   ?= $(HOME)/.pyenv
 # (make test and make test-slow run these, the gradebook and the answer suites on 3.11; CI's 20 minutes
@@ -138,5 +138,21 @@ bench: $(STAMP)
 build: $(STAMP)
 	$(BIN)/python -m lesson10 build
 
+# our ring, Ulysses and MoE against lucidrains' ring_attention_pytorch, DeepSpeed's
+# DistributedAttention and fairscale's MOELayer (benchmarks/results/anchors.md), in a venv of
+# their own; torch pinned (an unpinned one pulls a CUDA build of several GB)
+ANCHORS := .venv-anchors
+$(ANCHORS)/.installed: pyproject.toml Makefile
+	$(PY) -m venv $(ANCHORS)
+	$(PIP_ENV) $(ANCHORS)/bin/pip install -q torch==2.13.0 numpy ring_attention_pytorch==0.5.20
+	$(PIP_ENV) $(ANCHORS)/bin/pip install -q --no-deps fairscale==0.4.13
+	DS_BUILD_OPS=0 $(PIP_ENV) $(ANCHORS)/bin/pip install -q --no-deps deepspeed==0.19.8
+	$(PIP_ENV) $(ANCHORS)/bin/pip install -q hjson msgpack ninja packaging psutil py-cpuinfo pydantic tqdm
+	$(PIP_ENV) $(ANCHORS)/bin/pip install -q --no-deps -e .
+	touch $@
+
+bench-anchors: $(ANCHORS)/.installed
+	$(ANCHORS)/bin/python -m benchmarks.tooling.anchors $(ANCHOR_ARGS)
+
 clean:
-	rm -rf $(VENV) $(COLAB) .venv-colab3* .venv-py312 .venv-py313 .pytest_cache
+	rm -rf $(VENV) $(COLAB) .venv-colab3* .venv-py312 .venv-py313 $(ANCHORS) .pytest_cache
