@@ -6,7 +6,7 @@ found there. Nothing here belongs in the package: fault injectors (a rank that
 raises, exits or sleeps for an hour) and probes that collect error messages.
 
 ``torchrun --nproc-per-node N tests/rank_workers.py`` runs :func:`all_reduce_rank` under
-torchrun (a smoke test of :func:`lesson10.spmd.launch.init_from_env`).
+torchrun (a smoke test of :func:`lesson10.spmd.torchrun.init_from_env`).
 """
 from __future__ import annotations
 
@@ -495,7 +495,7 @@ def run_jobs(jobs: dict) -> dict:
 
 
 if __name__ == "__main__":  # under torchrun
-    from lesson10.spmd.launch import init_from_env, shutdown
+    from lesson10.spmd.torchrun import init_from_env, shutdown
 
     rank, world = init_from_env(quiet=True)
     total = float(all_reduce_rank()[0])

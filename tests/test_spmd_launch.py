@@ -16,15 +16,8 @@ import rank_workers as w
 import torch
 import torch.distributed as dist
 
-from lesson10.spmd.launch import (
-    LaunchTimeout,
-    RankError,
-    choose_backend,
-    init_from_env,
-    is_torchrun,
-    launch,
-    shutdown,
-)
+from lesson10.spmd.launch import LaunchTimeout, RankError, choose_backend, launch
+from lesson10.spmd.torchrun import init_from_env, is_torchrun, shutdown
 
 
 def _torchrun(*argv, timeout=600):

@@ -171,7 +171,7 @@ def _torchrun_main(argv) -> int:
     """One rank of the two-host run: ``CONFIGS_JSON [reps]``."""
     import torch.distributed as dist
 
-    from ..spmd.launch import init_from_env, shutdown
+    from ..spmd.torchrun import init_from_env, shutdown
     configs = json.loads(argv[0])
     reps = int(argv[1]) if len(argv) > 1 else 5
     init_from_env(quiet=True)

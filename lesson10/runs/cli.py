@@ -212,7 +212,7 @@ def _wire_note(res: dict) -> str:
 
 def main(argv=None) -> int:
     """``python -m lesson10 run METHOD --nproc N [sizes]``; under torchrun the same, one rank
-    per process (see :func:`lesson10.spmd.launch.init_from_env`): every rank returns the
+    per process (see :func:`lesson10.spmd.torchrun.init_from_env`): every rank returns the
     largest exit status of all ranks, only rank 0 prints. The whole case is checked first,
     in this process, before torch is imported or any rank starts
     (:func:`lesson10.runs.validate.check_run`): a refusal is one line and exit status 2."""
@@ -258,7 +258,7 @@ def main(argv=None) -> int:
 
 
 def _is_torchrun() -> bool:
-    """:func:`lesson10.spmd.launch.is_torchrun` without importing torch."""
+    """:func:`lesson10.spmd.torchrun.is_torchrun` without importing torch."""
     return "TORCHELASTIC_RUN_ID" in os.environ or all(
         v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
@@ -273,7 +273,8 @@ def main_rank(args) -> int:
     torchrun's exit barrier); ``args.timeout`` is enforced by :func:`start_watchdog`."""
     import torch.distributed as dist
 
-    from ..spmd.launch import init_from_env, is_peer_error, shutdown
+    from ..spmd.launch import is_peer_error
+    from ..spmd.torchrun import init_from_env, shutdown
     from .agent import AGENT_GRACE, AT_EXIT_BARRIER, stop_agent_later, torchrun_agent
     from .workers import run_checks
     rank = int(os.environ.get("RANK", "0"))

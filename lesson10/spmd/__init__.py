@@ -37,7 +37,7 @@ __all__ = [
 from .allgather import allgather_attention  # noqa: E402
 from .attention import local_attention, merge  # noqa: E402
 from .comm import ByteCounter, count_bytes  # noqa: E402
-from .launch import LaunchTimeout, RankError, init_from_env, is_torchrun, launch, shutdown  # noqa: E402
+from .launch import LaunchTimeout, RankError, launch  # noqa: E402
 from .moe import ExpertParallelMoE, moe_reference, route_topk, switch_aux_loss, update_expert_bias  # noqa: E402
 from .reference import attention as reference_attention  # noqa: E402
 from .ring import RingAttention, ring_attention, ring_options  # noqa: E402
@@ -52,5 +52,6 @@ from .sp import (  # noqa: E402
     reduce_from_tp,
     reduce_scatter_to_sp,
 )
+from .torchrun import init_from_env, is_torchrun, shutdown  # noqa: E402
 from .ulysses import heads_to_seq, seq_to_heads, ulysses_attention  # noqa: E402
 from .usp import usp_attention  # noqa: E402

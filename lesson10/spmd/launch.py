@@ -1,4 +1,4 @@
-"""Start N ranks on one machine (or join a ``torchrun`` job) and collect their results.
+"""Start N ranks on one machine and collect their results.
 
 SPMD in one call::
 
@@ -28,8 +28,8 @@ The worker function must be importable by a fresh process: a module-level functi
 of a module (:mod:`lesson10.runs.workers` holds the checked runs of every method). A
 function typed into a notebook cell is not, and gives a clear error.
 
-Under ``torchrun`` the processes already exist: call :func:`init_from_env` at the
-top of the program instead (see :func:`is_torchrun`).
+Under ``torchrun`` the processes already exist: they join the group with
+:func:`lesson10.spmd.torchrun.init_from_env` instead.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ from .device import DTYPES, current_device, synchronize, synchronize_device, tor
 
 __all__ = [
     "launch", "RankError", "LaunchTimeout", "choose_backend",
-    "init_from_env", "is_torchrun", "shutdown", "current_device", "DTYPES", "torch_dtype",
+    "current_device", "DTYPES", "torch_dtype",
     "synchronize", "synchronize_device", "backend_reason", "check_peer_timeout",
     "is_peer_error",
 ]
@@ -422,57 +422,6 @@ def _collect(procs, conns, timeout):
     return results
 
 
-# ------------------------------------------------------------------- torchrun
-def is_torchrun() -> bool:
-    """True inside a process started by ``torchrun`` (its env vars are set)."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or all(
-        v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-
-
-def init_from_env(backend: str = "auto", timeout: float = 300.0, threads: int | None = None,
-                  quiet: bool = False, peer_timeout: float | None = None) -> tuple[int, int]:
-    """Initialise the default process group from ``torchrun``'s environment.
-
-    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-    ``MASTER_ADDR``/``MASTER_PORT``; picks NCCL when this node has a GPU per local
-    rank (``auto``), sets the CUDA device to ``LOCAL_RANK``, limits threads to
-    ``cpu_count // LOCAL_WORLD_SIZE``. Returns ``(rank, world_size)``. Does nothing
-    (but return them) when the group already exists. Without torchrun's variables
-    it is a one-rank group on 127.0.0.1 so that a plain ``python -m ...`` works too.
-
-    ``peer_timeout`` (``timeout`` is its older name): the process group's timeout, how long
-    the start or one collective waits for a peer before this rank raises; a dead or hung
-    peer then surfaces within about that many seconds, on every rank still running.
-    """
-    timeout = check_peer_timeout(timeout if peer_timeout is None else peer_timeout)
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    if is_torchrun():
-        rank = int(os.environ["RANK"])
-        world = int(os.environ["WORLD_SIZE"])
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-        init_method = "env://"
-    else:  # a plain `python ...`: one rank, nothing written to os.environ
-        import socket
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        rank, world, local_rank, local_world = 0, 1, 0, 1
-        init_method = f"tcp://127.0.0.1:{port}"
-    backend = choose_backend(local_world, backend)
-    if threads is None:
-        threads = max(1, (os.cpu_count() or 1) // local_world)
-    torch.set_num_threads(threads)
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout))
-    if rank == 0 and not quiet:
-        print(f"init_from_env: {world} rank(s), backend={backend}, {threads} thread(s) per rank")
-    return rank, world
-
-
 def check_peer_timeout(seconds, name: str = "peer_timeout") -> float:
     """``seconds`` as a float when it is a finite number > 0 (a process group's timeout, or
     another limit called ``name``), else a ``ValueError`` that says so."""
@@ -493,9 +442,3 @@ def is_peer_error(exc: BaseException) -> bool:
     text = str(exc).lower()
     return (isinstance(exc, kinds) if kinds else False) or (
         isinstance(exc, RuntimeError) and any(m in text for m in PEER_ERROR_MARKS))
-
-
-def shutdown() -> None:
-    """Destroy the default process group if there is one (end of a torchrun program)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
