@@ -19,7 +19,7 @@ from lesson10 import checks
 from lesson10.checks import CheckFailed
 
 SEEDS = range(20)
-#: (seeds, marks): the fast share in make test, the rest in make test-slow
+#: the seeds each answer runs on: the check's own seed (None) and 0-1 in make test, 2-19 in make test-slow
 SEED_SHARES = [pytest.param((None, 0, 1), id="seeds-own-0-1"),
                pytest.param(tuple(SEEDS[2:]), id="seeds-2-19", marks=pytest.mark.slow)]
 
