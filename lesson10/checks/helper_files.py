@@ -79,7 +79,8 @@ def refusal(path: str) -> str | None:
 
 
 def _under(path: str, folder: str) -> bool:
-    """Whether ``path`` is ``folder`` or inside it (both absolute)."""
+    """Whether ``path`` is ``folder`` or inside it (both absolute; case as the system sees it)."""
+    path, folder = os.path.normcase(path), os.path.normcase(folder)
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
