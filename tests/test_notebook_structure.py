@@ -394,3 +394,27 @@ def test_the_exercise_notebooks_keep_the_same_order(name):
     assert [c["type"] for c in sol] == [c["type"] for c in ex]
     assert [c["source"] for c in sol if c["type"] == "markdown"] == \
         [c["source"] for c in ex if c["type"] == "markdown"]
+
+
+def _said(name, pattern):
+    """The number a core text of the notebook states where ``pattern`` (one group) matches."""
+    text = " ".join(c["source"] for c in _parts(name)[0] if c["type"] == "markdown")
+    m = re.search(pattern, " ".join(text.split()))
+    assert m, (name, pattern)
+    return float(m.group(1).replace(",", ""))
+
+
+def test_the_numbers_the_texts_state_are_what_cost_computes():
+    """The core's typed numbers (the byte question, CP closing the 73 GB, the 80 GB wall) are
+    the page's, and what lesson10.cost gives for the cells' settings."""
+    from lesson10 import cost
+    gb = lambda s, cp: 32 * cost.activation_bytes(s // cp, 1, 4096, 32, t=8, sp=True) / 1e9
+    one = "01_sequence_parallel"
+    assert _said(one, r"plain TP sends about (\d+) MB") == round(cost.comm_bytes("sp", 8192, 4096, 8) / 1e6)
+    assert _said(one, r"(\d+) GB per GPU at 128K tokens") == round(gb(131_072, 1))
+    assert _said(one, r"\((\d+\.\d) GB at \$N_c = 16\$\)") == round(gb(131_072, 16), 1)
+    wall = [80 / gb(2 ** 20, cp) * 2 ** 20 for cp in (1, 16)]
+    assert _said(one, r"from about ([\d,]+) tokens") == round(wall[0], -3)
+    assert _said(one, r"to about (\d+\.\d) million") == round(wall[1] / 1e6, 1)
+    assert _said("02_ring_attention", r"Predict first\.\*\* An H100.*?over (\d+) GB/s InfiniBand") == \
+        cost.link_bandwidth("InfiniBand") / 1e9
