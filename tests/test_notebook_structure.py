@@ -418,3 +418,11 @@ def test_the_numbers_the_texts_state_are_what_cost_computes():
     assert _said(one, r"to about (\d+\.\d) million") == round(wall[1] / 1e6, 1)
     assert _said("02_ring_attention", r"Predict first\.\*\* An H100.*?over (\d+) GB/s InfiniBand") == \
         cost.link_bandwidth("InfiniBand") / 1e9
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_the_numbered_sections_count_up_from_one(name):
+    """Moving parts to *Going further* leaves no gap in the section numbers."""
+    numbers = [int(m.group(1)) for c in _cells(name) if c["type"] == "markdown"
+               for m in re.finditer(r"^## (\d+)\.", c["source"], re.M)]
+    assert numbers == list(range(1, len(numbers) + 1)), (name, numbers)
