@@ -56,6 +56,7 @@ FRONTENDS = {
 
 
 SELF_STUDY = "03_self_study.ipynb"                 # notebook 03 of `release --self-study`
+ONE_FIGURE = "one_figure.ipynb"                    # a figure cell, nothing else
 WRONG_NOTEBOOK = "02_wrong_answers.ipynb"
 WRONG_CELLS = {
     "def merge(": '''def merge(o1, lse1, o2, lse2):
@@ -140,6 +141,11 @@ def server(request, tmp_path_factory):
         shutil.copy(path, work / path.name)
     _write_wrong_answers(work / WRONG_NOTEBOOK)
     (work / SELF_STUDY).write_text(_self_study_notebook(), encoding="utf-8")
+    (work / ONE_FIGURE).write_text(json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                   "source": "from lesson10 import figures\nfigures.sp_strip()"}],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4, "nbformat_minor": 4}), encoding="utf-8")
     settings = home / "lab-settings"
     for ext, file, value in [("notebook-extension", "tracker", {"windowingMode": "none"}),   # every cell in the DOM
                              ("apputils-extension", "notification", {"fetchNews": "false", "checkForUpdates": False})]:
@@ -371,6 +377,26 @@ def test_a_self_study_fold_is_closed_and_opens_on_a_click(browser, server):
             assert fold.evaluate("d => d.open") is True, (server["name"], i)
             assert fold.locator("pre").is_visible()
             assert fold.locator("pre").inner_text().rstrip("\n") == code, (server["name"], i)
+    finally:
+        page.close()
+        _shut_down_kernels(server["base"], server["token"])
+
+
+def test_a_live_figure_shows_its_widget_not_its_static_png(browser, server):
+    """The figure's display also carries a PNG for frontends without widgets
+    (lesson10.figures.kit.static_bundle); a frontend that runs widgets shows the widget alone."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        run_all = _run_all_lab if server["name"] == "lab" else _run_all_notebook6
+        output_sel = run_all(page, server["base"], server["token"], ONE_FIGURE)
+        views = page.locator(f"{output_sel}:has(img.widget-image)")
+        deadline = time.monotonic() + 60
+        while views.count() < 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert views.count() == 1, page.inner_text("body")[-2000:]
+        static = page.locator(".jp-RenderedImage, .output_png")
+        assert static.count() == 0, (server["name"], static.count())
+        assert "interactive figure" not in page.inner_text("body")
     finally:
         page.close()
         _shut_down_kernels(server["base"], server["token"])

@@ -8,7 +8,9 @@ Every figure comes in two parts:
 * ``<name>(**params) -> ipywidgets.VBox``: the interactive version. Its sliders and
   buttons call the draw function and show the result as a PNG image, so it
   renders the same in JupyterLab, Colab and VS Code, whatever the matplotlib backend.
-  Every control offers only values the figure can draw.
+  Every control offers only values the figure can draw. Its display also carries a PNG of
+  the figure as first shown, what GitHub, nbviewer and a saved notebook show where widgets
+  do not run (:func:`lesson10.figures.kit.static_bundle`).
 
 A redraw updates the artists a control changes in the figure the widget keeps, and paints
 them over a kept picture of the rest (:mod:`lesson10.figures.kit`); the builders are in
