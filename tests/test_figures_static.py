@@ -66,7 +66,8 @@ from nbclient import NotebookClient
 nb = nbformat.v4.new_notebook()
 nb.cells = [nbformat.v4.new_code_cell("import ipywidgets\nprint(ipywidgets.__version__)"),
             nbformat.v4.new_code_cell("from lesson10 import figures\nfigures.sp_strip(t=2)"),
-            nbformat.v4.new_code_cell("from IPython.display import display\ndisplay(figures.block_size())")]
+            nbformat.v4.new_code_cell("from IPython.display import display\ndisplay(figures.block_size())"),
+            nbformat.v4.new_code_cell("closed = figures.sp_strip()\nclosed.close()\nclosed")]
 NotebookClient(nb, timeout=300, kernel_name="python3").execute()
 nb.metadata.pop("widgets", None)                # a notebook saved without widget state
 html = None
@@ -89,8 +90,10 @@ def _saved(python: Path, html: bool) -> dict:
 
 
 def _assert_saved_outputs_hold_pictures(saved: dict) -> list[str]:
+    *shown, closed = saved["outputs"]
+    assert [sorted(d) for d in closed] == [["text/plain"]], closed      # a closed widget: its text
     pngs = []
-    for outputs in saved["outputs"]:
+    for outputs in shown:
         assert len(outputs) == 1, outputs
         data = outputs[0]
         assert kit.WIDGET_VIEW in data and "image/png" in data, sorted(data)

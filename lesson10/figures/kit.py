@@ -413,11 +413,11 @@ def figure_box():
     class FigureBox(vbox):
         """A figure's VBox whose display holds a static PNG of the figure beside the widget view."""
 
-        def _repr_mimebundle_(self, **kwargs):           # ipywidgets 8
-            data = super()._repr_mimebundle_(**kwargs)
-            return static_bundle(self, data) if isinstance(data, dict) else data
-
-        if not hasattr(vbox, "_repr_mimebundle_"):       # ipywidgets 7: it displays itself
+        if hasattr(vbox, "_repr_mimebundle_"):           # ipywidgets 8
+            def _repr_mimebundle_(self, **kwargs):
+                data = super()._repr_mimebundle_(**kwargs)
+                return static_bundle(self, data) if isinstance(data, dict) else data
+        else:                                            # ipywidgets 7: it displays itself
             def _ipython_display_(self, **kwargs):
                 from IPython.display import display
                 data = {"text/plain": repr(self)[:110],
