@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .core import fail_check
 from .feedback import CheckFailed, show_or_raise
+from .nb06_progress import Watchdog, deadlock_text
 from .nb06_ranks import gather_ranks, ring_shift_ranks
 from .verdict import not_attempted_message
 
@@ -83,8 +84,9 @@ def module_source(obj) -> str:
 
 
 def _launch_on_ranks(worker, nprocs: int, obj, exercise: str):
-    """Write ``obj``'s module, run ``worker(path, name)`` on ``nprocs`` ranks; the ranks'
-    reports, or raises CheckFailed when they did not finish."""
+    """Write ``obj``'s module, run ``worker(path, name, folder)`` on ``nprocs`` ranks under a
+    :class:`~.nb06_progress.Watchdog`; the ranks' reports, or raises CheckFailed when they did
+    not finish (stopped once they made no progress, or past the launch's load-aware limit)."""
     from lesson10.spmd.launch import LaunchTimeout, RankError, launch
 
     source = module_source(obj)
@@ -94,19 +96,22 @@ def _launch_on_ranks(worker, nprocs: int, obj, exercise: str):
     try:
         path = folder / f"your_{obj.__name__.lower()}.py"
         path.write_text(source, encoding="utf-8")
-        limit = launch_timeout(60)
+        limit, dog = launch_timeout(60), Watchdog(str(folder), nprocs)
         try:
-            return launch(worker, nprocs, str(path), obj.__name__, backend="gloo", timeout=limit,
-                          quiet=True)      # CPU tensors, also where there are GPUs
-        except LaunchTimeout as err:
+            with dog:
+                return launch(worker, nprocs, str(path), obj.__name__, str(folder), backend="gloo",
+                              timeout=limit, quiet=True)      # CPU tensors, also where there are GPUs
+        except (LaunchTimeout, RankError) as err:
+            if dog.stalled is not None:
+                what, hint = deadlock_text(dog.stalled, dog.stall)
+                fail_check(exercise, f"on {nprocs} ranks", what, show=False, hint=hint)
+            if isinstance(err, RankError):
+                fail_check(exercise, f"rank {err.rank}", f"the rank stopped: {err.exc_type}", show=False,
+                           hint=err.remote_traceback.strip().splitlines()[-1][:300])
             fail_check(exercise, f"on {nprocs} ranks", f"the ranks did not finish within {limit:.0f} s "
                        f"and were stopped", show=False,
                        hint="a rank waits for a message no rank sends, or for a collective another rank "
                             "never calls: every rank must post the same operations")
-            raise AssertionError("unreachable") from err    # pragma: no cover
-        except RankError as err:
-            fail_check(exercise, f"rank {err.rank}", f"the rank stopped: {err.exc_type}", show=False,
-                       hint=err.remote_traceback.strip().splitlines()[-1][:300])
             raise AssertionError("unreachable") from err    # pragma: no cover
     finally:
         shutil.rmtree(folder, ignore_errors=True)
