@@ -51,12 +51,14 @@ class Progress:
         self.seq += 1
         path = Path(self.folder) / f"rank{self.rank}.json"
         tmp = path.with_suffix(".tmp")
-        try:
-            tmp.write_text(json.dumps({"in": where, "case": self.case, "done": done, "seq": self.seq}),
-                           encoding="utf-8")
-            os.replace(tmp, path)               # the parent never reads half a report
-        except OSError:                         # the parent reading it (Windows): the next one counts
-            pass
+        text = json.dumps({"in": where, "case": self.case, "done": done, "seq": self.seq})
+        for _ in range(5):
+            try:
+                tmp.write_text(text, encoding="utf-8")
+                os.replace(tmp, path)           # the parent never reads half a report
+                return
+            except OSError:                     # the parent reading it just now (Windows)
+                time.sleep(0.01)
 
     @contextlib.contextmanager
     def inside(self, where: str):
