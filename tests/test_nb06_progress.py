@@ -88,9 +88,11 @@ def test_a_rank_outside_the_group_is_not_counted_as_a_sender():
     assert "rank 0 was in the check's wait" in what
 
 
-def test_receives_first_and_mixed_waits_get_their_own_hints():
+def test_receives_first_waits_first_and_mixed_waits_get_their_own_hints():
     recv = [_state(f"a blocking dist.recv from rank {r}") for r in (2, 0, 1)]
     assert P.deadlock_text(recv, 15)[1].startswith("all 3 ranks are in a blocking `recv`")
+    waits = [_state("the wait() of a request (of an isend, an irecv, ...)")] * 2
+    assert P.deadlock_text(waits, 15)[1].startswith("both ranks are in the wait() of a request")
     mixed = [_state("dist.all_reduce"), _state(None, done=True), _state(SEND.format(0))]
     what, hint = P.deadlock_text(mixed, 15)
     assert "rank 1 had finished" in what and "rank 0 was in dist.all_reduce" in what

@@ -185,6 +185,10 @@ def deadlock_text(states: list, stall: float) -> tuple[str, str]:
         return what, (f"{count} in a blocking `recv`, so no rank reaches its `send`: "
                       f"use `isend`/`irecv` or `batch_isend_irecv`, which post the send and the "
                       f"receive at once")
+    if yours and all(w.startswith("the wait() of a request") for w in yours):
+        return what, (f"{count} in the wait() of a request: a rank that waits for its send before it "
+                      f"posts its receive waits for a neighbour doing the same. Post both first "
+                      f"(`batch_isend_irecv`, or an `isend` and an `irecv`), then wait")
     return what, ("a rank waits for a message no rank sends, or for a collective another rank "
                   "never calls: every rank must post the same operations, sends and receives in "
                   "flight together")
