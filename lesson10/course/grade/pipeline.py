@@ -183,7 +183,7 @@ def _plan(request: Request, found: archives.Batch, old) -> gradebook.Plan:
                           student_from=request.student_from, roster=roster, others=found.others,
                           base=old.get("root") if old is not None else None,
                           anchors=found.unpacked.zips, notes=found.unpacked.refused,
-                          real=found.real, named=found.unpacked.named)
+                          real=found.real, given=request.notebooks)
     for name in plan.not_on_roster():
         print(f"grade: warning: {name} is not on the roster", file=sys.stderr)
     for option in ("gradescope", "classroom"):
