@@ -125,8 +125,14 @@ def _adjust_args(p: argparse.ArgumentParser) -> None:
                         "student's points for one exercise, shown with its reason everywhere")
     a.add_argument("--due", default=None, metavar="TIME",
                    help="the due time, ISO 8601 (2026-03-01T23:59; local time without a zone): "
-                        "each row says which notebooks were late (Canvas' LATE_ mark, a time "
-                        "in the file name, else the file's time)")
+                        "each row says which notebooks were late, from the student's hand-in "
+                        "(the folder or zip of the class): Canvas' LATE_ mark in its name, a "
+                        "time where --time-from says, else the file's (or its zip's) time")
+    a.add_argument("--time-from", default=None, metavar="REGEX",
+                   help="where the hand-in time is written in your class's layout: the group "
+                        "named 'time' of REGEX's first match in the path up to the student's "
+                        "hand-in, e.g. '_(?P<time>\\d{8}T\\d{4})/' (a time in a name counts "
+                        "nowhere else)")
     a.add_argument("--late-penalty", default=None, metavar="PCT/UNIT",
                    help="what lateness costs: PCT %% of the notebook's points per day or hour "
                         "or part of one, e.g. 10/day or 2/hour (default: nothing)")

@@ -205,15 +205,8 @@ def plan(paths: list[Path], contents: dict, *, student: str | None = None,
     command line (a zip named is its student's; with ``student``, each is the hand-in of the
     files under it)."""
     others = list(others)
-    if student is None and student_from is None:
-        ids = identity.resolve(list(paths) + others, roster=roster, base=base, anchors=anchors,
-                               given=given)
-        base = ids.root or base
-    else:
-        ids = identity.resolve(paths, student, student_from, given=given)
-        for o in others:
-            ids.keys[o] = _other_key(o, student, student_from)
-    keys = ids.keys
+    ids = _identities(paths, others, student, student_from, roster, base, anchors, given)
+    base, keys = ids.root or base, ids.keys
     items = []
     for p in paths:
         nid, stubs, readable = _look(p, contents.get(p))
@@ -256,6 +249,17 @@ def plan(paths: list[Path], contents: dict, *, student: str | None = None,
     return Plan(graded=graded, ignored=ignored, students=names, roster=roster,
                 not_graded=not_graded, handins={p: ids.handins.get(p) for p in paths},
                 notes=ids.notes)
+
+
+def _identities(paths, others, student, student_from, roster, base, anchors, given):
+    """:func:`.identity.resolve` of the batch; the files that are not notebooks too."""
+    if student is None and student_from is None:
+        return identity.resolve(list(paths) + others, roster=roster, base=base,
+                                anchors=anchors, given=given)
+    ids = identity.resolve(paths, student, student_from, given=given)
+    for o in others:
+        ids.keys[o] = _other_key(o, student, student_from)
+    return ids
 
 
 def _other_key(path: Path, student: str | None, student_from: str | None):

@@ -9,11 +9,12 @@ download) is a class folder too, and the root is inside it.
 
 - ``subs/sec1/s01/a.ipynb`` and ``subs/sec2/s01/a.ipynb``: ``sec1/s01`` and ``sec2/s01``.
   A student's folder ends at the first folder that wraps notebooks rather than names a
-  student (:data:`WRAPPERS`: ``alice/lesson10-main/notebooks`` is alice's), except where
-  one folder holds several such folders (``sec1/lesson10-alice``, ``sec1/lesson10-bob``:
-  GitHub Classroom's repositories, each a student).
+  student (:data:`WRAPPERS`: ``alice/lesson10-main/notebooks`` is alice's), except
+  GitHub Classroom's repositories: where a folder holds several ``lesson10-<user>``
+  (``sec1/lesson10-alice``, ``sec1/lesson10-bob``), each such folder is a student.
 - a zip of the class (``class/bob.zip``) is the student ``bob``, whatever folders it holds;
-  a zip inside a student's folder (``class/carol/hw.zip``) is carol's.
+  a zip inside a student's folder (``class/carol/hw.zip``) is carol's. A Canvas name of
+  the class (``smithjane_LATE_12_34_hw.zip``) is its student's login (``smithjane``).
 - the root holding one student's files (notebooks, zips, at most one wrapper folder beside
   them: one student's folder graded alone) is that student, and a zip in it no other one.
 - with a roster, the longest run of folder names outside any zip of a student's that is a
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import Lesson10Error
+from .late import CANVAS_NAME
 
 
 class PlanError(Lesson10Error, ValueError):
@@ -52,8 +54,9 @@ class PlanError(Lesson10Error, ValueError):
 #: (``lesson10-main``, ``<repo>-master``), the course's own folders, Colab's folder
 WRAPPERS = re.compile(r"^(notebooks?|solutions|submissions?|colab notebooks|"
                       r"lesson10([^a-z0-9].*)?|.+-(main|master))$", re.IGNORECASE)
-#: wrappers that are a repository's name: several in one folder are several students
-_REPOSITORY = re.compile(r"^(lesson10[^a-z0-9].+|.+-(main|master))$", re.IGNORECASE)
+#: wrappers that are a repository's name (GitHub Classroom's ``lesson10-<user>``, not a
+#: GitHub zip's ``-main``): where one folder holds several, each such folder is a student
+_REPOSITORY = re.compile(r"^lesson10[^a-z0-9](?!.*-(main|master)$).+$", re.IGNORECASE)
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -180,9 +183,9 @@ def _from_folders(paths, roster, base, anchors, given) -> Identities:
         out.keys = {p: (name, root) for p in paths}
         out.handins = {p: None for p in paths}
         return out
-    crowded = _crowded(raws.values())
+    classroom = _classroom(raws.values())
     for p, r in raws.items():
-        out.keys[p] = _student(r, root, roster, crowded)
+        out.keys[p] = _student(r, root, roster, classroom)
     out.keys = _merge_nested(out.keys, root)
     out.handins = {p: where if where != root else None for p, (_, where) in out.keys.items()}
     _apart(out)
@@ -190,27 +193,30 @@ def _from_folders(paths, roster, base, anchors, given) -> Identities:
     return out
 
 
-def _crowded(raws) -> set:
-    """The folders (as tuples of names) that hold several repository-named wrappers."""
+def _classroom(raws) -> bool:
+    """Whether a folder of the batch holds several repository-named wrappers (then every
+    such folder is a student: GitHub Classroom's repositories, under sections or not)."""
     seen: dict[tuple, set] = {}
     for r in raws:
         for i, part in enumerate(r):
             if _is_zip(part):
                 break
-            if i and _REPOSITORY.match(part):
+            if _REPOSITORY.match(part):
                 seen.setdefault(tuple(r[:i]), set()).add(part)
-    return {k for k, v in seen.items() if len(v) > 1}
+    return any(len(v) > 1 for v in seen.values())
 
 
-def _student(raw: list[str], root: str, roster, crowded: set) -> tuple[str, str]:
+def _student(raw: list[str], root: str, roster, classroom: bool) -> tuple[str, str]:
     """``(student, where)`` of a file in the folders ``raw`` under ``root``."""
     if not raw:
         name = safe_text(os.path.basename(root))
         return (name[:-4] if _is_zip(name) else name) or "student", root
     if _is_zip(raw[0]):                              # a zip of the class: its student
-        return safe_text(raw[0][:-4]) or raw[0], os.path.join(root, raw[0])
+        return _top_name(raw[0][:-4]), os.path.join(root, raw[0])
     n = next((i for i, part in enumerate(raw) if _is_zip(part)), len(raw))
     parts = [safe_text(x) for x in raw[:n]]          # never a folder inside a zip
+    if parts:
+        parts[0] = _top_name(raw[0])
     if roster:
         names = set(roster)
         for size in range(len(parts), 0, -1):
@@ -218,8 +224,14 @@ def _student(raw: list[str], root: str, roster, crowded: set) -> tuple[str, str]
                 if "/".join(parts[i:i + size]) in names:
                     return "/".join(parts[i:i + size]), os.path.join(root, *raw[:i + size])
     depth = next((i for i, part in enumerate(parts) if i and WRAPPERS.match(part)
-                  and tuple(raw[:i]) not in crowded), len(parts))
+                  and not (classroom and _REPOSITORY.match(part))), len(parts))
     return "/".join(parts[:depth]), os.path.join(root, *raw[:depth])
+
+
+def _top_name(name: str) -> str:
+    """The student an entry of the class names: a Canvas download's login
+    (``smithjane_LATE_12_34_hw`` is smithjane), else the name itself."""
+    return safe_text(name.split("_")[0] if CANVAS_NAME.match(name) else name) or name
 
 
 def _merge_nested(keys: dict, root: str) -> dict:
