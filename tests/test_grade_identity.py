@@ -109,7 +109,7 @@ def test_the_hand_in_is_what_the_instructor_names():
     assert [ids.handins[p] for p in flat] == ["subs/alice_LATE_1_2_03_x.ipynb", "subs/bob"]
     repo = Path("repo/x_LATE_1_2_03_x.ipynb")             # a name of the student's own
     one = identity.resolve([repo], student="ann", given=[Path("repo")])
-    assert one.keys[repo] == ("ann", "") and one.handins[repo] == os.path.abspath("repo")
+    assert one.keys[repo] == ("ann", "") and one.handins[repo] == "repo"
     assert late.stamp(one.handins[repo], 5.0)["source"] == "file time"
     canvas = [Path("c/smithjane_LATE_1_2_hw.zip/03_x.ipynb"), Path("c/doe_3_4_hw/03_x.ipynb")]
     ids = identity.resolve(canvas, anchors=[Path("c/smithjane_LATE_1_2_hw.zip")])
@@ -136,6 +136,15 @@ def test_two_zips_holding_one_folder_name_are_two_students(tmp_path):
         _zip({f"hw10/{NB}.ipynb": BLANK[NB]}, cls / f"{who}.zip")
     _, planned = _planned(tmp_path, cls)
     assert sorted(it.student for it in planned.plan.graded) == ["ann", "ben"]
+    _nb(cls / f"{NB}.ipynb")                 # the instructor's own copy beside them
+    _, planned = _planned(tmp_path / "2", cls)
+    assert sorted(it.student for it in planned.plan.graded) == ["ann", "ben", "class"]
+
+
+def test_a_lone_zip_holding_another_students_folder_is_its_own(tmp_path):
+    _zip({f"alice/{NB}.ipynb": BLANK[NB]}, tmp_path / "class" / "bob.zip")
+    _, planned = _planned(tmp_path, tmp_path / "class")
+    assert [it.student for it in planned.plan.graded] == ["bob"]
 
 
 def test_classroom_repositories_under_a_section_are_separate_students(tmp_path):

@@ -15,15 +15,16 @@ download) is a class folder too, and the root is inside it.
 - a zip of the class (``class/bob.zip``) is the student ``bob``, whatever folders it holds;
   a zip inside a student's folder (``class/carol/hw.zip``) is carol's. A Canvas name of
   the class (``smithjane_LATE_12_34_hw.zip``) is its student's login (``smithjane``).
-- the root holding one student's files (notebooks, zips, at most one wrapper folder beside
-  them: one student's folder graded alone) is that student, and a zip in it no other one.
+- the root holding one student's files (loose notebooks or one wrapper folder, and at most
+  one zip: one student's folder graded alone) is that student, and its zip no other one.
 - with a roster, the longest run of folder names outside any zip of a student's that is a
   roster name (``sec1/alice`` is ``alice`` when the roster names alice).
 
-**The hand-in** of a file is the student's folder or zip of the class (``class/bob.zip``),
-the component of the path in which ``--student-from``'s ``student`` group ends (a flat
-download: the file itself), or the path named on the command line with ``--student``; None
-where the student is the root itself. Its name is the LMS's (a Canvas download's), so the
+**The hand-in** of a file is the student's folder or zip of the class, as a path under the
+root (``bob.zip``, ``sec1/s01``); the path as given up to the end of the component in which
+``--student-from``'s ``student`` group ends (a flat download: the file itself); or, with
+``--student``, the path named on the command line that holds it; None where the student is
+the root itself. Its name is the LMS's (a Canvas download's), so the
 late policy (:mod:`.late`) reads hand-in times from it and from nothing inside it.
 
 **Collisions** never replace anyone's work and never stop the run: two hand-ins that would
@@ -107,7 +108,7 @@ def resolve(paths, student: str | None = None, student_from: str | None = None,
     if student is not None:
         if not student.strip():
             raise PlanError("--student needs a name")
-        tops = sorted((os.path.abspath(g) for g in given), key=len, reverse=True)
+        tops = sorted(given, key=lambda g: len(os.path.abspath(g)), reverse=True)
         return Identities({p: (student.strip(), "") for p in paths},
                           {p: _given(p, tops) for p in paths})
     if student_from is not None:
@@ -115,9 +116,11 @@ def resolve(paths, student: str | None = None, student_from: str | None = None,
     return _from_folders(paths, roster, base, anchors, given)
 
 
-def _given(path: Path, tops: list[str]) -> str | None:
+def _given(path: Path, tops) -> str | None:
+    """The path named on the command line (as given) that holds ``path``, or None."""
     real = os.path.abspath(path)
-    return next((t for t in tops if real == t or real.startswith(t + os.sep)), None)
+    return next((posix(t) for t in tops if real == os.path.abspath(t)
+                 or real.startswith(os.path.abspath(t) + os.sep)), None)
 
 
 def _from_regex(paths, student_from: str) -> Identities:
@@ -144,13 +147,14 @@ def _from_regex(paths, student_from: str) -> Identities:
 
 def _class_root(common: str, raws: dict) -> tuple[str, dict]:
     """The root and each path's folders under it: a zip that is all the batch holds and that
-    holds folders that are no wrappers (a class download) is entered."""
+    holds several folders that are no wrappers (a class download) is entered."""
     while raws:
         tops = {r[0] if r else "" for r in raws.values()}
         if len(tops) != 1 or not _is_zip(next(iter(tops))):
             break
         inner = [r[1:] for r in raws.values()]
-        if any(not r for r in inner) or all(WRAPPERS.match(r[0]) for r in inner):
+        if any(not r for r in inner) or all(WRAPPERS.match(r[0]) for r in inner) or \
+                len({r[0] for r in inner}) < 2:
             break                                   # one student's zip
         common = os.path.join(common, next(iter(tops)))
         raws = {p: r[1:] for p, r in raws.items()}
@@ -176,8 +180,7 @@ def _from_folders(paths, roster, base, anchors, given) -> Identities:
     if len(tops) == 1 and not folder_tops and root not in named and \
             os.path.join(root, next(iter(tops))) not in named:
         loose = True                         # a student's folder with one zip, named above it
-    if (loose and not folder_tops) or (len(folder_tops) == 1 and not _REPOSITORY.match(
-            next(iter(folder_tops))) and WRAPPERS.match(next(iter(folder_tops)))):
+    if _one_student(loose, folder_tops, len(tops) - len(folder_tops)):
         name = safe_text(os.path.basename(root))
         name = (name[:-4] if _is_zip(name) else name) or "student"
         out.keys = {p: (name, root) for p in paths}
@@ -187,10 +190,22 @@ def _from_folders(paths, roster, base, anchors, given) -> Identities:
     for p, r in raws.items():
         out.keys[p] = _student(r, root, roster, classroom)
     out.keys = _merge_nested(out.keys, root)
-    out.handins = {p: where if where != root else None for p, (_, where) in out.keys.items()}
+    out.handins = {p: safe_text(posix(os.path.relpath(where, root))) if where != root else None
+                   for p, (_, where) in out.keys.items()}
     _apart(out)
     _holding_others(out, roster)
     return out
+
+
+def _one_student(loose: bool, folder_tops: set, zips: int) -> bool:
+    """Whether the root is one student's folder: at most one zip, beside loose notebooks or
+    one wrapper folder (a class folder holds students' folders and zips)."""
+    if zips > 1:
+        return False
+    if not folder_tops:
+        return loose
+    top = next(iter(folder_tops))
+    return len(folder_tops) == 1 and bool(WRAPPERS.match(top)) and not _REPOSITORY.match(top)
 
 
 def _classroom(raws) -> bool:
