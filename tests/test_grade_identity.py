@@ -77,7 +77,8 @@ def test_a_time_typed_into_a_name_is_no_hand_in_time(tmp_path):
     where = _lateness(tmp_path / "b", cls, time_from=r"_(?P<time>\d{8}T\d{4})$")
     assert where["bob_20260302T1405"][0] == "time in the path (--time-from)"
     assert where["bob_20260302T1405"][1] == 14 * HOUR + 6 * 60          # 2 March 14:05 UTC
-    assert where["alice"] == ("file time", 2 * HOUR)       # inside her hand-in: not read
+    assert where["alice"] == ("file time (--time-from finds no time in the hand-in)",
+                              2 * HOUR)                    # inside her hand-in: not read
 
 
 @pytest.mark.parametrize("folder", ["subs-2026-03-05_0900", "ml_2026_1_lesson10"])

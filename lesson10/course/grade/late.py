@@ -13,7 +13,7 @@ and no folder above it (the class's folder), is read:
    it is late by the file's time past the due time, or by one unit of the policy when the
    file's time says nothing later (an unzip that kept no times);
 2. with ``--time-from REGEX`` (the instructor's layout, e.g. Moodle's
-   ``'_(?P<time>\\d{8}T\\d{4})/'``): the group ``time`` (else the whole match) of REGEX's first
+   ``'_(?P<time>\\d{8}T\\d{4})$'``): the group ``time`` (else the whole match) of REGEX's first
    match in the path up to and including the hand-in, read as ``2026-03-02_14-05``,
    ``20260302T1405``, ``2026-03-02 14:05:59`` or ISO 8601. A time in a name counts nowhere
    else;
@@ -168,7 +168,7 @@ def policy(due: str | None, penalty: str | None = None, cap: float | None = None
         except re.error as exc:
             raise LateError(f"--time-from {time_from!r} is not a regular expression: {exc}; "
                             f"give one with a group named 'time', e.g. "
-                            f"'_(?P<time>\\d{{8}}T\\d{{4}})/'") from None
+                            f"'_(?P<time>\\d{{8}}T\\d{{4}})$'") from None
     when = parse_time(due)
     percent, unit = parse_penalty(penalty) if penalty else (0.0, "day")
     if cap is not None and not 0 <= cap <= 100:
@@ -192,7 +192,8 @@ def stamp(handin: str | None, mtime: float | None, time_from: str | None = None)
     when = path_time(str(handin), time_from) if handin and time_from else None
     if when is not None:
         return {"time": when, "source": "time in the path (--time-from)", "late_mark": None}
-    return {"time": mtime, "source": "file time", "late_mark": None}
+    said = " (--time-from finds no time in the hand-in)" if handin and time_from else ""
+    return {"time": mtime, "source": "file time" + said, "late_mark": None}
 
 
 def path_time(path: str, time_from: str) -> float | None:
