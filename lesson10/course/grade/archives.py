@@ -4,9 +4,9 @@ A ``.zip`` named on the command line, or found in a folder given (searched as no
 is unpacked into a temporary folder, and a zip inside it too (a Canvas download: one zip of
 the class holding a zip per student), up to :data:`MAX_NESTING` levels. Every file inside
 then stands where the zip stands: ``class/carol/hw.zip`` holding ``notebooks/03_x.ipynb`` is
-``class/carol/hw.zip/notebooks/03_x.ipynb``, carol's (the zip's name is no folder of a
-student's: see :data:`lesson10.course.grade.gradebook.WRAPPERS`), and that is the path the
-outputs show.
+``class/carol/hw.zip/notebooks/03_x.ipynb``, carol's (whose files a zip holds is
+:mod:`.identity`'s: the student's folder or zip of the class, never a folder inside a zip),
+and that is the path the outputs show.
 
 Limits (an archive over one is refused, with a sentence, and listed among the student's
 files not graded): no member outside the archive's folder (absolute names, ``..``: zip-slip)
