@@ -213,3 +213,14 @@ def test_the_file_count_limit_is_per_student(tmp_path, monkeypatch):
     _zip({"ann.zip": _zip({f"{i}.txt": b"x" for i in range(3)}),
           "ben.zip": _zip({f"{NB}.ipynb": BLANK[NB]})}, named)
     assert not archives.gather([named], tmp_path / "u3").unpacked.refused
+
+
+def test_a_roster_name_in_two_sections_replaces_neither(tmp_path):
+    one = _nb(tmp_path / "class" / "sec1" / "alice" / f"{NB}.ipynb")
+    two = _nb(tmp_path / "class" / "sec2" / "alice" / f"{NB}.ipynb")
+    (tmp_path / "roster.txt").write_text("alice\nbob\n")
+    _, planned = _planned(tmp_path, tmp_path / "class", roster=tmp_path / "roster.txt")
+    plan = planned.plan
+    assert {it.student: it.path for it in plan.graded} == {"sec1/alice": one, "sec2/alice": two}
+    assert plan.students[:2] == ["alice", "bob"] and not plan.ignored
+    assert plan.notes["alice"] == plan.notes["sec1/alice"] == plan.notes["sec2/alice"]
