@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from adjusted_class import BLANK, DUE, DUE_EPOCH, args, entry, report
 
-from lesson10.course.grade import adjust, archives, identity, late, outputs, pipeline
+from lesson10.course.grade import adjust, archives, identity, late, outputs, pipeline, store
 from lesson10.course.grade.request import Request
 
 NB = "03_load_balance"
@@ -180,6 +180,8 @@ def test_two_hand_ins_of_one_name_are_kept_apart_and_said_everywhere(tmp_path):
     (note,) = the_plan.notes["bob"]
     assert "bob.zip" in note and "neither replaces the other" in note
     assert the_plan.notes["bob.zip"] == [note]
+    doc = store.merge(None, store.class_doc(the_plan, planned.keys, seed=7, root=str(cls)))
+    assert store.load(doc, store.Store(tmp_path / "results"))[1].notes == the_plan.notes
     out = tmp_path / "out"
     a = args(out)
     a.adjust = adjust.from_args(a)
