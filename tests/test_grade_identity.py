@@ -169,7 +169,7 @@ def test_a_link_to_another_students_zip_is_not_unpacked(tmp_path):
     assert listed["path"].endswith("mine.zip") and "symbolic link" in listed["reason"]
 
 
-def test_two_hand_ins_of_one_name_are_kept_apart_and_said_everywhere(tmp_path):
+def test_two_hand_ins_of_one_name_are_kept_apart_and_said_everywhere(tmp_path, capsys):
     cls = tmp_path / "class"
     folder = _nb(cls / "bob" / f"{NB}.ipynb")
     _zip({f"{NB}.ipynb": BLANK[NB]}, cls / "bob.zip")
@@ -189,7 +189,9 @@ def test_two_hand_ins_of_one_name_are_kept_apart_and_said_everywhere(tmp_path):
         Path(getattr(a, f)).mkdir(parents=True, exist_ok=True)
     full = [entry("zigzag_positions"), entry("causal_work"), entry("ring_time")]
     reps = [report(it.path, it.student, NB, [dict(e) for e in full]) for it in the_plan.graded]
+    capsys.readouterr()
     outputs.write(a, the_plan, reps, 7, True)
+    assert capsys.readouterr().out.count(note) == 2              # the table
     doc = json.loads(Path(a.output).read_text())
     assert all(r["notes"] == [note] for r in doc["students"])
     assert (out / "grades.csv").read_text().count(note) == 2
