@@ -45,6 +45,7 @@ class Request:
     # overrides, late work, LMS exports
     overrides: Path | None = None
     due: str | None = None
+    time_from: str | None = None
     late_penalty: str | None = None
     late_cap: float | None = None
     latest_on_time: bool = False
