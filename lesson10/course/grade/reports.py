@@ -154,6 +154,38 @@ def markdown(reports: list[dict], students: list[dict] | None = None, *, seed=No
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+#: how a cell a spreadsheet would run as a formula begins (OWASP's CSV injection list)
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def csv_cell(value):
+    """``value`` as a CSV cell no spreadsheet runs: a number as it is; text that begins
+    (after spaces and line breaks) with a :data:`FORMULA_START` character, and is not a
+    plain number like ``-1.5``, gets a single quote in front (OWASP's advice), so
+    ``=HYPERLINK(...)`` is shown as the text ``'=HYPERLINK(...)``."""
+    if isinstance(value, (int, float)):
+        return value
+    text = "" if value is None else str(value)
+    if text.lstrip(" \n").startswith(FORMULA_START) and not _NUMBER.fullmatch(text):
+        return "'" + text
+    return text
+
+
+def csv_text(rows) -> str:
+    """The CSV of ``rows`` (lists of cells), every cell through :func:`csv_cell`: the one
+    writer of every CSV the grader writes (``tests/test_csv_safe.py`` finds any other).
+    Lines end in ``\n``; a row with a carriage return in a cell has its text quoted (the
+    csv module quotes only the line terminator's characters), so the row stays one row."""
+    out = io.StringIO()
+    plain = csv.writer(out, lineterminator="\n")
+    quoted = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
+    for row in rows:
+        cells = [csv_cell(c) for c in row]
+        (quoted if any("\r" in c for c in cells if isinstance(c, str)) else plain).writerow(cells)
+    return out.getvalue()
+
+
 def class_csv(reports: list[dict], students: list[dict] | None = None, seed=None) -> str:
     """One row per student: ``student``, a column of points per course exercise (in the
     course's order, every exercise whatever the batch holds), then ``<exercise> status`` per
@@ -165,18 +197,16 @@ def class_csv(reports: list[dict], students: list[dict] | None = None, seed=None
     from . import adjust, late
     rows = gradebook.rows(reports) if students is None else students
     cols = list(EXERCISES)
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["student"] + cols + [f"{c} status" for c in cols]
-                    + ["missing", "late", "adjustments", "seed", "total", "max"])
+    table = [["student"] + cols + [f"{c} status" for c in cols]
+             + ["missing", "late", "adjustments", "seed", "total", "max"]]
     for r in rows:
         got = {e["exercise"]: e for e in r["exercises"]}
-        writer.writerow([r["student"]] + [got[c]["points"] for c in cols]
-                        + [got[c]["status"] for c in cols]
-                        + [" ".join(r["missing"]), late.describe_row(r), adjust.describe(r),
-                           r.get("seed", "" if seed is None else seed),
-                           r["points"], r["max_points"]])
-    return out.getvalue()
+        table.append([r["student"]] + [got[c]["points"] for c in cols]
+                     + [got[c]["status"] for c in cols]
+                     + [" ".join(r["missing"]), late.describe_row(r), adjust.describe(r),
+                        r.get("seed", "" if seed is None else seed),
+                        r["points"], r["max_points"]])
+    return csv_text(table)
 
 
 def gradescope(reports: list[dict], students: list[dict] | None = None, *, seed=None,
