@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from adjusted_class import DUE, DUE_EPOCH, args, entry, put, report, write_all
 
-from lesson10.course.grade import gradebook, reports
+from lesson10.course.grade import gradebook, lms, reports
 
 ROOT = Path(__file__).resolve().parents[1]
 RING = "02_ring_attention"
@@ -83,7 +83,7 @@ def test_no_cell_of_any_csv_output_would_run_in_a_spreadsheet(tmp_path):
     students, rows, out = _evil_class(tmp_path)
     assert sorted(r["student"] for r in rows) == sorted(students) and len(students) == len(EVIL)
     written = sorted(out.rglob("*.csv"))
-    assert {p.name for p in written} == {"grades.csv", "canvas-grades.csv", "moodle-grades.csv"}
+    assert {p.name for p in written} == {"grades.csv", *lms.FILE_NAMES.values()}
     for path in written:
         cells = _cells(path)
         assert not [c for c in cells if _would_run(c)], path.name

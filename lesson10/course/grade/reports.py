@@ -284,6 +284,15 @@ def _xml(text) -> str:
     return re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]", "?", str(text))
 
 
+#: JUnit's ``timestamp`` where nothing of the class says when it was graded
+EPOCH = "1970-01-01T00:00:00"
+
+
+def graded_at() -> str:
+    """Now, as a report's ``graded_at`` (UTC, the form JUnit's ``timestamp`` takes)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+
+
 def _junit_case(e: dict, classname: str, t: float) -> list[str]:
     """One ``<testcase>``: a lost exercise a ``<failure>``, a grader error an ``<error>``."""
     lines = [f"    <testcase classname={quoteattr(_xml(classname))} "
@@ -301,17 +310,14 @@ def _junit_case(e: dict, classname: str, t: float) -> list[str]:
     return lines + ["    </testcase>"]
 
 
-def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
-          timestamp: str | None = None) -> str:
-    """JUnit XML: a testsuite per graded notebook (and, with ``students``, one per missing
-    notebook), a testcase per exercise with a ``time`` (the exercise's own seconds where the
-    report has them, else an equal share of its notebook's); a lost exercise is a
-    ``<failure>``, a grader error an ``<error>``, and ``failures``/``errors`` count exactly
-    those. The attributes and elements are those the common JUnit schemas ask for."""
+def _junit_suites(reports: list[dict], students: list[dict] | None) -> list[tuple]:
+    """``(name, student, notebook id, path, [(entry, None)], seconds, report or None)`` of
+    each suite: a graded notebook's (with the rows' entries: overrides and late penalties
+    included), then each missing notebook's."""
     suites: list[tuple] = []
     adjusted = {(row["student"], row["notebooks"].get(e["notebook"]), e["exercise"]): e
                 for row in students or [] for e in row["exercises"]}
-    for rep in reports:          # the rows' entries: overrides and late penalties included
+    for rep in reports:
         cases = [(adjusted.get((rep["student"], rep["notebook"], e["exercise"]), e), None)
                  for e in rep["exercises"]]
         if not cases and not rep["ok"]:
@@ -324,7 +330,22 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
         for nid in row["missing"]:
             cases = [(e, None) for e in row["exercises"] if e["notebook"] == nid]
             suites.append((f"{row['student']}: {nid}", row["student"], nid, "", cases, 0.0, None))
-    timestamp = timestamp or time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+    return suites
+
+
+def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
+          timestamp: str | None = None) -> str:
+    """JUnit XML: a testsuite per graded notebook (and, with ``students``, one per missing
+    notebook), a testcase per exercise with a ``time`` (the exercise's own seconds where the
+    report has them, else an equal share of its notebook's); a lost exercise is a
+    ``<failure>``, a grader error an ``<error>``, and ``failures``/``errors`` count exactly
+    those. The attributes and elements are those the common JUnit schemas ask for. A
+    suite's ``timestamp`` is when its notebook was graded (the report's ``graded_at``, kept
+    in the results folder, so an unchanged class writes the same file; else ``timestamp``,
+    else the class's latest), its ``seed`` property the notebook's own seed (else ``seed``)."""
+    suites = _junit_suites(reports, students)
+    timestamp = timestamp or max((r["graded_at"] for r in reports if r.get("graded_at")),
+                                 default=EPOCH)
     host = quoteattr(_xml(socket.gethostname() or "localhost"))
     parts = []
     n_tests = n_fail = n_err = 0
@@ -335,14 +356,16 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
         errs = sum(broken)
         n_tests, n_fail, n_err = n_tests + len(cases), n_fail + fails, n_err + errs
         total_time += seconds
+        when = str((rep or {}).get("graded_at") or timestamp)
         attrs = (f"name={quoteattr(_xml(name))} tests=\"{len(cases)}\" failures=\"{fails}\" "
                  f"errors=\"{errs}\" skipped=\"0\" time=\"{seconds:.3f}\" "
-                 f"timestamp={quoteattr(timestamp)} hostname={host} id=\"{number}\" "
+                 f"timestamp={quoteattr(_xml(when))} hostname={host} id=\"{number}\" "
                  f"package=\"lesson10\"")
         parts.append(f"  <testsuite {attrs}>")
         props = [("student", student), ("notebook", path), ("course_notebook", nid or "")]
-        if seed is not None:
-            props.append(("seed", seed))
+        mine = (rep or {}).get("seed", seed)
+        if mine is not None:
+            props.append(("seed", mine))
         if rep is not None:
             props.append(("sandboxed", str(bool(rep.get("sandboxed", True))).lower()))
         parts.append("    <properties>")

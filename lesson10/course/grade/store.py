@@ -211,6 +211,15 @@ def keep_unchanged(old: dict | None, box: Store | None, graded, keys: dict, seed
     return seeds
 
 
+def run_seed(old: dict | None, seeds: dict, seed: int) -> int:
+    """The seed a run keeps and reports (``DIR/seed``, ``class.json``, the outputs):
+    ``seed``, but the class's stored one when no file is graded with ``seed`` (every file
+    keeps its earlier verdict), so grading an unchanged class again writes the same bytes."""
+    if old is None or not isinstance(old.get("seed"), int) or seed in seeds.values():
+        return seed
+    return old["seed"]
+
+
 def merge(old: dict | None, new: dict) -> dict:
     """``old`` with the students of ``new`` replaced (grading some students again); the
     roster and the class's own files are the newest batch's when it has them."""
