@@ -4,7 +4,8 @@ Each graded notebook's report is written as soon as it is known, to
 ``DIR/results/<key>.json``, where the key is the SHA-256 of everything that can change a
 verdict: the course version and the grader's own code (:func:`code_version`), the seed, the
 limits (cell, exercise and notebook timeouts, memory, sandboxed or not), the course notebook
-the file is, its bytes and its helper modules. The same submission graded again with the
+the file is, its bytes (without its saved outputs, :func:`.nbread.slim`) and its helper
+modules. The same submission graded again with the
 same seed, limits and code gets the same verdicts, so a stored report is reused instead; a
 longer ``--exercise-timeout`` is another key, and "timed out" is never reused under it.
 
