@@ -5,6 +5,7 @@ quote in front, numbers stay numbers, and every CSV is written by one function
 import ast
 import csv
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,13 @@ from lesson10.course.grade import gradebook, lms, reports
 
 ROOT = Path(__file__).resolve().parents[1]
 RING = "02_ring_attention"
-EVIL = ['=HYPERLINK("http://x","y")', "+cmd", "@SUM(1)", "-2+3", "\tx", "\rx", " =1+1"]
+EVIL = ['=HYPERLINK("http://x","y")', "+cmd", "@SUM(1)", "-2+3", "\tx", "\rx", " =1+1",
+        "x;=cmd", 'x; "@SUM(1)', "x\n-2+3", "x\t+cmd"]
 
 
 def _would_run(cell: str) -> bool:
     """Whether a spreadsheet would read ``cell`` as a formula (a plain number is data)."""
-    text = cell.lstrip(" \n")
+    text = cell.lstrip(' \n"')
     if not text.startswith(reports.FORMULA_START):
         return False
     try:
@@ -27,6 +29,14 @@ def _would_run(cell: str) -> bool:
         return False
     except ValueError:
         return True
+
+
+def _fields(text: str) -> list[str]:
+    """Every cell a spreadsheet may see in the CSV ``text``: read as comma-separated
+    (quotes honoured), and split at every semicolon, tab and line break (a locale whose
+    separator is ``;``, an import dialog with tabs, quotes ignored mid-line)."""
+    return [c for row in csv.reader(io.StringIO(text, newline="")) for c in row] + \
+        re.split(r"[;\t\r\n]", text)
 
 
 def _cells(path: Path) -> list[str]:
@@ -37,8 +47,10 @@ def _cells(path: Path) -> list[str]:
 @pytest.mark.parametrize("value, cell", [
     ('=HYPERLINK("http://x","y")', '\'=HYPERLINK("http://x","y")'), ("+cmd", "'+cmd"),
     ("@SUM(1)", "'@SUM(1)"), ("-2+3", "'-2+3"), ("\tx", "'\tx"), ("\rx", "'\rx"),
-    (" \n=1", "' \n=1"), ("alice", "alice"), ("a=b", "a=b"), ("", ""), (None, ""),
+    (" \n=1", " \n'=1"), ("alice", "alice"), ("a=b", "a=b"), ("", ""), (None, ""),
     (-1.5, -1.5), (-3, -3), ("-1.5", "-1.5"), ("+2", "+2"), ("-", "'-"),
+    ("x;=cmd", "x;'=cmd"), ('x; "@a', 'x; "\'@a'), ("a\n-1", "a\n'-1"), ("a\t\t=1", "a\t'\t'=1"),
+    ("-50% = -2; 03: 1 h late, -25%", "'-50% = -2; 03: 1 h late, -25%"),
 ])
 def test_a_cell_is_neutralised_only_where_it_begins_like_a_formula(value, cell):
     got = reports.csv_cell(value)
@@ -46,13 +58,13 @@ def test_a_cell_is_neutralised_only_where_it_begins_like_a_formula(value, cell):
 
 
 def test_the_check_of_these_tests_finds_a_cell_a_spreadsheet_would_run():
-    raw = io.StringIO()
-    csv.writer(raw).writerows([[name, 3, -1.5] for name in EVIL])
-    cells = [c for row in csv.reader(io.StringIO(raw.getvalue())) for c in row]
-    assert [c for c in cells if _would_run(c)] == EVIL
-    safe = [c for row in csv.reader(io.StringIO(reports.csv_text([[n, -1.5] for n in EVIL])))
-            for c in row]
-    assert not any(_would_run(c) for c in safe) and "-1.5" in safe
+    for name in EVIL:
+        raw = io.StringIO()
+        csv.writer(raw, lineterminator="\n").writerow(["a", name, 3, -1.5])
+        assert _would_run(name) and "\r" in name or \
+            [c for c in _fields(raw.getvalue()) if _would_run(c)], name
+        safe = reports.csv_text([["a", name, 3, -1.5]])
+        assert not [c for c in _fields(safe) if _would_run(c)] and "-1.5" in _fields(safe), name
 
 
 def _evil_class(tmp_path):
@@ -85,10 +97,10 @@ def test_no_cell_of_any_csv_output_would_run_in_a_spreadsheet(tmp_path):
     written = sorted(out.rglob("*.csv"))
     assert {p.name for p in written} == {"grades.csv", *lms.FILE_NAMES.values()}
     for path in written:
-        cells = _cells(path)
-        assert not [c for c in cells if _would_run(c)], path.name
+        fields = _fields(path.read_bytes().decode("utf-8"))
+        assert not [c for c in fields if _would_run(c)], path.name
     grades = _cells(out / "grades.csv")
-    assert {"'" + n for n in students} <= set(grades)          # every row is there, quoted
+    assert {reports.csv_cell(n) for n in students} <= set(grades)    # every row is there
     assert any("=evil()" in c for c in grades)
     canvas = _cells(out / "lms" / "canvas-grades.csv")
     assert "'-hw10" in canvas and "'-0+1" in canvas and "'+C0" in canvas and "'=S0" in canvas

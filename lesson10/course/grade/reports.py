@@ -157,19 +157,24 @@ def markdown(reports: list[dict], students: list[dict] | None = None, *, seed=No
 #: how a cell a spreadsheet would run as a formula begins (OWASP's CSV injection list)
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+#: where a spreadsheet reading the file with another separator (``;`` in many locales, a tab)
+#: or ignoring a quote mid-line starts a new cell inside one of ours: a break, then a formula
+_INNER_START = re.compile(r"([;\t\r\n][ \"]*)(?=[=+\-@\t\r])")
 
 
 def csv_cell(value):
     """``value`` as a CSV cell no spreadsheet runs: a number as it is; text that begins
     (after spaces and line breaks) with a :data:`FORMULA_START` character, and is not a
     plain number like ``-1.5``, gets a single quote in front (OWASP's advice), so
-    ``=HYPERLINK(...)`` is shown as the text ``'=HYPERLINK(...)``."""
+    ``=HYPERLINK(...)`` is shown as the text ``'=HYPERLINK(...)``; so does each place inside
+    it where a ``;``, a tab or a line break is followed by one (``x;=cmd`` is ``x;'=cmd``)."""
     if isinstance(value, (int, float)):
         return value
     text = "" if value is None else str(value)
-    if text.lstrip(" \n").startswith(FORMULA_START) and not _NUMBER.fullmatch(text):
-        return "'" + text
-    return text
+    if _NUMBER.fullmatch(text):
+        return text
+    text = _INNER_START.sub(r"\1'", text)
+    return "'" + text if text.lstrip(" \n").startswith(FORMULA_START) else text
 
 
 def csv_text(rows) -> str:
