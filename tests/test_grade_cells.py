@@ -56,3 +56,31 @@ def test_the_last_check_call_that_ran_counts():
     assert run.verdicts["ring_time"]["message"] == "try 4" and len(run.history) == 5
     run.record((9, 0), judge.entry(ex, "failed", "later"))
     assert run.verdicts["ring_time"]["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_matplotlib_inline_atop_the_imports_cell_costs_nothing(tmp_path):
+    """The imports cell of an honest notebook opens with ``%matplotlib inline``: graded in
+    full (the sandbox's shell used to raise NotImplementedError there, before ``checks``
+    was imported, and the notebook scored 0)."""
+    import json
+    from pathlib import Path
+
+    from lesson10.course.grade import main, sandbox
+    root = Path(__file__).resolve().parents[1]
+    nb = json.loads((root / "solutions" / "03_load_balance.ipynb").read_text(encoding="utf-8"))
+    keep = [c for c in nb["cells"] if c["cell_type"] == "markdown" or any(
+        w in "".join(c["source"]) for w in ("check_", "def ", "import"))]
+    nb["cells"] = [c for c in keep if "figures." not in "".join(c["source"])
+                   and "summary()" not in "".join(c["source"])]
+    first = next(c for c in nb["cells"] if "from lesson10 import" in "".join(c["source"]))
+    first["source"] = "%matplotlib inline\n" + "".join(first["source"])
+    path = tmp_path / "ann" / "03_load_balance.ipynb"
+    path.parent.mkdir()
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    out = tmp_path / "r.json"
+    extra = [] if sandbox.probe() is None else ["--no-sandbox"]
+    assert main([str(path), "--output", str(out), "--no-results", "--timeout", "90", *extra]) in (0, 1)
+    (rep,) = json.loads(out.read_text())["notebooks"]
+    assert rep["points"] == rep["max_points"] > 0, rep["feedback"]
+    assert not [f for f in rep["feedback"] if "NotImplementedError" in f], rep["feedback"]

@@ -199,3 +199,48 @@ def test_the_cell_count_limit(monkeypatch):
     assert nb is None and "cells, over the grader's limit" in why
     monkeypatch.setattr(nbread, "MAX_CELLS", len(_solution()["cells"]))
     assert nbread.read(Path("x.ipynb"), data)[1] is None
+
+
+def _with_outputs(mb: float) -> bytes:
+    """The solution notebook with ``mb`` MB of saved figures (base64 PNG data) in its cells."""
+    import base64
+    nb = _solution()
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    blob = base64.b64encode(b"\x89PNG" * int(mb * 2**20 / 4 * 3 / 4 / len(code))).decode()
+    for c in code:
+        c["outputs"] = [{"output_type": "display_data", "metadata": {},
+                         "data": {"image/png": blob, "text/plain": ["<Figure>"]}}]
+    return json.dumps(nb).encode()
+
+
+def test_saved_outputs_are_dropped_and_only_the_code_must_fit(monkeypatch):
+    data = _with_outputs(2)
+    code = len(json.dumps(_solution()))
+    monkeypatch.setattr(nbread, "MAX_CODE_BYTES", code + 10_000)       # the code fits, the file not
+    nb, why = nbread.read(Path(f"s/{NB03}.ipynb"), data)
+    assert why is None and len(data) > 2**20 > nbread.MAX_CODE_BYTES
+    assert all(c.get("outputs") == [] for c in nb.cells if c.cell_type == "code")
+    assert [c.source for c in nb.cells] == ["".join(c["source"]) for c in _solution()["cells"]]
+    slim = nbread.slim(data)
+    assert len(slim) < code + 10_000 and nbread.read(Path("x.ipynb"), slim)[1] is None
+    assert nbread.slim(slim) == slim and nbread.slim(b"not json") == b"not json"
+    monkeypatch.setattr(nbread, "MAX_CODE_BYTES", code // 2)           # the code itself too big
+    nb, why = nbread.read(Path(f"s/{NB03}.ipynb"), data)
+    assert nb is None and "without its saved outputs" in why and "limit" in why
+
+
+def test_the_batch_keeps_each_notebook_without_its_outputs(tmp_path):
+    from lesson10.course.grade import archives
+    for who, mb in (("ann", 1), ("ben", 0.5)):
+        (tmp_path / "c" / who).mkdir(parents=True)
+        (tmp_path / "c" / who / f"{NB03}.ipynb").write_bytes(_with_outputs(mb))
+    batch = archives.gather([tmp_path / "c"], tmp_path / "u", nbread.MAX_NOTEBOOK_BYTES)
+    kept = [batch.contents[p] for p in batch.paths]
+    assert len(kept) == 2 and kept[0] == kept[1]          # the same code: the same bytes
+    assert len(kept[0]) < 2**19 and b"image/png" not in kept[0]
+
+
+@pytest.mark.slow
+def test_a_notebook_with_120_mb_of_saved_output_is_graded_as_read():
+    nb, why = nbread.read(Path(f"s/{NB03}.ipynb"), _with_outputs(120))
+    assert why is None and course.identify(nb, Path(f"s/{NB03}.ipynb"))[0] == NB03

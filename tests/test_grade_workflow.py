@@ -159,7 +159,7 @@ def test_grading_step_on_a_student_repository(tmp_path):
     assert f"## Score: 4 / {COURSE_MAX}" in summary and "no 01_sequence_parallel notebook" in summary
     assert (grades / "feedback" / "lesson10-ann.md").is_file()
     assert (grades / "feedback" / "lesson10-ann.html").is_file()
-    assert (grades / "executed" / "lesson10-ann" / "Copy of 03_load_balance.ipynb").is_file()
+    assert (grades / "executed" / "lesson10-ann" / "03_load_balance.ipynb").is_file()   # its id
     assert (grades / "junit.xml").is_file() and (grades / "grades.csv").is_file()
     assert "grader exit status: 1" in proc.stdout
 

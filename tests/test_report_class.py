@@ -71,7 +71,7 @@ def test_every_student_has_a_row_with_links_to_feedback_and_executed_notebook(tm
     a = put(tmp_path / "subs" / "ann" / f"{RING}.ipynb", RING, DUE_EPOCH)
     b = put(tmp_path / "subs" / "ben" / f"{RING}.ipynb", RING, DUE_EPOCH)
     executed = tmp_path / "out" / "executed"
-    done = executed_path(executed, "ann", a)
+    done = executed_path(executed, "ann", RING)
     done.parent.mkdir(parents=True)
     done.write_text("{}")
     reps = [report(p, who, RING, [entry("block_attention"), entry("merge"),

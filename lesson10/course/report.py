@@ -365,8 +365,8 @@ def links_of(folder: Path, rows: Rows, reports, folders: dict) -> dict:
             if page_file.is_file():
                 found.append(("feedback", os.path.relpath(page_file, folder)))
         if folders.get("executed"):
-            for nid, path in r.notebooks.items():
-                target = executed_path(folders["executed"], r.student, Path(path))
+            for nid in r.notebooks:
+                target = executed_path(folders["executed"], r.student, nid)
                 if target.is_file():
                     found.append((nid[:2], os.path.relpath(target, folder)))
         out[r.student] = found

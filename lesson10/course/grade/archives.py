@@ -233,9 +233,11 @@ class Batch:
 def gather(notebooks, tmp: Path, limit: int | None = None) -> Batch:
     """Every file of the batch named by ``notebooks`` (files and folders), read before any
     student code runs; zips are unpacked into ``tmp``; ``limit``: the largest notebook read
-    (a larger one is unreadable here, and its reader says why)."""
+    (a larger one is unreadable here, and its reader says why). A notebook's contents are
+    kept without its saved outputs (:func:`.nbread.slim`)."""
     from .accounting import find_others
     from .gradebook import find_notebooks
+    from .nbread import slim
     from .submission_files import read_regular
     unpacked = unpack(notebooks, tmp)
     named = [p for p in notebooks if Path(p).is_dir() or Path(p).suffix.lower() != ".zip"]
@@ -253,7 +255,7 @@ def gather(notebooks, tmp: Path, limit: int | None = None) -> Batch:
     contents: dict = {}
     for shown, path in real.items():
         try:                                    # a link or a device is no notebook of theirs
-            contents[shown] = read_regular(path, limit)
+            contents[shown] = slim(read_regular(path, limit))     # saved outputs dropped
         except OSError:
             contents[shown] = None
     return Batch(list(real), others, contents, real, unpacked)

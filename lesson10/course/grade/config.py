@@ -22,7 +22,7 @@ class GradeConfig:
     cell_timeout: float = 120.0
     exercise_timeout: float = 30.0
     notebook_timeout: float = 600.0
-    #: folder to write each executed notebook to (``<student>/<file name>``), or None
+    #: folder to write each executed notebook to (``<student>/<notebook id>.ipynb``), or None
     save_executed: Path | None = None
     sandboxed: bool = True
     #: the seed the judge draws each exercise's random cases from

@@ -130,15 +130,19 @@ def student_keys(paths: list[Path], student: str | None = None,
     return identity.resolve(paths, student, student_from, roster, base, anchors).keys
 
 
+_UNSAFE_IN_NAME = re.compile(r'[\x00-\x1f<>:"|?*%\\]|^ | $')
+
+
 def safe_parts(student: str) -> list[str]:
-    """``student`` as path parts that are safe as file names (``sec1/s01`` -> two folders)."""
+    """``student`` as path parts that are safe as file names (``sec1/s01`` -> two folders),
+    one to one: a character a file name cannot hold, ``%``, and a space at either end are
+    written ``%XX`` (``a:b`` is ``a%3Ab``, never the same folder as ``a_b``; a backslash is
+    ``%5C``); an empty part is ``%``, and ``.``/``..`` are ``%2E``/``%2E%2E``."""
     parts = []
-    for part in str(student).replace("\\", "/").split("/"):
-        part = re.sub(r"[\x00-\x1f<>:\"|?*]", "_", part).strip()
-        if part in ("", ".", ".."):
-            part = part.replace(".", "_") or "_"
-        parts.append(part)
-    return parts or ["_"]
+    for part in str(student).split("/"):
+        part = _UNSAFE_IN_NAME.sub(lambda m: f"%{ord(m.group()):02X}", part)
+        parts.append({"": "%", ".": "%2E", "..": "%2E%2E"}.get(part, part))
+    return parts
 
 
 # --------------------------------------------------------------------------- the plan

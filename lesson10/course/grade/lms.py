@@ -23,12 +23,11 @@ them (:func:`write`).
 """
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 
 from ...errors import Lesson10Error
 from . import late
+from .reports import csv_text
 
 FORMATS = ("canvas", "moodle")
 FILE_NAMES = {"canvas": "canvas-grades.csv", "moodle": "moodle-grades.csv"}
@@ -90,27 +89,22 @@ def _key(fmt: str, person: dict | None) -> bool:
 
 def canvas(rows: list[dict], who: dict, assignment: str) -> str:
     """Canvas's gradebook import CSV (see the module's docstring)."""
-    out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
     top = rows[0]["max_points"] if rows else 0
-    w.writerow([*CANVAS_HEAD, assignment])
-    w.writerow(["    Points Possible", "", "", "", "", top])
+    table = [[*CANVAS_HEAD, assignment], ["    Points Possible", "", "", "", "", top]]
     for r in rows:
         p = who.get(r["student"])
         if not _key("canvas", p):
             continue
         assert p is not None
-        w.writerow([p["name"] or r["student"], p["canvas_id"], p["sis_id"], p["sis_login_id"],
-                    p["section"], r["points"]])
-    return out.getvalue()
+        table.append([p["name"] or r["student"], p["canvas_id"], p["sis_id"],
+                      p["sis_login_id"], p["section"], r["points"]])
+    return csv_text(table)
 
 
 def moodle(rows: list[dict], who: dict, assignment: str, notes=None) -> str:
     """Moodle's grade import CSV keyed by email (see the module's docstring); ``notes``:
     student -> feedback text."""
-    out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow([*MOODLE_HEAD, assignment, "Feedback"])
+    table = [[*MOODLE_HEAD, assignment, "Feedback"]]
     for r in rows:
         p = who.get(r["student"])
         if not _key("moodle", p):
@@ -118,8 +112,9 @@ def moodle(rows: list[dict], who: dict, assignment: str, notes=None) -> str:
         assert p is not None
         text = f"{r['points']} / {r['max_points']}"
         extra = (notes or {}).get(r["student"])
-        w.writerow([p["email"], p["sis_id"], r["points"], text + (f"; {extra}" if extra else "")])
-    return out.getvalue()
+        table.append([p["email"], p["sis_id"], r["points"],
+                      text + (f"; {extra}" if extra else "")])
+    return csv_text(table)
 
 
 def write(folder: Path, formats, rows: list[dict], roster: Path, assignment: str = "lesson10",

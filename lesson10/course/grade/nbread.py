@@ -4,10 +4,14 @@ Every notebook of a batch is read by :func:`read` before anything is planned or 
 whatever is wrong with a file is that file's refusal, in one sentence: never an exception
 that stops the batch. In order:
 
-* the file's size (:data:`MAX_NOTEBOOK_BYTES`) and its encoding (UTF-8);
+* the file's size (:data:`MAX_NOTEBOOK_BYTES`, saved outputs included) and its encoding
+  (UTF-8);
 * the nesting of its JSON (:data:`MAX_JSON_DEPTH`), measured on the bytes before they are
   parsed, so metadata nested 100,000 deep costs no recursion;
-* the JSON itself, then nbformat's validator (``nbformat.validate``) on what it holds: a
+* the JSON itself; then its saved outputs are dropped (the grader runs the code and never
+  reads them: a notebook with 120 MB of figures is graded), and what is left, its code, text
+  and metadata, must fit :data:`MAX_CODE_BYTES`;
+* nbformat's validator (``nbformat.validate``) on what it holds: a
   ``source`` list holding a number, ``"metadata": []``, ``"kernelspec": "python3"`` are
   invalid notebooks; then ``nbformat.reads`` (any nbformat 4 minor, older ones converted);
 * the number of cells and each cell's size (:data:`MAX_CELLS`, :data:`MAX_CELL_CHARS`), and
@@ -27,8 +31,10 @@ from pathlib import Path
 from ...errors import Lesson10Error
 from .submission_files import FileRefused, read_regular
 
-#: the largest notebook file read (outputs included)
-MAX_NOTEBOOK_BYTES = 64 * 2**20
+#: the largest notebook file read, saved outputs included (they are dropped on read)
+MAX_NOTEBOOK_BYTES = 256 * 2**20
+#: the largest notebook without its saved outputs: its code, text and metadata
+MAX_CODE_BYTES = 64 * 2**20
 #: how deep the JSON of a notebook may nest (a notebook needs about 10 levels)
 MAX_JSON_DEPTH = 100
 #: characters of one cell's source, and cells of one notebook
@@ -36,7 +42,7 @@ MAX_CELL_CHARS, MAX_CELLS = 1_000_000, 10_000
 #: how deep the syntax tree of a code cell may nest (hand-written code stays under 100)
 MAX_EXPR_DEPTH = 500
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)    # a JSON string, escapes included
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _MAGIC = re.compile(r"(?m)^([ \t]*)(?:%%?[A-Za-z_]\w*|!)[ \t]*")
 
@@ -81,10 +87,9 @@ def json_depth(data: bytes) -> int:
     return deepest
 
 
-def parse(data: bytes):
-    """The notebook (an ``nbformat.NotebookNode``, version 4) in the bytes ``data``; raises
-    :class:`NotebookRefused` with the sentence that says what is wrong and what to do."""
-    import nbformat
+def _json(data: bytes) -> dict:
+    """The JSON object of a notebook file's bytes (size, encoding and nesting checked first);
+    raises :class:`NotebookRefused`."""
     if len(data) > MAX_NOTEBOOK_BYTES:
         raise NotebookRefused(_too_big(len(data)))
     try:
@@ -105,6 +110,48 @@ def parse(data: bytes):
     if not isinstance(raw, dict) or "nbformat" not in raw:
         raise NotebookRefused("it is JSON but no notebook (no 'nbformat' version field); "
                               "save it again from Jupyter")
+    return raw
+
+
+def _drop_outputs(raw: dict) -> bool:
+    """Empty the saved outputs of every code cell of the notebook JSON ``raw`` (nbformat 4,
+    or 3's worksheets), in place; whether there were any."""
+    cells = raw.get("cells")
+    if not isinstance(cells, list):
+        sheets = raw.get("worksheets")
+        cells = [c for ws in sheets if isinstance(ws, dict) and isinstance(ws.get("cells"), list)
+                 for c in ws["cells"]] if isinstance(sheets, list) else []
+    dropped = False
+    for cell in cells:
+        if isinstance(cell, dict) and cell.get("cell_type") == "code" and cell.get("outputs"):
+            cell["outputs"], dropped = [], True
+    return dropped
+
+
+def slim(data: bytes) -> bytes:
+    """``data``, a notebook file's bytes, as the grader keeps them: without the saved
+    outputs (JSON text again), or as they are when there are none or they are no notebook
+    (:func:`parse` then says why). A class of notebooks full of figures costs only its code."""
+    try:
+        raw = _json(data)
+    except Exception:  # noqa: BLE001 - the reader refuses it later, with its reason
+        return data
+    return json.dumps(raw, indent=1).encode() + b"\n" if _drop_outputs(raw) else data
+
+
+def parse(data: bytes):
+    """The notebook (an ``nbformat.NotebookNode``, version 4) in the bytes ``data``, its
+    saved outputs dropped; raises :class:`NotebookRefused` with the sentence that says what
+    is wrong and what to do."""
+    import nbformat
+    raw = _json(data)
+    _drop_outputs(raw)
+    text = json.dumps(raw)
+    if len(text) > MAX_CODE_BYTES:
+        raise NotebookRefused(f"without its saved outputs it still holds {len(text) / 2**20:.0f} "
+                              f"MB of code, text and metadata, over the grader's limit of "
+                              f"{MAX_CODE_BYTES // 2**20} MB; keep data in files beside the "
+                              f"notebook, not in its cells")
     cells = raw.get("cells")
     if isinstance(cells, list) and len(cells) > MAX_CELLS:
         raise NotebookRefused(f"it has {len(cells):,} cells, over the grader's limit of "

@@ -53,17 +53,26 @@ def _read(path: Path, content: bytes | None):
     return nbread.read(path, content)
 
 
-def executed_path(folder, student: str, path: Path) -> Path:
-    """Where ``--save-executed`` writes a graded notebook: ``folder/<student>/<file name>``
-    (a student named ``sec1/s01`` gets nested folders)."""
+def executed_path(folder, student: str, notebook: str) -> Path:
+    """Where ``--save-executed`` writes a student's graded ``notebook`` (its course id):
+    ``folder/<student>/<notebook>.ipynb``, one file per student and course notebook whatever
+    the files were named (two course notebooks both saved as ``hw.ipynb`` are two files; a
+    student named ``sec1/s01`` gets nested folders, see :func:`.gradebook.safe_parts`)."""
     from .gradebook import safe_parts
-    return Path(folder).joinpath(*safe_parts(student), Path(path).name)
+    return Path(folder).joinpath(*safe_parts(student), f"{notebook}.ipynb")
 
 
 def _save(nb, target: Path) -> None:
+    """Write the executed notebook; a folder that cannot take it is a warning, never the
+    notebook's grade (the verdicts are known already)."""
     import nbformat
-    target.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, str(target))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, str(target))
+    except OSError as exc:
+        import sys
+        print(f"grade: warning: cannot save the executed notebook {target}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
 
 
 def _entries(notebook_id: str, nb, run: session.Run) -> list[dict]:
@@ -169,7 +178,7 @@ def grade_notebook(path, opts: GradeConfig, content: bytes | None = None,
         feedback.append("not sandboxed: graded with --no-sandbox")
     if opts.save_executed is not None:
         _save(_executed(nb, run), executed_path(opts.save_executed, student or
-                                                path.resolve().parent.name, path))
+                                                path.resolve().parent.name, notebook_id))
     report = notebook_report(path, notebook_id, _entries(notebook_id, nb, run),
                              feedback=feedback, sandboxed=sandboxed, student=student)
     if sandboxed:

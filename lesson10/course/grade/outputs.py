@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,11 +63,12 @@ def check(args) -> str | None:
     return None
 
 
-TIMINGS = ("seconds", "sandbox_cpu_seconds")
+TIMINGS = ("seconds", "sandbox_cpu_seconds", "graded_at")
 
 
 def without_timings(doc):
-    """``doc`` (the JSON report) without the seconds each notebook and exercise took."""
+    """``doc`` (the JSON report) without the seconds each notebook and exercise took, and
+    when each was graded."""
     if isinstance(doc, dict):
         return {k: without_timings(v) for k, v in doc.items() if k not in TIMINGS}
     if isinstance(doc, list):
@@ -112,9 +112,7 @@ def _csv(w: Written) -> None:
 
 
 def _junit(w: Written) -> None:
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
-    w.args.junit.write_text(reports.junit(w.results, w.rows, seed=w.seed, timestamp=stamp),
-                            encoding="utf-8")
+    w.args.junit.write_text(reports.junit(w.results, w.rows, seed=w.seed), encoding="utf-8")
 
 
 def _markdown(w: Written) -> None:
@@ -163,9 +161,9 @@ def write(args, the_plan, results: list[dict], seed: int, sandboxed: bool, *,
     outputs (``--gradescope``, ``--classroom``) are written from."""
     adj = getattr(args, "adjust", None)
     raw = adjust.apply(gradebook.rows(results, the_plan), adj)
-    for row in raw:                 # the seed of the student's files (a regrade draws anew)
+    for row in raw:     # the seed of the student's files; none drawn for no hand-in
         row["seed"] = next((r["seed"] for r in results if r["student"] == row["student"]
-                            and r.get("seed") is not None), seed)
+                            and r.get("seed") is not None), None)
     # every name and path as any file takes it (a Latin-1 folder: surrogate escapes)
     rows, results = gradebook.safe_text(raw), gradebook.safe_text(results)
     doc = class_doc(results, rows, the_plan, seed=seed, sandboxed=sandboxed,
@@ -219,7 +217,9 @@ def annotate(folder: Path, rep: dict, seed: int) -> None:
     """Make ``--save-executed``'s copy of a just graded notebook say what the grade says
     (not the seed: the student may read it)."""
     from .notebook import executed_path
-    target = executed_path(folder, rep["student"], Path(rep["notebook"]))
+    if not rep.get("course_notebook"):
+        return
+    target = executed_path(folder, rep["student"], rep["course_notebook"])
     if target.is_file() and rep["exercises"]:
         try:
             feedback.annotate_executed(target, gradebook.safe_text(rep), seed=None)

@@ -33,6 +33,7 @@ from ...errors import Lesson10Error
 from . import adjust, archives, gradebook, late, lms, nbread, outputs, overrides, sandbox, standin, store
 from .config import GradeConfig
 from .notebook import grade_notebook
+from .reports import graded_at
 from .request import Request
 from .submission_files import Helpers, helper_files
 
@@ -85,6 +86,7 @@ def _run(request: Request) -> int:
                      all(r.get("sandboxed", True) for r in reports_all))
     with tempfile.TemporaryDirectory(prefix="lesson10-zips-") as unzipped:
         planned = plan(request, Path(unzipped), old, seed, box)
+        seed = store.run_seed(old, planned.seeds, seed)
         results = grade(request, planned, box, seed)
         return collect_and_write(request, planned, results, box, old, seed)
 
@@ -309,9 +311,9 @@ def _same_as(request: Request, graded: gradebook.Item, rep: dict, item: gradeboo
     out = {**rep, "student": item.student, "notebook": str(item.path)}
     if request.save_executed:
         from .notebook import executed_path
-        src = executed_path(request.save_executed, graded.student, graded.path)
-        dst = executed_path(request.save_executed, item.student, item.path)
-        if src.is_file() and src != dst:
+        src = executed_path(request.save_executed, graded.student, graded.notebook or "")
+        dst = executed_path(request.save_executed, item.student, item.notebook or "")
+        if item.notebook and src.is_file() and src != dst:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
     return out
@@ -339,6 +341,7 @@ def _one(request: Request, opts: GradeConfig, item: gradebook.Item, contents, he
                               error=f"grader error: {type(exc).__name__}: {exc}",
                               student=item.student)
     rep["seconds"] = round(time.monotonic() - start, 3)
+    rep["graded_at"] = graded_at()        # kept with the report: JUnit's timestamp
     if save is not None and rep.get("ok"):        # a grader error is graded again on resume
         save(item, rep)
     if request.save_executed:

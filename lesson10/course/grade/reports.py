@@ -156,6 +156,43 @@ def markdown(reports: list[dict], students: list[dict] | None = None, *, seed=No
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+#: how a cell a spreadsheet would run as a formula begins (OWASP's CSV injection list)
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+#: where a spreadsheet reading the file with another separator (``;`` in many locales, a tab)
+#: or ignoring a quote mid-line starts a new cell inside one of ours: a break, then a formula
+_INNER_START = re.compile(r"([;\t\r\n][ \"]*)(?=[=+\-@\t\r])")
+
+
+def csv_cell(value):
+    """``value`` as a CSV cell no spreadsheet runs: a number as it is; text that begins
+    (after spaces and line breaks) with a :data:`FORMULA_START` character, and is not a
+    plain number like ``-1.5``, gets a single quote in front (OWASP's advice), so
+    ``=HYPERLINK(...)`` is shown as the text ``'=HYPERLINK(...)``; so does each place inside
+    it where a ``;``, a tab or a line break is followed by one (``x;=cmd`` is ``x;'=cmd``)."""
+    if isinstance(value, (int, float)):
+        return value
+    text = "" if value is None else str(value)
+    if _NUMBER.fullmatch(text):
+        return text
+    text = _INNER_START.sub(r"\1'", text)
+    return "'" + text if text.lstrip(" \n").startswith(FORMULA_START) else text
+
+
+def csv_text(rows) -> str:
+    """The CSV of ``rows`` (lists of cells), every cell through :func:`csv_cell`: the one
+    writer of every CSV the grader writes (``tests/test_csv_safe.py`` finds any other).
+    Lines end in ``\n``; a row with a carriage return in a cell has its text quoted (the
+    csv module quotes only the line terminator's characters), so the row stays one row."""
+    out = io.StringIO()
+    plain = csv.writer(out, lineterminator="\n")
+    quoted = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
+    for row in rows:
+        cells = [csv_cell(c) for c in row]
+        (quoted if any("\r" in c for c in cells if isinstance(c, str)) else plain).writerow(cells)
+    return out.getvalue()
+
+
 def class_csv(reports: list[dict], students: list[dict] | None = None, seed=None) -> str:
     """One row per student: ``student``, a column of points per course exercise (in the
     course's order, every exercise whatever the batch holds), then ``<exercise> status`` per
@@ -167,18 +204,16 @@ def class_csv(reports: list[dict], students: list[dict] | None = None, seed=None
     from . import adjust, late
     rows = gradebook.rows(reports) if students is None else students
     cols = list(EXERCISES)
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["student"] + cols + [f"{c} status" for c in cols]
-                    + ["missing", "late", "adjustments", "seed", "total", "max"])
+    table = [["student"] + cols + [f"{c} status" for c in cols]
+             + ["missing", "late", "adjustments", "seed", "total", "max"]]
     for r in rows:
         got = {e["exercise"]: e for e in r["exercises"]}
-        writer.writerow([r["student"]] + [got[c]["points"] for c in cols]
-                        + [got[c]["status"] for c in cols]
-                        + [" ".join(r["missing"]), late.describe_row(r), adjust.describe(r),
-                           r.get("seed", "" if seed is None else seed),
-                           r["points"], r["max_points"]])
-    return out.getvalue()
+        table.append([r["student"]] + [got[c]["points"] for c in cols]
+                     + [got[c]["status"] for c in cols]
+                     + [" ".join(r["missing"]), late.describe_row(r), adjust.describe(r),
+                        r.get("seed", "" if seed is None else seed),
+                        r["points"], r["max_points"]])
+    return csv_text(table)
 
 
 def gradescope(reports: list[dict], students: list[dict] | None = None, *, seed=None,
@@ -256,6 +291,15 @@ def _xml(text) -> str:
     return re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]", "?", str(text))
 
 
+#: JUnit's ``timestamp`` where nothing of the class says when it was graded
+EPOCH = "1970-01-01T00:00:00"
+
+
+def graded_at() -> str:
+    """Now, as a report's ``graded_at`` (UTC, the form JUnit's ``timestamp`` takes)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+
+
 def _junit_case(e: dict, classname: str, t: float) -> list[str]:
     """One ``<testcase>``: a lost exercise a ``<failure>``, a grader error an ``<error>``."""
     lines = [f"    <testcase classname={quoteattr(_xml(classname))} "
@@ -273,17 +317,14 @@ def _junit_case(e: dict, classname: str, t: float) -> list[str]:
     return lines + ["    </testcase>"]
 
 
-def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
-          timestamp: str | None = None) -> str:
-    """JUnit XML: a testsuite per graded notebook (and, with ``students``, one per missing
-    notebook), a testcase per exercise with a ``time`` (the exercise's own seconds where the
-    report has them, else an equal share of its notebook's); a lost exercise is a
-    ``<failure>``, a grader error an ``<error>``, and ``failures``/``errors`` count exactly
-    those. The attributes and elements are those the common JUnit schemas ask for."""
+def _junit_suites(reports: list[dict], students: list[dict] | None) -> list[tuple]:
+    """``(name, student, notebook id, path, [(entry, None)], seconds, report or None)`` of
+    each suite: a graded notebook's (with the rows' entries: overrides and late penalties
+    included), then each missing notebook's."""
     suites: list[tuple] = []
     adjusted = {(row["student"], row["notebooks"].get(e["notebook"]), e["exercise"]): e
                 for row in students or [] for e in row["exercises"]}
-    for rep in reports:          # the rows' entries: overrides and late penalties included
+    for rep in reports:
         cases = [(adjusted.get((rep["student"], rep["notebook"], e["exercise"]), e), None)
                  for e in rep["exercises"]]
         if not cases and not rep["ok"]:
@@ -296,7 +337,22 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
         for nid in row["missing"]:
             cases = [(e, None) for e in row["exercises"] if e["notebook"] == nid]
             suites.append((f"{row['student']}: {nid}", row["student"], nid, "", cases, 0.0, None))
-    timestamp = timestamp or time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+    return suites
+
+
+def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
+          timestamp: str | None = None) -> str:
+    """JUnit XML: a testsuite per graded notebook (and, with ``students``, one per missing
+    notebook), a testcase per exercise with a ``time`` (the exercise's own seconds where the
+    report has them, else an equal share of its notebook's); a lost exercise is a
+    ``<failure>``, a grader error an ``<error>``, and ``failures``/``errors`` count exactly
+    those. The attributes and elements are those the common JUnit schemas ask for. A
+    suite's ``timestamp`` is when its notebook was graded (the report's ``graded_at``, kept
+    in the results folder, so an unchanged class writes the same file; else ``timestamp``,
+    else the class's latest), its ``seed`` property the notebook's own seed (else ``seed``)."""
+    suites = _junit_suites(reports, students)
+    timestamp = timestamp or max((r["graded_at"] for r in reports if r.get("graded_at")),
+                                 default=EPOCH)
     host = quoteattr(_xml(socket.gethostname() or "localhost"))
     parts = []
     n_tests = n_fail = n_err = 0
@@ -307,14 +363,16 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
         errs = sum(broken)
         n_tests, n_fail, n_err = n_tests + len(cases), n_fail + fails, n_err + errs
         total_time += seconds
+        when = str((rep or {}).get("graded_at") or timestamp)
         attrs = (f"name={quoteattr(_xml(name))} tests=\"{len(cases)}\" failures=\"{fails}\" "
                  f"errors=\"{errs}\" skipped=\"0\" time=\"{seconds:.3f}\" "
-                 f"timestamp={quoteattr(timestamp)} hostname={host} id=\"{number}\" "
+                 f"timestamp={quoteattr(_xml(when))} hostname={host} id=\"{number}\" "
                  f"package=\"lesson10\"")
         parts.append(f"  <testsuite {attrs}>")
         props = [("student", student), ("notebook", path), ("course_notebook", nid or "")]
-        if seed is not None:
-            props.append(("seed", seed))
+        mine = (rep or {}).get("seed", seed)
+        if mine is not None:
+            props.append(("seed", mine))
         if rep is not None:
             props.append(("sandboxed", str(bool(rep.get("sandboxed", True))).lower()))
         parts.append("    <properties>")

@@ -1,10 +1,10 @@
 """The cell runner: the one program that runs inside the sandbox (as ``_lesson10_runner.py``).
 
 It runs a submission's code cells in order in an IPython shell (magics such as
-``%%writefile`` work; the working folder is on ``sys.path``, as in Jupyter), captures
-each cell's output (capped) and sends it to the judge. ``lesson10`` here is the
-stand-in (:mod:`.standin`): no course code. When a cell calls
-``checks.check_<exercise>(fn)``:
+``%%writefile`` work, ``%matplotlib`` is skipped with a note; the working folder is on
+``sys.path``, as in Jupyter), captures each cell's output (capped) and sends it to the
+judge. ``lesson10`` here is the stand-in (:mod:`.standin`): no course code. When a cell
+calls ``checks.check_<exercise>(fn)``:
 
 1. the runner tells the judge, which answers with a private channel (one of the socket
    pairs handed to the sandbox at its start);
@@ -85,9 +85,6 @@ class _Capped(io.TextIOBase):
     def flush(self):
         pass
 
-    def isatty(self):
-        return False
-
 
 def _limits(memory: int, cpu: int, fsize: int, nproc: int) -> None:
     for res, value in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CPU, cpu),
@@ -129,6 +126,10 @@ class Runner:
         # the error of a cell is reported as data ("error" of its "done"), not as a traceback
         setattr(self.shell, "showtraceback", lambda *args, **kwargs: None)  # noqa: B010
         setattr(self.shell, "showsyntaxerror", lambda *args, **kwargs: None)  # noqa: B010
+        # %matplotlib, any backend: a note (this plain shell would raise NotImplementedError)
+        self.shell.register_magic_function(lambda line="": print(
+            f"[grader: %matplotlib {line} skipped: no figures are shown when grading]",
+            file=sys.stderr), "line", "matplotlib")
         import lesson10.checks
         try:
             import lesson10._standin  # imported now, used in the judged forks

@@ -4,7 +4,8 @@ Each graded notebook's report is written as soon as it is known, to
 ``DIR/results/<key>.json``, where the key is the SHA-256 of everything that can change a
 verdict: the course version and the grader's own code (:func:`code_version`), the seed, the
 limits (cell, exercise and notebook timeouts, memory, sandboxed or not), the course notebook
-the file is, its bytes and its helper modules. The same submission graded again with the
+the file is, its bytes (without its saved outputs, :func:`.nbread.slim`) and its helper
+modules. The same submission graded again with the
 same seed, limits and code gets the same verdicts, so a stored report is reused instead; a
 longer ``--exercise-timeout`` is another key, and "timed out" is never reused under it.
 
@@ -212,6 +213,15 @@ def keep_unchanged(old: dict | None, box: Store | None, graded, keys: dict, seed
         if kept is not None:
             keys[it.path], seeds[it.path] = kept
     return seeds
+
+
+def run_seed(old: dict | None, seeds: dict, seed: int) -> int:
+    """The seed a run keeps and reports (``DIR/seed``, ``class.json``, the outputs):
+    ``seed``, but the class's stored one when no file is graded with ``seed`` (every file
+    keeps its earlier verdict), so grading an unchanged class again writes the same bytes."""
+    if old is None or not isinstance(old.get("seed"), int) or seed in seeds.values():
+        return seed
+    return old["seed"]
 
 
 def merge(old: dict | None, new: dict) -> dict:
