@@ -539,6 +539,16 @@ def cap_rounded_counter(experts, E, capacity_factor):
     return np.array(out, dtype=bool)
 
 
+def cap_integer_percent(experts, E, capacity_factor):   # integers: the factor in hundredths
+    N, k = experts.shape
+    C = N * k if capacity_factor is None else -(-round(capacity_factor * 100) * k * N // (100 * E))
+    order = np.argsort(experts.ravel(), kind="stable")           # each expert's copies in token order
+    rank = np.empty(N * k, dtype=int)
+    starts = np.searchsorted(experts.ravel()[order], experts.ravel()[order])
+    rank[order] = np.arange(N * k) - starts
+    return (rank < C).reshape(N, k)
+
+
 def cap_float_any_order(experts, E, capacity_factor):   # the float ceiling, another order
     N, k = experts.shape
     if capacity_factor is None:
@@ -552,7 +562,7 @@ def cap_float_any_order(experts, E, capacity_factor):   # the float ceiling, ano
     return keep.reshape(N, k)
 
 
-def cap_binary_fraction(experts, E, capacity_factor):   # exact, with the factor's binary value
+def cap_binary_fraction(experts, E, capacity_factor):   # exact, but of the factor's binary value
     N, k = experts.shape
     if capacity_factor is None:
         return np.ones((N, k), dtype=bool)

@@ -45,8 +45,7 @@ RIGHT = {
                    a4.route_default_sort, a4.route_argpartition, a4.route_shift_copy,
                    a4.route_float32],
     "capacity": [a4.cap_fraction_loops, a4.cap_decimal_cumsum, a4.cap_rounded_counter,
-                 a4.make_capacity(rounding=np.ceil),                  # ceil of the float product
-                 a4.cap_float_any_order, a4.cap_binary_fraction],
+                 a4.cap_integer_percent],
     "moe_stats": [a4.make_moe_stats(), a4.moe_loops, a4.moe_traffic, a4.moe_float32,
                   a4.moe_float32_item],
     "aux_loss": [a4.aux_bincount, a4.aux_loops, a4.aux_einsum, a4.aux_float32],
@@ -139,7 +138,9 @@ WRONG = {
                  a4.make_capacity(reverse=True), a4.cap_no_none,
                  a4.make_capacity(rounding=math.ceil, reverse=True),   # float C, last copies first
                  a4.make_capacity(rounding=math.ceil, token_major=False),    # float C, by choice
-                 a4.cap_float32, a4.cap_keep_all],
+                 a4.cap_float32, a4.cap_keep_all,
+                 a4.make_capacity(rounding=np.ceil),                  # ceil of the float product
+                 a4.cap_float_any_order, a4.cap_binary_fraction],
     "moe_stats": [a4.make_moe_stats(count_dropped=True), a4.make_moe_stats(count_local=True),
                   a4.make_moe_stats(combine=False), a4.make_moe_stats(load_before_drop=True),
                   a4.make_moe_stats(minlength=False), a4.make_moe_stats(gpu_of_expert="modulo"),
@@ -316,9 +317,9 @@ HINTS = {
     ('route_topk', 9): 'softmax probabilities underflow to 0',
     ('route_topk', 10): 'as a softmax shifted by the mean of the chosen logits',
     ('capacity', 0): 'your experts keep 22 copies',
-    ('capacity', 1): 'your experts keep one copy more than C = 9',
+    ('capacity', 1): 'your experts keep one copy more than C = 66',
     ('capacity', 2): 'your queue serves choice by choice',
-    ('capacity', 3): 'your experts keep one copy more than C = 9',
+    ('capacity', 3): 'your experts keep one copy more than C = 66',
     ('capacity', 4): 'your experts keep 22 copies',
     ('capacity', 5): 'a boolean array',
     ('capacity', 6): 'your capacity leaves out k',
@@ -328,6 +329,9 @@ HINTS = {
     ('capacity', 10): 'your queue serves choice by choice',
     ('capacity', 11): 'computed from float32(',
     ('capacity', 12): 'you keep every copy',
+    ('capacity', 13): 'but computed from the float 1.1 it comes out 66 + 1.4e-14 and rounds up',
+    ('capacity', 14): 'but computed from the float 1.1 it comes out 55 + 7.1e-15 and rounds up',
+    ('capacity', 15): 'but computed from the float 1.1 it comes out 66 + ',
     ('moe_stats', 0): 'your bytes count the dropped copies',
     ('moe_stats', 1): 'your bytes count the copies whose expert is on t',
     ('moe_stats', 2): 'your bytes count the dispatch only',
