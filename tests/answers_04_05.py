@@ -135,6 +135,14 @@ def h2s_reshape(shards, group):
     return [np.stack(received[i], axis=1).reshape(s // n, n * g, d) for i in range(n)]
 
 
+def h2s_reshape_all_heads(shards, group):    # reshapes a (s, a/N_c, d) shard as if it held all a heads
+    n = len(shards)
+    s, g, d = shards[0].shape
+    blocks = [list(x.reshape(n, s // n, g * n, d)) for x in shards]
+    received = group.all_to_all(blocks)
+    return [np.concatenate(received[i], axis=1) for i in range(n)]
+
+
 def h2s_slices(shards, group=None):
     n = len(shards)
     c = shards[0].shape[0] // n
