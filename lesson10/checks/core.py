@@ -119,10 +119,11 @@ def _show(v: Verdict) -> None:
 
 
 # --------------------------------------------------------------------------- the decorator
-def _call(exercise: str, fn, *args, **kwargs):
+def _call(fn, *args, exercise: str = "", **kwargs):
     """Call the student's function; NotImplementedError passes through, any other error
     becomes a StudentError that names the function and the error, with a hint that names
-    the likely mistake (:mod:`.crashes`) where one is known. What it returns is taken
+    the likely mistake (:mod:`.crashes`; ``exercise``, keyword only, is the check's, never
+    passed on) where one is known. What it returns is taken
     by the return rule (:func:`.returns.plain`: exact numbers, torch tensors ... converted,
     the same as in the grader; :class:`~.returns.ReturnRefused` otherwise)."""
     refused.rearm()           # the grader's rule on course code (a refusal caught removed it)
@@ -394,7 +395,7 @@ def run_student(exercise: str, fn, names, *args, **kwargs):
     """Call the student's function (through :func:`_call`) on ``args`` and check afterwards
     that it left them unchanged; ``names`` are the parameter names used in the message."""
     kept = [_snapshot(a) for a in args]
-    out = _call(exercise, fn, *args, **kwargs)
+    out = _call(fn, *args, exercise=exercise, **kwargs)
     for name, before, after in zip(names, kept, args):
         where = _changed(before, after, name)
         if where:

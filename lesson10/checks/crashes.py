@@ -16,8 +16,6 @@ import re
 
 import numpy as np
 
-from .parts import recognised
-
 #: the axes of an exercise's sharded argument, the axis it cuts into one block per rank and
 #: the axis it joins the blocks along (None: it does not)
 AXES: dict[str, tuple[tuple[str, ...], int | None, int | None]] = {
@@ -156,7 +154,6 @@ def _ragged(args) -> str:
             f"and work on each rank's array")
 
 
-@recognised
 def crash_hint(exercise: str, type_name: str, message: str, args) -> str | None:
     """The hint for the student's function raising ``type_name: message`` when called with
     ``args`` in a case of ``exercise``, or None (no likely mistake is known)."""
