@@ -70,7 +70,7 @@ WRONG = {
                         a1.attn_softmax_over_queries, a1.attn_max_all_keys],
     "merge": [a1.merge_no_shift, a1.merge_no_inf_guard, a1.merge_average, a1.merge_unnormalised,
               a1.merge_lse_max, a1.merge_swapped, a1.merge_into_o1, a1.merge_lse_no_m,
-              a1.merge_tie_keeps_first, a1.merge_no_trailing_axis],
+              a1.merge_tie_keeps_first],
     "ring_attention": [a1.make_ring(causal_override=False),           # ignores the causal mask
                        a1.make_ring(row_mask=True),                   # row numbers, not positions
                        a1.make_ring(rounds=lambda n: 1),              # forgets the ring: no shift
@@ -213,7 +213,6 @@ HINTS = {
     ('merge', 6): 'leave the inputs as they are',
     ('merge', 7): 'your lse misses the m you subtracted',
     ('merge', 8): 'where lse1 == lse2 your merge keeps side 1',
-    ('merge', 9): 'it needs a trailing axis of length 1 to line up',
     ('ring_attention', 0): 'causal=True was passed',
     ('ring_attention', 1): "a key block's positions travel with it",
     ('ring_attention', 2): 'reach a rank only through group.ring_shift',
@@ -352,7 +351,7 @@ HINTS = {
     ('moe_stats', 10): 'your array is uint8, which holds only 0..255',
     ('aux_loss', 0): 'your f_i counts copies per token',
     ('aux_loss', 1): 'your loss has no factor E',
-    ('aux_loss', 2): 'inner sizes differ (6 and 4): if one of them counts something per expert or GPU, np.bincount',
+    ('aux_loss', 2): 'if one of them counts something per expert or GPU, np.bincount returns',
     ('aux_loss', 3): 'your P_i are the hard fractions f_i',
     ('aux_loss', 4): "your f_i count only each token's first choice",
     ('aux_loss', 5): 'your loss has no factor E',

@@ -3,8 +3,9 @@
 only the type's name and the message of what the sandbox raised.
 
 The wrong answers that crash are in the answer suites (tests/test_checks_answers.py names
-each one's hint for 20 seeds); here: the judge's side, the rules no answer there reaches, and
-the traceback a student sees."""
+each one's hint for 20 seeds), but for merge_no_trailing_axis, whose shapes broadcast in some
+seeds' cases (then it is a wrong value first): judged here on the check cell's own seed. Here
+too: the judge's side, the rules no answer reaches, and the traceback a student sees."""
 from __future__ import annotations
 
 import answers_01_03 as a1
@@ -53,6 +54,11 @@ def test_the_judge_raises_a_stand_in_of_the_same_name_and_message():
     exc = remote_error("ValueError", "array split does not result in an equal division")
     assert type(exc).__name__ == "ValueError" and not isinstance(exc, ValueError)
     assert str(exc) == "array split does not result in an equal division"
+
+
+def test_outputs_that_miss_a_trailing_axis_are_named_on_the_check_cells_seed():
+    hint = _hint(_message("merge", a1.merge_no_trailing_axis))
+    assert "(5, 3) meets the last axes of (5, 3, 3), not the first: it needs a trailing axis" in hint
 
 
 @pytest.mark.parametrize("exercise,fn", CRASHING, ids=[f"{e}-{f.__name__}" for e, f in CRASHING])
