@@ -75,6 +75,17 @@ def test_an_unknown_crash_keeps_the_general_hint():
     assert crashes.crash_hint("merge", "ValueError", "something else", ()) is None
 
 
+def test_an_odd_argument_or_message_never_breaks_the_verdict():
+    class Odd(np.ndarray):
+        @property
+        def shape(self):
+            raise RuntimeError("no shape")
+    odd = [np.zeros(3).view(Odd)] * 2
+    assert crashes.crash_hint("reduce_scatter", "ValueError",
+                              "array split does not result in an equal division", (odd,)) is None
+    assert crashes.crash_hint("x", "OverflowError", "Python integer 5 out of bounds for int7", ()) is None
+
+
 def test_the_split_hint_names_the_wrong_axis_only_where_the_right_one_divides():
     xs = [np.zeros((4, 3)), np.zeros((4, 3))]
     text = crashes.crash_hint("reduce_scatter", "ValueError",

@@ -156,8 +156,15 @@ def _ragged(args) -> str:
 
 def crash_hint(exercise: str, type_name: str, message: str, args) -> str | None:
     """The hint for the student's function raising ``type_name: message`` when called with
-    ``args`` in a case of ``exercise``, or None (no likely mistake is known)."""
-    message = str(message)[:4000]
+    ``args`` in a case of ``exercise``, or None (no likely mistake is known, or the message
+    or an argument is too odd to read: the check's general hint then stands)."""
+    try:
+        return _named(exercise, str(type_name), str(message)[:4000], tuple(args))
+    except Exception:  # noqa: BLE001 - a hint never breaks the verdict
+        return None
+
+
+def _named(exercise: str, type_name: str, message: str, args: tuple) -> str | None:
     if type_name == "ValueError" and "array split does not result in an equal division" in message:
         return _split(exercise, args)
     joined = "input array dimensions" in message or "input arrays must have" in message
