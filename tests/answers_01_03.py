@@ -869,6 +869,41 @@ def zz_uint16(s, n):                     # token ids in uint16 wrap above 65535
     return [p.astype(np.uint16) for p in zz_concat(s, n)]
 
 
+# --------------------------------------------------------------------------- issue 47: crashes
+def work_int16(positions):               # an int16 table: NumPy refuses a count above 32767
+    n = len(positions)
+    W = np.zeros((n, n), dtype=np.int16)
+    for k in range(n):
+        for r in range(n):
+            W[k, r] = int((np.asarray(positions[(r - k) % n])[None, :]
+                           <= np.asarray(positions[r])[:, None]).sum())
+    return W
+
+
+def work_column_stack(positions):        # a (c, N_c) table of the positions: equal sizes only
+    P = np.column_stack(positions)
+    n = P.shape[1]
+    return np.array([[(P[:, (r - k) % n][None, :] <= P[:, r][:, None]).sum() for r in range(n)]
+                     for k in range(n)])
+
+
+def work_no_wrap(positions):             # positions[r + k]: runs past the last rank
+    n = len(positions)
+    return np.array([[(np.asarray(positions[r + k])[None, :] <= np.asarray(positions[r])[:, None]).sum()
+                      for r in range(n)] for k in range(n)])
+
+
+def zz_index_off_by_one(s, n):           # chunk 2n - r: one past the last chunk for rank 0
+    chunks = np.arange(s).reshape(2 * n, -1)
+    return [np.concatenate([chunks[r], chunks[2 * n - r]]) for r in range(n)]
+
+
+def merge_no_trailing_axis(o1, l1, o2, l2):   # weights (c, a) times outputs (c, a, d)
+    lse = np.logaddexp(l1, l2)
+    ref = np.where(np.isfinite(lse), lse, 0.0)
+    return np.exp(l1 - ref) * o1 + np.exp(l2 - ref) * o2, lse
+
+
 # --------------------------------------------------------------------------- issue 30: the edges
 def rs_reduce_alias(xs):                 # functools.reduce-style: at t = 1 the split of xs[0] itself
     total = xs[0]

@@ -135,6 +135,14 @@ def h2s_reshape(shards, group):
     return [np.stack(received[i], axis=1).reshape(s // n, n * g, d) for i in range(n)]
 
 
+def h2s_reshape_all_heads(shards, group):    # reshapes a (s, a/N_c, d) shard as if it held all a heads
+    n = len(shards)
+    s, g, d = shards[0].shape
+    blocks = [list(x.reshape(n, s // n, g * n, d)) for x in shards]
+    received = group.all_to_all(blocks)
+    return [np.concatenate(received[i], axis=1) for i in range(n)]
+
+
 def h2s_slices(shards, group=None):
     n = len(shards)
     c = shards[0].shape[0] // n
@@ -539,6 +547,16 @@ def cap_rounded_counter(experts, E, capacity_factor):
     return np.array(out, dtype=bool)
 
 
+def cap_integer_percent(experts, E, capacity_factor):   # integers: the factor in hundredths
+    N, k = experts.shape
+    C = N * k if capacity_factor is None else -(-round(capacity_factor * 100) * k * N // (100 * E))
+    order = np.argsort(experts.ravel(), kind="stable")           # each expert's copies in token order
+    rank = np.empty(N * k, dtype=int)
+    starts = np.searchsorted(experts.ravel()[order], experts.ravel()[order])
+    rank[order] = np.arange(N * k) - starts
+    return (rank < C).reshape(N, k)
+
+
 def cap_float_any_order(experts, E, capacity_factor):   # the float ceiling, another order
     N, k = experts.shape
     if capacity_factor is None:
@@ -552,7 +570,7 @@ def cap_float_any_order(experts, E, capacity_factor):   # the float ceiling, ano
     return keep.reshape(N, k)
 
 
-def cap_binary_fraction(experts, E, capacity_factor):   # exact, with the factor's binary value
+def cap_binary_fraction(experts, E, capacity_factor):   # exact, but of the factor's binary value
     N, k = experts.shape
     if capacity_factor is None:
         return np.ones((N, k), dtype=bool)

@@ -139,8 +139,7 @@ def test_a_wrong_answer_fails_the_same_way_every_run():
     msg = msgs.pop()
     assert "capacity_factor=0.75, so C = 23" in msg and "yours : 22" in msg
     assert "rounded down" in msg                                # the hint names the mistake
-    with pytest.raises(CheckFailed, match=r"capacity_factor=1\.1, so C = 66 \(or 67 with a float "
-                                          r"product\)"):
+    with pytest.raises(CheckFailed, match=r"capacity_factor=1\.1, so C = 66\)"):
         checks.check_capacity(a4.make_capacity(rounding=lambda x: math.floor(round(x, 6)) - 1))
 
 
@@ -363,21 +362,21 @@ def _capacity_with(C_of):
 
 
 @pytest.mark.parametrize("order", _ORDERS)
-def test_capacity_in_floats_is_accepted_whatever_the_order_of_the_product(order, capsys):
-    """The lesson's formula, math.ceil(CF k N / E) in floats, passes: the check accepts the
-    float ceiling and the exact one (they differ where the product lands just above an
-    integer, as in 1.1 * 360 / 6 = 66.00000000000001)."""
+def test_capacity_in_floats_is_rejected_whatever_the_order_of_the_product(order):
+    """The notebook's rule: compute C exactly. math.ceil(CF k N / E) in floats fails, in
+    every order: a fixed case lands a hair above an integer (1.1 * 360 / 6 is
+    66.00000000000001, C = 66), and the hint names the float rounding."""
     import math
-    checks.check_capacity(_capacity_with(lambda cf, k, N, E: math.ceil(order(cf, k, N, E))))
-    assert checks.OUTCOMES[-1]["passed"], checks.OUTCOMES[-1]["message"]
+    with pytest.raises(CheckFailed, match="computed from the float 1.1 it comes out"):
+        checks.check_capacity(_capacity_with(lambda cf, k, N, E: math.ceil(order(cf, k, N, E))))
 
 
-def test_capacity_one_more_than_c_is_rejected_where_the_floats_are_exact():
-    """floor(x) + 1 equals the float ceiling wherever x = CF k N / E is not an integer, and
-    wherever a float product lands just above one; the exact products (CF 1.5, 1.25, 1.0)
-    tell them apart."""
+def test_capacity_one_more_than_c_is_rejected_at_every_exact_integer():
+    """floor(x) + 1 equals the ceiling wherever x = CF k N / E is not an integer; at the
+    integer products (the float traps and CF 1.5, 1.25, 1.0 alike) it keeps C + 1, and the
+    hint names < C, not the float rounding (it fails where the floats are exact too)."""
     import math
-    with pytest.raises(CheckFailed, match="exact in floats too|nobody chooses"):
+    with pytest.raises(CheckFailed, match="one copy more than C = 66: a copy is kept while fewer"):
         checks.check_capacity(_capacity_with(lambda cf, k, N, E: math.floor(cf * k * N / E) + 1))
 
 

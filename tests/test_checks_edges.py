@@ -4,8 +4,9 @@ cases, not random draws, so they hold in the check cell and in the grader alike:
 * masked keys far above the visible ones (block_attention);
 * equal finite lse on both sides (merge);
 * routing logits thousands apart (route_topk);
-* capacity factors that float32 rounds across an integer, found by a search of the check's
-  ranges (capacity);
+* capacity factors whose float product (any order, Fraction of the float) lands a hair above
+  an integer, where only the exact C passes, and those that float32 rounds across an
+  integer, found by a search of the check's ranges (capacity);
 * an input handed back at t = 1 (reduce_scatter, all_gather), also across the grader's wire.
 
 The wrong answers themselves are in the answer suites (tests/answers_*.py), judged for 20
@@ -39,7 +40,7 @@ def test_the_search_finds_the_lessons_example_and_only_real_traps():
     for cf, N, E, k, C in traps[::97]:
         assert Fraction(repr(cf)) * k * N / E == C                # an exact integer product
         assert math.ceil(np.float32(cf) * k * N / E) == C + 1 <= N
-        assert C + 1 not in edges.capacities(N, E, k, cf)         # no right answer gives it
+        assert C + 1 not in edges.float_capacities(N, E, k, cf)   # no float64 mistake gives it
         assert E == 1 or edges.E_RANGE[0] <= E <= edges.E_RANGE[1]
         assert edges.CF_RANGE[0] <= cf <= edges.CF_RANGE[1] and k <= min(E, edges.K_MAX)
 
@@ -54,7 +55,7 @@ def test_the_search_misses_none_in_a_brute_force_corner():
                 for N in range(1, 121):
                     C = math.ceil(Fraction(c, 100) * k * N / E)
                     got = math.ceil(np.float32(cf) * k * N / E)
-                    trap = got != C and got not in edges.capacities(N, E, k, cf) and got <= N
+                    trap = got != C and got not in edges.float_capacities(N, E, k, cf) and got <= N
                     assert trap == ((cf, N, E, k) in traps), (cf, N, E, k)
 
 
@@ -69,9 +70,43 @@ def test_a_float32_capacity_fails_for_every_seed_and_the_right_ones_pass():
     for seed in (None, 0, 1, 2):
         msg = _fails("capacity", a4.cap_float32, seed)
         assert "computed from float32(0.3) = 0.300000012" in msg
-    for fn in (a4.cap_fraction_loops, a4.make_capacity(rounding=np.ceil), a4.cap_float_any_order):
+    for fn in (a4.cap_fraction_loops, a4.cap_integer_percent, a4.cap_rounded_counter):
         checks.check_capacity(fn, seed=4)
         assert checks.OUTCOMES[-1]["passed"], checks.OUTCOMES[-1]["message"]
+
+
+def test_the_fixed_cases_fail_every_float_order_and_the_binary_fraction():
+    """The first four fixed cases are exact integer products: every order of the float64
+    product, and Fraction(cf) of the float, gives C + 1 on one of them at least, and the
+    case shows it (some expert gets more than C + 1 copies)."""
+    from lesson10.checks.nb05_moe_dispatch import _capacity_cases
+    cases = _capacity_cases(np.random.default_rng(0))[:4]
+    orders = set(edges.float_products(1.1, 2, 3, 5))
+    assert len(orders) == 36
+    failed, binary = set(), False
+    for _, N, E, k, cf, experts in cases:
+        C = edges.exact_capacity(N, E, k, cf)
+        assert Fraction(repr(cf)) * k * N / E == C and np.bincount(experts.ravel()).max() > C + 1
+        mistakes = edges.float_mistakes(N, E, k, cf)
+        assert set(mistakes) == {C + 1} and 0 < mistakes[C + 1] < 1e-12
+        for i, value in enumerate(edges.float_products(cf, k, N, E).values()):
+            if math.ceil(value) == C + 1:
+                failed.add(i)
+        binary |= math.ceil(Fraction(cf) * k * N / E) == C + 1
+    assert failed == set(range(36)) and binary
+
+
+@pytest.mark.parametrize("fn", [a4.make_capacity(rounding=math.ceil), a4.cap_float_any_order,
+                                a4.cap_binary_fraction])
+def test_a_float_capacity_fails_on_the_fixed_cases_for_every_generator(fn):
+    """The float mistakes fail on the fixed cases, so the grader (any generator) and the
+    check cell agree, and the hint names the float rounding, not float32."""
+    for seed in (3, 99):
+        with pytest.raises(CheckFailed) as info:
+            EXERCISES["capacity"].body(fn, np.random.default_rng(seed))
+        assert "= 66 exactly" in str(info.value) or "= 55 exactly" in str(info.value)
+        assert "but computed from the float 1.1 it comes out" in str(info.value)
+        assert "float32" not in str(info.value).split("hint:")[1]
 
 
 def test_the_grader_draws_other_traps_than_the_check_cell():

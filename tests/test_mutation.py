@@ -44,9 +44,6 @@ EQUIVALENT = {
         "every entry of keep is assigned in the loop, so its initial value never shows",
     "route_topk: drop kind=: np.argsort(-logits, axis=1, kind='stable') (line 1)":
         "the lesson defines no order among exactly equal logits: any order of ties passes",
-    "capacity: drop the call str(...): str(capacity_factor) (line 4)":
-        "Fraction of the float's binary value: the exact ceiling of the stored factor, one of "
-        "the ceilings of CF k N / E that the lesson's formula gives (the float one is accepted too)",
 }
 
 

@@ -1,12 +1,16 @@
-"""The capacities that the formula ``C = ceil(CF k N / E)`` gives, and its edges.
+"""The capacity ``C = ceil(CF k N / E)`` computed exactly, and the float mistakes at its edges.
 
-:func:`capacities` is every C a right answer may compute (the exact ceiling, or the ceiling
-of a float64 product in any order of the operations). :func:`float32_traps` searches the
-capacity check's ranges, deterministically, for the sizes where a capacity computed from
-``np.float32(cf)`` lands on C + 1 instead: ``float32(0.3)`` is 0.300000012, so ``0.3 * 50``
-gives 15.0000006 and its ceiling 16. Such sizes are rare (an exact product that is an
-integer, a factor that float32 rounds up), so the check takes them as cases of their own
-instead of hoping that a random draw hits one.
+The right C is exact: the factor read as the decimal it is written as (``1.1`` is 11/10).
+:func:`float_capacities` gives what the float mistakes compute instead: the ceiling of the
+float64 product in any order of the operations, and of ``Fraction(cf)`` (the float's binary
+value). They differ from C only where the exact product is an integer and the float one
+lands a hair above it (``1.1 * 360 / 6`` is ``66.00000000000001``, so its ceiling is 67), so
+the capacity check takes such sizes as fixed cases. :func:`float32_traps` searches the
+check's ranges, deterministically, for the sizes where only a capacity computed from
+``np.float32(cf)`` lands on C + 1: ``float32(0.3)`` is 0.300000012, so ``0.3 * 50`` gives
+15.0000006 and its ceiling 16. Such sizes are rare (an exact product that is an integer, a
+factor that float32 rounds up), so the check takes them as cases of their own instead of
+hoping that a random draw hits one.
 """
 from __future__ import annotations
 
@@ -24,23 +28,42 @@ K_MAX = 4
 N_RANGE = (1, 300)
 
 
-def float_products(cf, k, N, E) -> set:
-    """CF k N / E evaluated in floats in the orders a student may write it (each order
-    rounds differently)."""
-    out = set()
-    for a, b, c in permutations((float(cf), k, N)):
-        out.update({a * b * c / E, a * b / E * c, a / E * b * c, a * (b * c / E), a * (b / E) * c,
-                    a * b * (c / E)})
+def float_products(cf, k, N, E) -> dict:
+    """``{expression: value}``: CF k N / E evaluated in float64 in the orders a student may
+    write it (each order rounds differently), the expression written with the case's numbers,
+    the first in the notebook's order."""
+    out: dict = {}
+    terms = ((repr(float(cf)), float(cf)), (str(k), k), (str(N), N))
+    for (x, a), (y, b), (z, c) in permutations(terms):
+        out.update({f"{x} * {y} * {z} / {E}": a * b * c / E, f"{x} * {y} / {E} * {z}": a * b / E * c,
+                    f"{x} / {E} * {y} * {z}": a / E * b * c, f"{x} * ({y} * {z} / {E})": a * (b * c / E),
+                    f"{x} * ({y} / {E}) * {z}": a * (b / E) * c,
+                    f"{x} * {y} * ({z} / {E})": a * b * (c / E)})
     return out
 
 
-def capacities(N: int, E: int, k: int, cf) -> set:
-    """Every C that the lesson's formula ``ceil(CF k N / E)`` gives: the exact ceiling (the
-    factor read as the decimal it is written as, or as the binary number it is stored as)
-    and the ceiling of the float product, in any order of the operations. They differ only
-    where the exact product is an integer and a float product lands just above it."""
-    exact = {math.ceil(Fraction(repr(float(cf))) * k * N / E), math.ceil(Fraction(float(cf)) * k * N / E)}
-    return exact | {math.ceil(p) for p in float_products(cf, k, N, E)}
+def exact_capacity(N: int, E: int, k: int, cf) -> int:
+    """The right C: ``ceil(CF k N / E)`` with the factor read as the decimal it is written as."""
+    return math.ceil(Fraction(repr(float(cf))) * k * N / E)
+
+
+def float_mistakes(N: int, E: int, k: int, cf) -> dict:
+    """``{capacity: excess}`` for every capacity other than the exact C that a float mistake
+    gives: the ceiling of a float64 product (in any order) or of the exact product of the
+    factor's binary value, ``Fraction(cf)``; ``excess`` (a Fraction) is how far that product
+    lies above C (the first one found)."""
+    C = exact_capacity(N, E, k, cf)
+    products = [Fraction(v) for v in float_products(cf, k, N, E).values()]
+    found: dict = {}
+    for p in products + [Fraction(float(cf)) * k * N / E]:
+        if math.ceil(p) != C:
+            found.setdefault(math.ceil(p), p - C)
+    return found
+
+
+def float_capacities(N: int, E: int, k: int, cf) -> set:
+    """Every C the float mistakes give (:func:`float_mistakes`), and the exact one."""
+    return {exact_capacity(N, E, k, cf)} | set(float_mistakes(N, E, k, cf))
 
 
 def float32_capacities(N: int, E: int, k: int, cf) -> set:
@@ -56,8 +79,8 @@ def float32_capacities(N: int, E: int, k: int, cf) -> set:
 @functools.lru_cache(maxsize=1)
 def float32_traps() -> tuple:
     """Every ``(cf, N, E, k, C)`` in the random cases' ranges (and E = 1) where a capacity
-    computed from ``np.float32(cf)`` is C + 1, a capacity no right answer gives, and where
-    it shows: C + 1 <= N, so an expert that every token chooses keeps one copy too many.
+    computed from ``np.float32(cf)`` is C + 1, a capacity no float64 mistake gives, and
+    where it shows: C + 1 <= N, so an expert that every token chooses keeps one copy too many.
     Found by a search over the exact products that are integers (a float32 error of at most
     about 1e-7 relative cannot carry a product that is not an integer across one: its
     distance to the next is at least 1 / (100 E))."""
@@ -72,7 +95,7 @@ def float32_traps() -> tuple:
                 for N in range(step, N_RANGE[1] + 1, step):
                     C = c * k * N // (100 * E)
                     if C + 1 <= N and math.ceil(np.float32(cf) * k * N / E) == C + 1 and \
-                            C + 1 not in capacities(N, E, k, cf):
+                            C + 1 not in float_capacities(N, E, k, cf):
                         found.append((cf, N, E, k, C))
     return tuple(found)
 

@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import depends, feedback, refused, returns
+from . import crashes, depends, feedback, refused, returns
 from .diagnosis import Cases, Diagnosis, parts, with_wrapped_count
 from .exercises import EXERCISES, Exercise, seed_of
 from .feedback import CheckFailed, fallback
@@ -119,9 +119,11 @@ def _show(v: Verdict) -> None:
 
 
 # --------------------------------------------------------------------------- the decorator
-def _call(fn, *args, **kwargs):
+def _call(fn, *args, exercise: str = "", **kwargs):
     """Call the student's function; NotImplementedError passes through, any other error
-    becomes a CheckFailed that names the function and the error. What it returns is taken
+    becomes a StudentError that names the function and the error, with a hint that names
+    the likely mistake (:mod:`.crashes`; ``exercise``, keyword only, is the check's, never
+    passed on) where one is known. What it returns is taken
     by the return rule (:func:`.returns.plain`: exact numbers, torch tensors ... converted,
     the same as in the grader; :class:`~.returns.ReturnRefused` otherwise)."""
     refused.rearm()           # the grader's rule on course code (a refusal caught removed it)
@@ -132,11 +134,11 @@ def _call(fn, *args, **kwargs):
     except Exception as exc:  # any bug in student code is reported (re-raised below)
         name = getattr(fn, "__name__", "your function")
         called = ", ".join(describe_value(a) for a in args)
-        raise StudentError(
-            f"{name} raised {type(exc).__name__}: {exc}\n"
-            f"  it was called with: {called}\n"
-            f"hint: the traceback shows the line of your code that raised; try your function "
-            f"on the example in the notebook first") from exc
+        hint = crashes.crash_hint(exercise, type(exc).__name__, str(exc), args) or (
+            "the traceback shows the line of your code that raised; try your function on the "
+            "example in the notebook first")
+        raise StudentError(f"{name} raised {type(exc).__name__}: {exc}\n"
+                           f"  it was called with: {called}\nhint: {hint}") from exc
     return returns.plain(out)         # the return rule, as the grader applies it (:mod:`.returns`)
 
 
@@ -393,7 +395,7 @@ def run_student(exercise: str, fn, names, *args, **kwargs):
     """Call the student's function (through :func:`_call`) on ``args`` and check afterwards
     that it left them unchanged; ``names`` are the parameter names used in the message."""
     kept = [_snapshot(a) for a in args]
-    out = _call(fn, *args, **kwargs)
+    out = _call(fn, *args, exercise=exercise, **kwargs)
     for name, before, after in zip(names, kept, args):
         where = _changed(before, after, name)
         if where:

@@ -3,8 +3,8 @@
 **In a notebook** (an IPython kernel: JupyterLab, Notebook, Colab, nbclient) a failed check
 *shows* its verdict as plain text and returns, so Run All goes on to the end: what differs,
 where, and a hint, without a traceback of course code. When the student's own function
-raised, the text carries the traceback of *their* frames only (the check's frames are left
-out), ending at the line that raised.
+raised, the text carries the traceback of *their* frames only (the check's frames and those
+inside NumPy or the standard library are left out), ending at their line that raised.
 
 **Elsewhere** (a script, pytest) a failed check raises :class:`CheckFailed`, whose message
 is the same text. ``LESSON10_STRICT_CHECKS`` decides instead of the kernel test: ``1``
@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import sysconfig
 import traceback
 from pathlib import Path
 
@@ -28,6 +29,9 @@ from ..errors import Lesson10Error
 
 ENV = "LESSON10_STRICT_CHECKS"
 _COURSE = str(Path(__file__).resolve().parent.parent)     # the lesson10 package folder
+#: where NumPy, the standard library and other installed packages live (not the student's code)
+_LIBRARIES = tuple({str(Path(p).resolve()) for k, p in sysconfig.get_paths().items()
+                    if k in ("stdlib", "platstdlib", "purelib", "platlib")})
 
 
 class CheckFailed(Lesson10Error, AssertionError):
@@ -73,10 +77,12 @@ def raising() -> bool:
 
 # --------------------------------------------------------------------------- the student's traceback
 def _course_file(filename: str) -> bool:
+    """A file of lesson10, or of a library (NumPy's frames under the student's line)."""
     try:
-        return str(Path(filename).resolve()).startswith(_COURSE + os.sep)
+        path = str(Path(filename).resolve())
     except (OSError, ValueError):
         return False
+    return any(path.startswith(folder + os.sep) for folder in (_COURSE, *_LIBRARIES))
 
 
 def _label(filename: str) -> str:
@@ -96,8 +102,8 @@ def _label(filename: str) -> str:
 
 
 def student_traceback(exc: BaseException | None) -> str:
-    """The traceback of ``exc`` through the student's code only (no frame of lesson10), or
-    "" when there is none to show (no traceback, or every frame is the course's)."""
+    """The traceback of ``exc`` through the student's code only (no frame of lesson10 or of
+    a library), or "" when there is none to show (no traceback, or no frame of theirs)."""
     if exc is None or exc.__traceback__ is None:
         return ""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _course_file(f.filename)]

@@ -29,13 +29,15 @@ def zigzag_mistake(s, n, out) -> Diagnosis | None:
         return [np.concatenate([np.arange(a * m, (a + 1) * m), np.arange(b * m, (b + 1) * m)])
                 for a, b in pairs]
     return mistakes.first(out, [
-        ("rank r holds chunks r and N_c + r: the late chunk must mirror the early one, so that the "
-         "first rank gets the last chunk", lambda: chunks([(r, n + r) for r in range(n)])),
-        ("your late chunk is one chunk off (2N_c - r instead of 2N_c - 1 - r): rank 0's late "
-         "chunk is the very last one",
+        ("rank r holds chunks r and N_c + r: its late chunk lies as far into the second half as "
+         "its early one into the first, so the ranks' work still differs; pair the chunks so "
+         "that every rank's two chunks together carry the same work",
+         lambda: chunks([(r, n + r) for r in range(n)])),
+        ("your late chunks are one chunk off: rank 0's wrapped around to chunk 0, which it "
+         "already holds (the 2N_c chunks are numbered 0 .. 2N_c - 1)",
          lambda: chunks([(r, (2 * n - r) % (2 * n)) for r in range(n)])),
-        ("rank r holds chunks N_c-1-r and N_c+r: the middle pairs, not the ends; rank 0 takes the "
-         "first and the last chunk", lambda: chunks([(n - 1 - r, n + r) for r in range(n)])),
+        ("your ranks hold the chunks paired from the middle out (rank 0 the two middle ones): "
+         "rank r holds chunk r of the first half", lambda: chunks([(n - 1 - r, n + r) for r in range(n)])),
         ("the right tokens, but the late chunk comes first: keep each rank's ids in increasing "
          "order", lambda: chunks([(2 * n - 1 - r, r) for r in range(n)])),
         ("your chunks have s/N_c tokens: the sequence is cut into 2N_c chunks of s/(2N_c)",
@@ -103,8 +105,9 @@ def ring_time_mistake(work, yours) -> Diagnosis | None:
                    withholds={
                        "lesson10.layouts.shard_positions": "adapter:shard_positions"})
 def check_zigzag_positions(zigzag_positions, rng):
-    """``zigzag_positions(s, n) -> list`` of ``n`` integer arrays: rank r holds chunk r and
-    chunk 2n-1-r of the 2n chunks of s/(2n) tokens, in increasing order."""
+    """``zigzag_positions(s, n) -> list`` of ``n`` integer arrays: rank r holds chunk r of
+    the 2n chunks of s/(2n) tokens and the one late chunk that balances its causal work (the
+    layout ``layouts.shard_positions(s, n, "zigzag")``), in increasing order."""
     from ..layouts import shard_positions
     cases = [(2, 1), (4, 1), (8, 4), (24, 3), (16, 2), (12, 6),       # n = 1, m = 1, m > 1
              (640, 2), (131072, 4)]                   # ids above 255 and above 65535
@@ -117,8 +120,8 @@ def check_zigzag_positions(zigzag_positions, rng):
         with run.case():
             _zigzag_case(zigzag_positions, s, n, shard_positions(s, n, "zigzag"))
     run.verdict()
-    return (f"{len(cases)} cases (N_c in 1..64, chunks of 1..2048 tokens): every rank holds chunks r "
-            f"and 2N_c-1-r")
+    return (f"{len(cases)} cases (N_c in 1..64, chunks of 1..2048 tokens): every rank holds chunk r "
+            f"and the late chunk that balances its work")
 
 
 def _zigzag_case(zigzag_positions, s, n, target):

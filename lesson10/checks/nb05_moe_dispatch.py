@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from . import mistakes
-from .capacity_edges import capacities, fixed_float32_traps, float32_capacities, float32_traps
+from .capacity_edges import fixed_float32_traps, float32_capacities, float32_traps, float_mistakes
 from .core import (
     Cases,
     as_pair,
@@ -201,8 +201,9 @@ def check_route_topk(route_topk, rng):
 def _capacity_cases(rng, n_random=6):
     """(label, N, E, k, capacity_factor, experts)."""
     cases = []
-    fixed: list[tuple[Any, ...]] = [  # capacity factors where a float product lands just above an integer: both
-        # ceilings pass there; and exact products (1.5, 1.25, 1.0) where only C itself passes
+    fixed: list[tuple[Any, ...]] = [  # exact products that are integers where floats land a hair above
+        # (together every order of the float product, and Fraction(cf), gives C + 1 in one of
+        # the first four); and products that are exact in floats too (1.5, 1.25, 1.0)
         ("CF 1.1 * 360 / 6 = 66 exactly", 360, 6, 1, 1.1, dict(hot=80)),
         ("CF 1.1 * 50 / 5 = 11 exactly", 50, 5, 1, 1.1, dict(hot=20)),
         ("CF 1.1 * 2 * 75 / 3 = 55 exactly", 75, 3, 2, 1.1, dict(hot=75)),
@@ -231,9 +232,9 @@ def _capacity_cases(rng, n_random=6):
 
 
 @recognised
-def _capacity_mistake(yours, experts, E, k, N, cf, allowed, C):
-    """The known mistakes the kept copies look like (a Diagnosis), or None. ``allowed``:
-    the capacities the formula gives (any of them is right); ``C`` the one shown."""
+def _capacity_mistake(yours, experts, E, k, N, cf, C):
+    """The known mistakes the kept copies look like (a Diagnosis), or None; ``C`` is the
+    exact capacity, the only right one."""
     from fractions import Fraction
 
     from ..sim.moe import keep_within_capacity as ref_keep
@@ -241,7 +242,17 @@ def _capacity_mistake(yours, experts, E, k, N, cf, allowed, C):
                f"C = {C} copies and drops the later ones, whatever the routing; only "
                f"capacity_factor=None keeps them all"] if yours.all() or not yours.any() else []
     x = Fraction(repr(float(cf))) * k * N / E
-    texts = {"floor": lambda c: f"your experts keep {c} copies: that is CF k N / E rounded down; "
+    floats = float_mistakes(N, E, k, cf)
+    texts = {"float": lambda c: f"your experts keep {c} copies, C = {C}: CF k N / E is {C} "
+                                f"exactly, but computed from the float {cf} it comes out {C} + "
+                                f"{float(floats[c]):.1e} and rounds up to {c}; compute C exactly, "
+                                f"reading the factor as the decimal it is written as (a float, "
+                                f"and Fraction of one, carry its binary rounding)",
+             "float32": lambda c: f"your experts keep {c} copies, C = {C}: that is CF k N / E "
+                                  f"computed from float32({cf}) = {float(np.float32(cf)):.9g}, a "
+                                  f"little above {cf}, so the product lands just above {C} and "
+                                  f"rounds up; compute C exactly",
+             "floor": lambda c: f"your experts keep {c} copies: that is CF k N / E rounded down; "
                                 f"the capacity rounds up",
              "plus one": lambda c: f"your experts keep one copy more than C = {C}: a copy is kept "
                                    f"while fewer than C copies came before it (< C, not <= C)",
@@ -249,28 +260,24 @@ def _capacity_mistake(yours, experts, E, k, N, cf, allowed, C):
                                   f"nearest integer; the capacity rounds up",
              "without k": lambda c: "your capacity leaves out k: every token sends k copies, so "
                                     "the mean load per expert is k N / E"}
-    single = float32_capacities(N, E, k, cf)
-    texts["float32"] = lambda c: (f"your experts keep {c} copies, C = {C}: that is CF k N / E "
-                                  f"computed from float32({cf}) = {float(np.float32(cf)):.9g}, a "
-                                  f"little above {cf}, so the product lands just above {C} and "
-                                  f"rounds up; compute C in float64 (a Python float) or exactly")
-    firsts = [("float32", c) for c in sorted(single)] + [
+    firsts = [("float", c) for c in sorted(floats)] + [
+        ("float32", c) for c in sorted(float32_capacities(N, E, k, cf))] + [
         ("floor", math.floor(x)), ("plus one", C + 1), ("nearest", round(x)),
         ("without k", math.ceil(Fraction(repr(float(cf))) * N / E))]
     found = trivial + [texts[name](c) for name, c in firsts
-                       if c not in allowed and np.array_equal(yours, ref_keep(experts, E, c))]
+                       if c != C and np.array_equal(yours, ref_keep(experts, E, c))]
     flat = np.asarray(experts).ravel()
     orders = ((np.arange(flat.size)[::-1], "the last copies first (the queue runs from the end)"),
               (np.arange(flat.size).reshape(N, k).T.ravel(),
                "choice by choice (every token's first choice, then every token's second)"))
+    right = ref_keep(experts, E, C)
     for order, text in orders:
-        for c in sorted(set(allowed) | {c for _, c in firsts}):
+        for c in sorted({C} | {c for _, c in firsts}):
             seen, keep = np.zeros(E, dtype=int), np.zeros(flat.size, dtype=bool)
             for idx in order:
                 keep[idx] = seen[flat[idx]] < c
                 seen[flat[idx]] += 1
-            if np.array_equal(yours.ravel(), keep) and not any(
-                    np.array_equal(keep.reshape(N, k), ref_keep(experts, E, a)) for a in allowed):
+            if np.array_equal(yours.ravel(), keep) and not np.array_equal(keep.reshape(N, k), right):
                 found.append(f"your queue serves {text}: it is first come, first served in token "
                              f"order, each token's k choices together")
                 break
@@ -278,10 +285,10 @@ def _capacity_mistake(yours, experts, E, k, N, cf, allowed, C):
 
 
 def _drops(N, E, k, cf, experts) -> bool:
-    """Whether the capacity drops a copy (for some accepted C): the part a case belongs to."""
+    """Whether the capacity drops a copy: the part a case belongs to."""
+    from ..sim.moe import expert_capacity
     from ..sim.moe import keep_within_capacity as ref_keep
-    allowed = [None] if cf is None else sorted(capacities(N, E, k, cf))
-    return any(not ref_keep(experts, E, c).all() for c in allowed)
+    return not ref_keep(experts, E, expert_capacity(N, E, k, cf)).all()
 
 
 def _capacity_case(capacity_keep, label, N, E, k, cf, experts, which=True):
@@ -289,40 +296,34 @@ def _capacity_case(capacity_keep, label, N, E, k, cf, experts, which=True):
     from ..sim.moe import expert_capacity
     from ..sim.moe import keep_within_capacity as ref_keep
     C = expert_capacity(N, E, k, cf)
-    allowed = [None] if cf is None else sorted(capacities(N, E, k, cf))
-    targets = [ref_keep(experts, E, c) for c in allowed]
+    target = ref_keep(experts, E, C)
     out = run_student("capacity", capacity_keep, ("experts",), experts, E, cf)
-    shown_c = C if len(allowed) == 1 else f"{C} (or {', '.join(str(c) for c in allowed if c != C)} " \
-                                          f"with a float product)"
-    where = f"{label} (N={N} tokens, E={E}, k={k}, capacity_factor={cf}, so C = {shown_c})"
+    where = f"{label} (N={N} tokens, E={E}, k={k}, capacity_factor={cf}, so C = {C})"
     yours = bool_array("capacity", out, where, "keep")
     if yours.shape != experts.shape:
         fail_check("capacity", where, f"keep has shape {yours.shape}, expected {experts.shape}",
               show=False, hint="one True/False per (token, choice)")
-    if any(np.array_equal(yours, t) for t in targets):
+    if np.array_equal(yours, target):
         return
     kept = [int((yours & (experts == i)).sum()) for i in range(E)]
-    counts = [[int((t & (experts == i)).sum()) for i in range(E)] for t in targets]
-    # the target whose counts are yours (a right count, the wrong copies), else that of C
-    pick = counts.index(kept) if kept in counts else (allowed.index(C) if C in allowed else 0)
-    target, want = targets[pick], counts[pick]
+    want = [int((target & (experts == i)).sum()) for i in range(E)]
 
     def hint(general):
         return lambda: mistakes.explain(
-            None if cf is None else _capacity_mistake(yours, experts, E, k, N, cf, allowed, C),
-            general)
+            None if cf is None else _capacity_mistake(yours, experts, E, k, N, cf, C), general)
     if kept != want:
         i = int(np.argmax(np.array(kept) != np.array(want)))
         fail_check("capacity", where, f"expert {i} keeps {plural(kept[i], 'copy', 'copies')}",
                    kept[i], want[i], hint=hint(
                        "capacity_factor=None means no limit at all" if cf is None else
                        "an expert keeps a copy while fewer than C copies have reached it, C "
-                       "being CF k N / E rounded up: all N tokens count, with their k copies"))
+                       "being CF k N / E rounded up, computed exactly: all N tokens count, with "
+                       "their k copies"))
     if not which:
         return
     compare_arrays("capacity", yours, target, where=where, what=(
-                       f"keep (the right number of copies per expert, C = {allowed[pick]}, but not "
-                       f"the right copies)"), axes=("token", "choice"), exact=True,
+                       f"keep (the right number of copies per expert, C = {C}, but not the right "
+                       f"copies)"), axes=("token", "choice"), exact=True,
                    hint=hint("first come, first served in token order, token 0's choices, then "
                              "token 1's, ...; an expert that is full drops every later copy"))
 
@@ -343,9 +344,10 @@ CAPACITY_PARTS = ("copies kept per expert", "which copies are dropped")
 def check_capacity(capacity_keep, rng):
     """``capacity_keep(experts, E, capacity_factor) -> bool (N, k)``: every expert accepts at
     most ``C = ceil(capacity_factor * k * N / E)`` copies, first come first served in token
-    order; ``capacity_factor=None`` keeps everything. Both the ceiling of the float product
-    (in any order of the operations) and the exact one are accepted: they differ only where
-    the float product lands just above an integer."""
+    order; ``capacity_factor=None`` keeps everything. C is exact, the factor read as the
+    decimal it is written as (1.1 is 11/10): where that product is an integer a float product
+    (in any order), ``Fraction`` of the float or float32 can land a hair above it and round
+    up to C + 1, and fixed cases hold such sizes."""
     cases = _capacity_cases(rng)
     run = Cases("capacity")
     for label, N, E, k, cf, experts in cases:
@@ -356,8 +358,8 @@ def check_capacity(capacity_keep, rng):
         with run.case():
             _capacity_case(capacity_keep, label, N, E, k, cf, experts, which)
     run.verdict()
-    return (f"{len(cases)} routings (capacity factors whose float product is off by one, "
-            f"factors that float32 rounds across an integer, empty experts, None) drop the "
+    return (f"{len(cases)} routings (C exact where a float product lands a hair above an "
+            f"integer, factors that float32 rounds across one, empty experts, None) drop the "
             f"right copies")
 
 
