@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...checks import EXERCISES
+from ...checks.exercises import maximum
 from ...checks.verdict import Status
 from ...errors import Lesson10Error
 from . import accounting, course, nbread, submission_files
@@ -405,7 +406,8 @@ def _not_graded(others, keys, paths, students, base=None, notes=None) -> dict:
 
 
 def course_max() -> int:
-    return sum(ex.points for ex in EXERCISES.values())
+    """The course maximum in the course file in force (:func:`lesson10.checks.exercises.maximum`)."""
+    return maximum()
 
 
 def graded_notebooks() -> list[str]:
@@ -444,6 +446,8 @@ def rows(reports: list[dict], the_plan: Plan | None = None) -> list[dict]:
                 got = Entry(exercise=ex.id, status=Status.NOT_JUDGED if rep["ok"] else
                             Status.GRADER_ERROR, max_points=ex.points, message=why).to_json()
             entries.append({**got, "notebook": ex.notebook, "max_points": ex.points})
+        for e in entries:
+            e["scheme"] = EXERCISES[e["exercise"]].status    # counts, optional or bonus
         ignored = []
         if the_plan is not None:
             for path, chosen in the_plan.ignored.items():
