@@ -70,7 +70,8 @@ def test_an_instructors_file_overrides_entry_by_entry(tmp_path):
     ("[exercises]\nring_time = { points = 1.5 }\n", "is not a whole number"),
     ("term = 2027\n", "term = 2027 is not a string in quotes"),
     ("[exercises]\nring_time = { points = -1 }\n", "exercises.ring_time.points = -1 is negative"),
-    ("[exercises]\nring_time = { status = \"extra\", points = 1 }\n", "exercises.ring_time.status = 'extra' is no status"),
+    ("[exercises]\nring_time = { status = \"extra\", points = 1 }\n",
+     "exercises.ring_time.status = 'extra' is no status"),
     ("[exercises]\nring_time = { status = \"optional\", points = 1 }\n", "is optional with points = 1"),
     ("[exercises]\nring_time = { points = 0 }\n", "counts with 0 points"),
     ("[exercises]\nring_time = { status = \"counts\" }\n", "exercises.ring_time has no points"),
@@ -95,7 +96,7 @@ def test_points_that_do_not_split_over_the_parts_are_refused(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     _file(tmp_path, "[exercises]\nring_attention = { points = 3 }\n")
     with pytest.raises(scheme.SchemeError, match="does not split equally over its 2 parts"):
-        EXERCISES["ring_attention"].parts
+        assert EXERCISES["ring_attention"].parts
     assert coursefile.main([]) == 2
 
 

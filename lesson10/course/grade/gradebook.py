@@ -446,8 +446,6 @@ def rows(reports: list[dict], the_plan: Plan | None = None) -> list[dict]:
                 got = Entry(exercise=ex.id, status=Status.NOT_JUDGED if rep["ok"] else
                             Status.GRADER_ERROR, max_points=ex.points, message=why).to_json()
             entries.append({**got, "notebook": ex.notebook, "max_points": ex.points})
-        for e in entries:
-            e["scheme"] = EXERCISES[e["exercise"]].status    # counts, optional or bonus
         ignored = []
         if the_plan is not None:
             for path, chosen in the_plan.ignored.items():
