@@ -128,7 +128,11 @@ def course_entries(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _course_file_not_pinned(monkeypatch):
+def _course_file_not_pinned():
     """A command run in-process pins its course file in ``$LESSON10_COURSE`` (for the
     processes it starts): put it back after each test, so no test's file reaches the next."""
-    monkeypatch.delenv("LESSON10_COURSE", raising=False)
+    before = os.environ.pop("LESSON10_COURSE", None)
+    yield
+    os.environ.pop("LESSON10_COURSE", None)
+    if before is not None:
+        os.environ["LESSON10_COURSE"] = before

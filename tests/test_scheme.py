@@ -4,6 +4,7 @@ instructor's course.toml over it, refused in one sentence when it is wrong, and 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -135,3 +136,55 @@ def test_the_course_command_exits_non_zero_on_a_bad_file(tmp_path):
                         timeout=120, cwd=ROOT)
     assert ok.returncode == 0 and f"maximum: {scheme.load().maximum} points" in ok.stdout
     assert "(the package's default)" in ok.stdout
+
+
+def _numbers_near_points(text: str) -> set[int]:
+    """Whole numbers written as a maximum or a score: ``24 points``, ``max_score 24``,
+    ``"max_score": 24``, ``maximum (24)``, ``worth 24``, ``3 / 24``."""
+    found = set()
+    for pattern in (r"\b(\d+) points\b", r"max_score\W{1,4}(\d+)", r"maximum\W{1,3}(\d+)",
+                    r"\bworth (\d+)", r"\b\d+ ?/ ?(\d+)\b(?! ?(?:day|hour))"):
+        found |= {int(m) for m in re.findall(pattern, text, flags=re.I)}
+    return found
+
+
+def test_no_maximum_is_written_outside_the_course_file():
+    """The maximum (today's and the old 24) is nowhere in the README, CONTRIBUTING, the
+    package's code or the Classroom template but where build writes it from the course file."""
+    top = {scheme.load().maximum, 24}
+    texts = {p: p.read_text() for p in [ROOT / "README.md", ROOT / "CONTRIBUTING.md",
+                                         *(ROOT / "lesson10").rglob("*.py"),
+                                         *(ROOT / "classroom").rglob("*.md")]}
+    workflow = (ROOT / "classroom" / ".github" / "workflows" / "classroom.yml").read_text()
+    texts[Path("classroom.yml")] = re.sub(r'"max_score": \d+', "", workflow)   # build's, from the file
+    bad = {str(p.relative_to(ROOT) if p.is_absolute() else p): sorted(_numbers_near_points(t) & top)
+           for p, t in texts.items() if _numbers_near_points(t) & top}
+    assert not bad, f"a course maximum written by hand: {bad}; write how to see it (python -m lesson10 course)"
+    assert _numbers_near_points("a Programming Assignment worth 24 points") == {24}   # it can fail
+    assert _numbers_near_points('"max_score": 20, score 3 / 20') == {20}
+
+
+def test_no_exercise_points_are_written_in_the_checks():
+    """The decorators hold no points: the default course.toml is the only place."""
+    decorator = re.compile(r'@register_exercise\("\w+", NB0\d, (\d+)')
+    for path in (ROOT / "lesson10" / "checks").glob("nb0*_*.py"):
+        assert not decorator.findall(path.read_text()), path.name
+        assert not re.search(r"parts=\(\(\"[^\"]+\", \d+\)", path.read_text()), path.name
+    assert decorator.findall('@register_exercise("x", NB01, 2, "t")') == ["2"]     # it can fail
+
+
+def test_build_check_sees_the_classroom_template_stale_when_the_scheme_changes(tmp_path, capsys):
+    from lesson10.course import build
+    for sub in ("solutions", "notebooks", "classroom"):
+        shutil.copytree(ROOT / sub, tmp_path / sub)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    assert build.main(["--check", "--root", str(tmp_path)]) == 0
+    (tmp_path / "course.toml").write_text("[exercises]\nring_time = { points = 3 }\n")
+    assert build.main(["--check", "--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    want = scheme.load().maximum + 2
+    assert "classroom.yml" in err and f"the maximum {want}" in err
+    assert build.main(["--root", str(tmp_path)]) == 0
+    workflow = (tmp_path / "classroom" / ".github" / "workflows" / "classroom.yml").read_text()
+    assert f'"max_score": {want},' in workflow
+    assert build.main(["--check", "--root", str(tmp_path)]) == 0

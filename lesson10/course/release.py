@@ -2,7 +2,7 @@
 
 The course repository holds the solutions; students must not see them. The release is
 what they get (and what GitHub Classroom copies for each of them, and what Colab opens and
-pip installs: point ``[tool.lesson10] repository`` of ``pyproject.toml`` at it)::
+pip installs: point ``[release] repository`` of the course file at it)::
 
     DIR/
       lesson10/                    the package (pure Python: checks, simulation, grader, ...)
@@ -10,6 +10,8 @@ pip installs: point ``[tool.lesson10] repository`` of ``pyproject.toml`` at it):
       pyproject.toml               so that `pip install git+https://github.com/OWNER/NAME@REF` works
       README.md                    for students (classroom/README.md, with a badge per notebook)
       .github/workflows/classroom.yml   GitHub Classroom's autograding (classroom/ of the course)
+      course.toml                  the course file in force (points, optional, term): the
+                                   check cells and the workflow's grader read it there
       .gitignore, .lesson10-release.json
 
 There is no ``solutions/``, no test (the answer suites are answers) and no solution cell:
