@@ -188,3 +188,15 @@ def test_build_check_sees_the_classroom_template_stale_when_the_scheme_changes(t
     workflow = (tmp_path / "classroom" / ".github" / "workflows" / "classroom.yml").read_text()
     assert f'"max_score": {want},' in workflow
     assert build.main(["--check", "--root", str(tmp_path)]) == 0
+
+
+def test_a_new_term_gives_new_hidden_cases_and_keeps_the_check_cells(tmp_path, monkeypatch):
+    from lesson10.checks.exercises import seed_of
+    from lesson10.course.grade import session
+    before = (session.hidden_seed(7, "ring_time", 0), seed_of("ring_time"))
+    monkeypatch.chdir(tmp_path)
+    _file(tmp_path, 'term = "2027-spring"\n')
+    after = (session.hidden_seed(7, "ring_time", 0), seed_of("ring_time"))
+    assert after[0] != before[0] and after[1] == before[1]
+    import numpy as np
+    assert np.random.default_rng(after[0]).random() != np.random.default_rng(before[0]).random()
