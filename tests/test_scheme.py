@@ -200,3 +200,18 @@ def test_a_new_term_gives_new_hidden_cases_and_keeps_the_check_cells(tmp_path, m
     assert after[0] != before[0] and after[1] == before[1]
     import numpy as np
     assert np.random.default_rng(after[0]).random() != np.random.default_rng(before[0]).random()
+
+
+def test_a_doubled_exercise_with_parts_is_still_one_point_per_classroom_test(tmp_path, monkeypatch):
+    from lesson10.course.grade import classroom
+    monkeypatch.chdir(tmp_path)
+    _file(tmp_path, "[exercises]\nring_attention = { points = 4 }\n")
+    parts = [{"part": p, "status": s, "passed": s == "passed", "points": 2 if s == "passed" else 0,
+              "max_points": 2, "message": ""} for p, s in (("non-causal", "passed"), ("causal", "failed"))]
+    e = {"notebook": "02_ring_attention", "exercise": "ring_attention", "status": "failed", "passed": False,
+         "points": 2, "max_points": 4, "message": "", "parts": parts}
+    tests = classroom.one_point_tests(e)
+    assert len(tests) == 4 and all(t["max_points"] == 1 for _, t in tests)
+    assert sum(t["points"] for _, t in tests) == 2
+    assert [n for n, _ in tests][:2] == ["02_ring_attention: ring_attention (non-causal, point 1)",
+                                         "02_ring_attention: ring_attention (non-causal, point 2)"]

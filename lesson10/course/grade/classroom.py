@@ -70,7 +70,19 @@ def one_point_tests(e: dict) -> list[tuple[str, dict]]:
         parts = [{"part": n, "status": e["status"] if i >= e["points"] else "passed",
                   "passed": i < e["points"], "points": int(i < e["points"]), "max_points": 1,
                   "message": e["message"]} for i, n in enumerate(names)]
-    return [(f"{base} ({p['part']})", p) for p in parts]
+    return [test for p in parts for test in _points_of(f"{base} ({p['part']})", p)]
+
+
+def _points_of(name: str, part: dict) -> list[tuple[str, dict]]:
+    """A part worth more than a point (the course file doubled its exercise) as one test per
+    point, those it won first."""
+    top = part["max_points"]
+    if top <= 1:
+        return [(name, part)]
+    return [(f"{name[:-1]}, point {i + 1})", {**part, "status": part["status"] if i >= part["points"]
+                                              else "passed", "passed": i < part["points"],
+                                              "points": int(i < part["points"]), "max_points": 1})
+            for i in range(top)]
 
 
 def runner_results(reports: list[dict], students: list[dict] | None = None, *,
