@@ -75,12 +75,6 @@ class Scheme:
     late: Late
     exercises: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
 
-    def points(self, exercise: str) -> int:
-        return self.exercises[exercise][1]
-
-    def status(self, exercise: str) -> str:
-        return self.exercises[exercise][0]
-
     @property
     def maximum(self) -> int:
         """The course maximum: the points of the counted exercises (a bonus is on top)."""

@@ -269,6 +269,15 @@ def _xml(text) -> str:
     return re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]", "?", str(text))
 
 
+def _junit_counts(entries: list[dict]) -> tuple[int, int, int]:
+    """``(failures, errors, skipped)`` of a suite: a lost exercise, a grader error, optional
+    practice not passed."""
+    errors = [Status.of(e["status"]).grader_error for e in entries]
+    lost = [not e["passed"] and not err for e, err in zip(entries, errors)]
+    skipped = sum(1 for e, x in zip(entries, lost) if x and _optional(e))
+    return sum(lost) - skipped, sum(errors), skipped
+
+
 def _junit_case(e: dict, classname: str, t: float) -> list[str]:
     """One ``<testcase>``: a lost exercise a ``<failure>``, a grader error an ``<error>``."""
     lines = [f"    <testcase classname={quoteattr(_xml(classname))} "
@@ -317,11 +326,7 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
     n_tests = n_fail = n_err = 0
     total_time = 0.0
     for number, (name, student, nid, path, cases, seconds, rep) in enumerate(suites):
-        broken = [Status.of(e["status"]).grader_error for e, _ in cases]
-        skipped = sum(1 for e, _ in cases if _optional(e) and not e["passed"])
-        fails = sum(1 for (e, _), b in zip(cases, broken)
-                    if not e["passed"] and not b and not _optional(e))
-        errs = sum(broken)
+        fails, errs, skipped = _junit_counts([e for e, _ in cases])
         n_tests, n_fail, n_err = n_tests + len(cases), n_fail + fails, n_err + errs
         total_time += seconds
         attrs = (f"name={quoteattr(_xml(name))} tests=\"{len(cases)}\" failures=\"{fails}\" "
