@@ -215,3 +215,11 @@ def test_a_doubled_exercise_with_parts_is_still_one_point_per_classroom_test(tmp
     assert sum(t["points"] for _, t in tests) == 2
     assert [n for n, _ in tests][:2] == ["02_ring_attention: ring_attention (non-causal, point 1)",
                                          "02_ring_attention: ring_attention (non-causal, point 2)"]
+
+
+def test_the_course_command_warns_where_a_graded_exercise_calls_optional_practice(tmp_path, capsys):
+    assert coursefile.main([]) == 0
+    assert "note: ulysses_attention (counts) calls the student's heads_to_seq" in capsys.readouterr().out
+    path = _file(tmp_path, "[exercises]\nheads_to_seq = { points = 1 }\n")
+    assert coursefile.main(["--course", str(path)]) == 0
+    assert "note:" not in capsys.readouterr().out

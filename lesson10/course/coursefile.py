@@ -14,6 +14,16 @@ from pathlib import Path
 from .. import scheme
 
 
+def uses_optional() -> list[str]:
+    """A note per graded exercise that calls the student's own function of an optional one:
+    a student who skips that practice loses the graded exercise too."""
+    from ..checks import EXERCISES
+    return [f"note: {ex.id} ({ex.status}) calls the student's {EXERCISES[u].function or u}, which is "
+            f"optional: a student who skips {u} cannot pass {ex.id}"
+            for ex in EXERCISES.values() if not ex.optional
+            for u in ex.uses if u in EXERCISES and EXERCISES[u].optional]
+
+
 def table(found: scheme.Scheme) -> str:
     """The effective scheme as text (the exercises' parts are checked too: an exercise whose
     points do not split over its parts raises :class:`~lesson10.scheme.SchemeError`)."""
@@ -25,6 +35,9 @@ def table(found: scheme.Scheme) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4] for r in rows]
     bonus = sum(ex.points for ex in EXERCISES.values() if ex.status == "bonus")
+    notes = uses_optional()
+    if notes:
+        lines += ["", *notes]
     late = found.late
     lines += ["", f"maximum: {found.maximum} points" + (f" (bonus on top: {bonus})" if bonus else ""),
               f"term: {found.term} (salts the grader's hidden cases)",
