@@ -134,7 +134,7 @@ def test_feedback_files_give_points_messages_and_hints(graded):
     names = sorted(p.relative_to(fb).as_posix() for p in fb.rglob("*") if p.is_file())
     assert names == sorted(f"{s}.{ext}" for s in graded["rows"] for ext in ("md", "html"))
     md = (fb / "sec2" / "s01.md").read_text()
-    assert f"**Score: 3 / {COURSE_MAX}**" in md and "### ring_time: failed (0/1)" in md
+    assert f"**Score: {FULL - WORTH} / {COURSE_MAX}**" in md and f"### ring_time: failed (0/{WORTH})" in md
     assert "check_ring_time failed" in md and "**Hint:**" in md
     assert "Not handed in" in (fb / "sec3" / "s09.md").read_text()
     assert "Not graded:" in (fb / "sec2" / "s02.md").read_text()
