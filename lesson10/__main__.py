@@ -7,7 +7,8 @@
                               (run and bench, but bench sim, need PyTorch: lesson10[spmd])
     grade NOTEBOOK...         instructors: score submitted notebooks with a judge (see README)
     gradescope OUT.zip        instructors: write a Gradescope autograder (setup.sh, run_autograder)
-    release DIR               instructors: write the student repository (no solutions/)
+    release DIR               instructors: write the student repository (no solutions/);
+                              release --self-study DIR: the self-study edition (folded solutions)
     report RESULTS            instructors: the class report (HTML with plots, Markdown) of a graded class
     build [--check]           write notebooks/ from solutions/ (or check it is up to date)
     course [--course FILE]    instructors: the scheme in force (points, optional exercises, maximum, term)

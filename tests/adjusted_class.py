@@ -58,7 +58,7 @@ def write_all(a: argparse.Namespace, paths: list[Path], reports: list[dict], **p
     contents = {p: p.read_bytes() for p in paths}
     the_plan = gradebook.plan(paths, contents, **plan_kw)
     a.adjust = adjust.from_args(a)
-    adjust.note_times(a.adjust, paths)
+    adjust.note_times(a.adjust, paths, the_plan.handins)
     for folder in ("feedback", "report", "export_dir"):
         if getattr(a, folder, None) is not None:
             Path(getattr(a, folder)).mkdir(parents=True, exist_ok=True)

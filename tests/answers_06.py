@@ -170,3 +170,27 @@ def judge_on_ranks(jobs: list) -> list:
     so that one launch runs every answer of tests/test_nb06_checks.py."""
     from lesson10.checks.nb06_ranks import gather_ranks, ring_shift_ranks
     return [(ring_shift_ranks if kind == "ring" else gather_ranks)(path, name) for kind, path, name in jobs]
+
+
+def ring_shift_blocking(x, group=None):
+    """Deadlocks: every rank is in its blocking send, and no rank has reached its recv."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    got = torch.empty_like(x)
+    dist.send(x, group=group, group_dst=(r + 1) % n)
+    dist.recv(got, group=group, group_src=(r - 1) % n)
+    return got
+
+
+def ring_shift_slow(x, group=None):
+    """Right, but rank 0 computes for a while (6 s) before it posts its batch: its peers wait
+    in theirs meanwhile, and the check must not stop them."""
+    import time
+    if dist.get_rank() == 0 and x.dtype == torch.float64:
+        time.sleep(6)
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    got = torch.empty_like(x)
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, group=group, group_peer=(r + 1) % n),
+                                   dist.P2POp(dist.irecv, got, group=group, group_peer=(r - 1) % n)])
+    for req in reqs:
+        req.wait()
+    return got

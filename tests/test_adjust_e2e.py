@@ -5,6 +5,7 @@ import csv
 import io
 import json
 import os
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,10 @@ def graded(tmp_path_factory):
                                          "return np.asarray(work).sum(axis=0).max()"))
     _put(cls / "ann" / NB03, right, DUE_EPOCH - HOUR)                    # on time
     _put(cls / "ann" / "03_load_balance (1).ipynb", wrong, DUE_EPOCH + HOUR)   # late, newer
-    _put(cls / "ben" / f"ben_LATE_12_34_{NB03}", right, DUE_EPOCH - HOUR)      # Canvas: late
+    canvas = cls / "ben_LATE_12_34_hw.zip"                   # Canvas: late; the login is ben
+    with zipfile.ZipFile(canvas, "w") as z:
+        z.writestr(f"lesson10-main/{NB03}", right)
+    os.utime(canvas, (DUE_EPOCH - HOUR, DUE_EPOCH - HOUR))
     _put(cls / "cy" / NB03, right, DUE_EPOCH + 30 * HOUR)                # the extension
     (base / "roster.csv").write_text(
         "student,name,sis_id,email,section,extension\n"

@@ -16,6 +16,9 @@ and a block_attention that raises): Run All reaches the end, each check's output
 a tutor (what differs, where, a hint), no file or line of course code appears, only the
 raising answer shows a traceback, of the student's own cell, and the figures still render.
 
+And notebook 03 of the self-study edition (``release --self-study``): every folded solution is
+closed when the notebook opens and shows the solved cell's code when its summary is clicked.
+
 The browser is Debian's ``chromium`` (``apt-get install chromium``; ``.ci/run`` installs it),
 driven by the ``playwright`` package with ``executable_path``: no browser download. Without
 Chromium or playwright the test skips and says how to get them.
@@ -52,6 +55,8 @@ FRONTENDS = {
 }
 
 
+SELF_STUDY = "03_self_study.ipynb"                 # notebook 03 of `release --self-study`
+ONE_FIGURE = "one_figure.ipynb"                    # a figure cell, nothing else
 WRONG_NOTEBOOK = "02_wrong_answers.ipynb"
 WRONG_CELLS = {
     "def merge(": '''def merge(o1, lse1, o2, lse2):
@@ -77,6 +82,12 @@ def _write_wrong_answers(path: Path) -> None:
                 done.add(head)
     assert done == set(WRONG_CELLS), done
     path.write_text(json.dumps(nb), encoding="utf-8")
+
+
+def _self_study_notebook() -> str:
+    from lesson10.course import selfstudy
+    from lesson10.course.build import plan
+    return selfstudy.files(plan(ROOT))["notebooks/03_load_balance.ipynb"]
 
 
 def _expected_figures(path: Path) -> list[str]:
@@ -129,6 +140,12 @@ def server(request, tmp_path_factory):
     for path in NOTEBOOKS:
         shutil.copy(path, work / path.name)
     _write_wrong_answers(work / WRONG_NOTEBOOK)
+    (work / SELF_STUDY).write_text(_self_study_notebook(), encoding="utf-8")
+    (work / ONE_FIGURE).write_text(json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                   "source": "from lesson10 import figures\nfigures.sp_strip()"}],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4, "nbformat_minor": 4}), encoding="utf-8")
     settings = home / "lab-settings"
     for ext, file, value in [("notebook-extension", "tracker", {"windowingMode": "none"}),   # every cell in the DOM
                              ("apputils-extension", "notification", {"fetchNews": "false", "checkForUpdates": False})]:
@@ -326,6 +343,60 @@ def test_a_failed_check_reads_like_a_tutor(browser, server):
             time.sleep(0.5)
         assert views.count() == len(expected), (views.count(), expected)
         assert "Error displaying widget" not in page.inner_text("body")
+    finally:
+        page.close()
+        _shut_down_kernels(server["base"], server["token"])
+
+
+def test_a_self_study_fold_is_closed_and_opens_on_a_click(browser, server):
+    """The self-study edition's folds (lesson10.course.selfstudy): closed when the notebook
+    opens, the code hidden; a click on "Solution" shows the solved cell's code, whole."""
+    from lesson10.course import selfstudy
+    nb = json.loads(_self_study_notebook())
+    codes = [selfstudy.fold_code("".join(c["source"])) for c in nb["cells"] if "lesson10" in c["metadata"]]
+    assert codes and None not in codes
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        if server["name"] == "lab":
+            page.goto(f"{server['base']}/lab/workspaces/selfstudy/tree/{SELF_STUDY}?token={server['token']}&reset")
+            folds = page.locator(f"{LAB_PANEL} .jp-RenderedMarkdown details")
+        else:
+            page.goto(f"{server['base']}/notebooks/{SELF_STUDY}?token={server['token']}")
+            folds = page.locator(".text_cell_render details")
+        deadline = time.monotonic() + 90
+        while folds.count() < len(codes) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert folds.count() == len(codes), (server["name"], folds.count(), len(codes))
+        for i, code in enumerate(codes):
+            fold = folds.nth(i)
+            fold.scroll_into_view_if_needed()
+            assert fold.evaluate("d => d.open") is False, (server["name"], i)
+            assert fold.locator("summary").inner_text().strip() == selfstudy.SUMMARY
+            assert not fold.locator("pre").is_visible(), (server["name"], i)
+            fold.locator("summary").click()
+            assert fold.evaluate("d => d.open") is True, (server["name"], i)
+            assert fold.locator("pre").is_visible()
+            assert fold.locator("pre").inner_text().rstrip("\n") == code, (server["name"], i)
+    finally:
+        page.close()
+        _shut_down_kernels(server["base"], server["token"])
+
+
+def test_a_live_figure_shows_its_widget_not_its_static_png(browser, server):
+    """The figure's display also carries a PNG for frontends without widgets
+    (lesson10.figures.kit.static_bundle); a frontend that runs widgets shows the widget alone."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        run_all = _run_all_lab if server["name"] == "lab" else _run_all_notebook6
+        output_sel = run_all(page, server["base"], server["token"], ONE_FIGURE)
+        views = page.locator(f"{output_sel}:has(img.widget-image)")
+        deadline = time.monotonic() + 60
+        while views.count() < 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert views.count() == 1, page.inner_text("body")[-2000:]
+        static = page.locator(".jp-RenderedImage, .output_png")
+        assert static.count() == 0, (server["name"], static.count())
+        assert "interactive figure" not in page.inner_text("body")
     finally:
         page.close()
         _shut_down_kernels(server["base"], server["token"])

@@ -27,10 +27,10 @@ def _notebook() -> bytes:
     return (ROOT / "notebooks" / NB03).read_bytes()
 
 
-def _plan(tmp_path: Path, batch: archives.Batch) -> gradebook.Plan:
+def _plan(tmp_path: Path, batch: archives.Batch, given=()) -> gradebook.Plan:
     return gradebook.plan(batch.paths, batch.contents, others=batch.others,
                           anchors=batch.unpacked.zips, notes=batch.unpacked.refused,
-                          real=batch.real, named=batch.unpacked.named)
+                          real=batch.real, given=given)
 
 
 def test_a_canvas_zip_with_a_zip_inside_counts_for_its_student(tmp_path):
@@ -59,7 +59,7 @@ def test_a_zip_named_on_the_command_line(tmp_path):
     z.write_bytes(_zip({f"lesson10-main/notebooks/{NB03}": _notebook()}))
     batch = archives.gather([z], tmp_path / "u")
     assert len(batch.paths) == 1
-    assert [it.student for it in _plan(tmp_path, batch).graded] == ["alice"]
+    assert [it.student for it in _plan(tmp_path, batch, [z]).graded] == ["alice"]
 
 
 def test_a_class_zip_with_a_folder_per_student(tmp_path):
@@ -164,7 +164,7 @@ def test_the_student_of_a_lone_zip_is_its_name(tmp_path):
     z = tmp_path / "carol.zip"
     z.write_bytes(_zip({NB03: _notebook()}))
     batch = archives.gather([z], tmp_path / "u")
-    assert [it.student for it in _plan(tmp_path, batch).graded] == ["carol"]
+    assert [it.student for it in _plan(tmp_path, batch, [z]).graded] == ["carol"]
     assert json.loads(batch.contents[batch.paths[0]])["nbformat"] == 4
 
 
@@ -184,6 +184,7 @@ def test_a_file_over_the_limit_inside_a_zip_costs_its_points_only(tmp_path, monk
 
 
 def test_a_students_zip_beside_the_others_folders_is_named_after_them(tmp_path):
+    """Whatever folder the zip holds: never a folder inside a student's zip."""
     cls = tmp_path / "class"
     (cls / "alice").mkdir(parents=True)
     (cls / "alice" / NB03).write_bytes(_notebook())
@@ -192,7 +193,7 @@ def test_a_students_zip_beside_the_others_folders_is_named_after_them(tmp_path):
     (cls / "late.zip").write_bytes(_zip({f"dave/{NB03}": _notebook()}))
     batch = archives.gather([cls], tmp_path / "u")
     assert sorted(it.student for it in _plan(tmp_path, batch).graded) == \
-        ["alice", "bob", "carol", "dave"]
+        ["alice", "bob", "carol", "late"]
 
 
 def test_members_that_cannot_be_written_refuse_the_archive(tmp_path):

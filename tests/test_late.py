@@ -20,19 +20,25 @@ def _pol(**kw):
 @pytest.mark.parametrize("name, source, mark", [
     ("smithjane_LATE_1234_5678_02_ring_attention.ipynb", "Canvas LATE_ mark", True),
     ("smithjane_1234_5678_02_ring_attention.ipynb", "Canvas name (no LATE_ mark)", False),
-    ("Jane Smith_4711_assignsubmission_file_2026-03-02_14-05_02_ring.ipynb",
-     "time in the file name", None),
+    ("Jane Smith_4711_assignsubmission_file_2026-03-02_14-05_02_ring.ipynb", "file time", None),
     ("02_ring_attention.ipynb", "file time", None),
 ])
 def test_the_hand_in_time_comes_from_the_lms_marks_first(name, source, mark):
-    st = late.stamp(f"subs/jane/{name}", DUE_EPOCH + 5 * HOUR)
+    st = late.stamp(f"subs/{name}", DUE_EPOCH + 5 * HOUR)
     assert st["source"] == source and st["late_mark"] is mark
 
 
-def test_a_time_in_the_name_wins_over_the_file_time():
-    st = late.stamp("subs/jane/2026-03-02_14-05_02_ring.ipynb", DUE_EPOCH - HOUR)
-    pol = _pol()
-    assert late.seconds_late(st, pol.due, "hour") > 0             # the name says 2 March
+def test_a_time_in_a_name_counts_only_where_time_from_says():
+    hand_in = "subs/jane_20260302T1405"
+    assert late.stamp(hand_in, DUE_EPOCH - HOUR)["time"] == DUE_EPOCH - HOUR    # typed: no
+    st = late.stamp(hand_in, DUE_EPOCH - HOUR, r"_(?P<time>\d{8}T\d{4})$")
+    assert st["source"] == "time in the path (--time-from)"
+    assert late.seconds_late(st, _pol().due, "hour") > 0                  # 2 March
+    assert late.stamp(None, 1.0, r"(?P<time>.+)")["time"] == 1.0          # no hand-in: none
+    assert late.path_time("a/2026-03-02 14:05:59+00:00/x", r"a/(?P<time>[^/]+)/") == \
+        DUE_EPOCH + 14 * HOUR + 6 * 60 + 59
+    with pytest.raises(late.LateError, match="not a regular expression"):
+        late.policy(DUE, time_from="(?P<time>")
 
 
 def test_canvas_decides_late_or_not_whatever_the_file_time():
@@ -57,6 +63,7 @@ def test_each_unit_started_costs_the_percentage_up_to_the_cap(hours, unit, pct, 
     (dict(due=DUE, penalty="10 per day"), "per day or per hour"),
     (dict(due=DUE, cap=120), "from 0 to 100"),
     (dict(due=None, penalty="10/day"), "need --due"),
+    (dict(due=None, time_from="(?P<time>.+)"), "need --due"),
     (dict(due=DUE, extensions={"bob": "next week"}), "extension of bob"),
 ])
 def test_a_policy_that_cannot_be_read_is_refused(kw, says):
@@ -73,12 +80,16 @@ def test_extensions_are_times_or_lengths():
     assert pol.due_for("nobody") == pol.due
 
 
+#: alice and bob hand in folders, carol a Canvas file: each its student's hand-in
+KW = dict(student_from=r"subs/(?P<student>[a-z]+)")
+
+
 def _class(tmp_path):
     """alice on time; bob 30 hours late by his file's time, with an extension of 2 days on
-    the roster; carol's Canvas copy marked LATE_ (its time says nothing later)."""
+    the roster; carol's Canvas file marked LATE_ (its time says nothing later)."""
     a = put(tmp_path / "subs" / "alice" / f"{RING}.ipynb", RING, DUE_EPOCH - HOUR)
     b = put(tmp_path / "subs" / "bob" / f"{RING}.ipynb", RING, DUE_EPOCH + 30 * HOUR)
-    c = put(tmp_path / "subs" / "carol" / f"carol_LATE_11_22_{RING}.ipynb", RING, DUE_EPOCH)
+    c = put(tmp_path / "subs" / f"carol_LATE_11_22_{RING}.ipynb", RING, DUE_EPOCH)
     full = [entry("block_attention"), entry("merge"), entry("ring_attention")]
     reps = [report(p, who, RING, [dict(e) for e in full])
             for p, who in ((a, "alice"), (b, "bob"), (c, "carol"))]
@@ -89,7 +100,7 @@ def _class(tmp_path):
 def test_lateness_and_extensions_flow_into_every_output(tmp_path):
     paths, reps = _class(tmp_path)
     a = args(tmp_path / "out", due=DUE, late_penalty="25/day", roster=tmp_path / "roster.csv")
-    rows, doc = write_all(a, paths, reps, roster=["alice", "bob", "carol"])
+    rows, doc = write_all(a, paths, reps, roster=["alice", "bob", "carol"], **KW)
     by = {r["student"]: r for r in doc["students"]}
     assert by["alice"]["late"] == [] and by["alice"]["points"] == 4
     assert by["bob"]["late"] == [] and by["bob"]["points"] == 4         # the extension
@@ -118,7 +129,7 @@ def test_lateness_and_extensions_flow_into_every_output(tmp_path):
 def test_without_the_extension_the_same_file_is_late(tmp_path):
     paths, reps = _class(tmp_path)
     a = args(tmp_path / "out", due=DUE, late_penalty="25/day")
-    rows, doc = write_all(a, paths, reps)
+    rows, doc = write_all(a, paths, reps, **KW)
     bob = next(r for r in doc["students"] if r["student"] == "bob")
     (item,) = bob["late"]
     assert item["hours_late"] == 30 and item["percent"] == 50 and bob["points"] == 2
@@ -129,7 +140,7 @@ def test_an_extensions_file_overrides_the_roster(tmp_path):
     (tmp_path / "ext.csv").write_text("student,extension\nbob,1h\n")
     a = args(tmp_path / "out", due=DUE, late_penalty="25/day", roster=tmp_path / "roster.csv",
              extensions=tmp_path / "ext.csv")
-    rows, doc = write_all(a, paths, reps, roster=["alice", "bob", "carol"])
+    rows, doc = write_all(a, paths, reps, roster=["alice", "bob", "carol"], **KW)
     bob = next(r for r in doc["students"] if r["student"] == "bob")
     assert bob["late"] and bob["late"][0]["hours_late"] == 29
 
@@ -139,7 +150,7 @@ def test_an_overridden_exercise_loses_nothing_to_lateness(tmp_path):
     (tmp_path / "o.csv").write_text("student,exercise,points,reason\ncarol,ring_attention,2,ok\n"
                                     "carol,merge,1,ok\n")
     a = args(tmp_path / "out", due=DUE, late_penalty="100/day", overrides=tmp_path / "o.csv")
-    rows, doc = write_all(a, paths, reps)
+    rows, doc = write_all(a, paths, reps, **KW)
     carol = next(r for r in doc["students"] if r["student"] == "carol")
     assert carol["points"] == 3 and carol["late"][0]["points_lost"] == 1    # block_attention
 
@@ -160,7 +171,7 @@ def test_the_latest_copy_on_time_is_graded(tmp_path):
 
 
 def test_a_notebook_from_a_zip_has_the_zips_mark_and_time(tmp_path):
-    st = late.stamp("all.zip/bob_LATE_12_34_hw.zip/lesson10-main/notebooks/03_lb.ipynb", None)
+    st = late.stamp("all.zip/bob_LATE_12_34_hw.zip", None)      # the hand-in's name
     assert st["source"] == "Canvas LATE_ mark" and st["late_mark"] is True
     archive = tmp_path / "class" / "ann" / "hw.zip"
     put(archive, RING, DUE_EPOCH + 7 * HOUR, b"PK")
@@ -168,5 +179,5 @@ def test_a_notebook_from_a_zip_has_the_zips_mark_and_time(tmp_path):
     assert late.time_of(inside, {}) == DUE_EPOCH + 7 * HOUR
     assert late.time_of(str(tmp_path / "gone.ipynb"), {}) is None
     pol = _pol(penalty="1/hour")
-    assert late.seconds_late(late.stamp(inside, late.time_of(inside, {})), pol.due, "hour") \
-        == 7 * HOUR
+    assert late.seconds_late(late.stamp("class/ann", late.time_of(inside, {})), pol.due,
+                             "hour") == 7 * HOUR

@@ -19,7 +19,7 @@ ROSTER = ("student,name,sis_id,email,section,canvas_id\n"
 
 def _class(tmp_path):
     a = put(tmp_path / "subs" / "alice" / f"{RING}.ipynb", RING, DUE_EPOCH - 60)
-    b = put(tmp_path / "subs" / "bob" / f"bob_LATE_102_9_{RING}.ipynb", RING, DUE_EPOCH + 60)
+    b = put(tmp_path / "subs" / f"bob_LATE_102_9_{RING}.ipynb", RING, DUE_EPOCH + 60)  # Canvas's
     reps = [report(a, "alice", RING, [entry("block_attention"), entry("merge", "failed", 0),
                                       entry("ring_attention")]),
             report(b, "bob", RING, [entry("block_attention"), entry("merge"),
@@ -33,7 +33,8 @@ def _exported(tmp_path, formats):
     paths, reps = _class(tmp_path)
     a = args(tmp_path / "out", roster=tmp_path / "roster.csv", export=formats,
              overrides=tmp_path / "o.csv", due=DUE, late_penalty="50/day")
-    write_all(a, paths, reps, roster=["alice", "bob", "carol"])
+    write_all(a, paths, reps, roster=["alice", "bob", "carol"],
+              student_from=r"subs/(?P<student>[a-z]+)")
     return tmp_path / "out" / "lms"
 
 

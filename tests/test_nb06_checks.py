@@ -141,3 +141,17 @@ def test_ranks_that_hang_or_die_end_in_a_verdict(monkeypatch):
     monkeypatch.setattr(launch_module, "launch", dies)
     with pytest.raises(CheckFailed, match="rank 2: the rank stopped: ProcessDied"):
         nb06.check_ring_shift(scope["ring_shift"])
+
+
+@pytest.mark.parametrize("load, timings, says", [
+    (0.4, [[0.100, 0.104, 0.110]], ""),                            # quiet: 2 cores, 10 % spread
+    (1.6, [[0.100, 0.104, 0.110]], "load 1.6 on 2 core(s)"),       # other work on the cores
+    (0.0, [[0.100, 0.104, 0.110], [0.090, 0.200, 0.100]], "repeated timings 110% apart"),
+    (3.0, [[0.1, 0.3]], "load 3.0 on 2 core(s); repeated timings 67% apart"),
+    (0.0, [[], [0.1]], ""),                                        # nothing to compare
+])
+def test_busy_reason_names_the_load_and_the_spread_of_repeated_timings(monkeypatch, load, timings, says):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert nb06.busy_reason(load, *timings) == says
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0), raising=False)
+    assert nb06.busy_reason(None, *timings) == says              # the load read now

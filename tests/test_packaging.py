@@ -114,11 +114,12 @@ def test_runtime_dependencies_are_never_pinned():
 def test_required_runtime_and_extras():
     project = _pyproject()["project"]
     runtime = {_split(r)[0] for r in project["dependencies"]}
-    assert {"numpy", "matplotlib", "ipywidgets", "nbformat", "nbclient"} <= runtime
+    assert {"numpy", "matplotlib", "ipywidgets", "nbformat"} <= runtime
+    assert "nbclient" not in runtime, "nbclient runs notebooks in the tests: the test extra, not the package"
     assert "torch" not in runtime, "torch belongs to the spmd extra: notebooks 01-05 and the grader run without it"
     extras = project["optional-dependencies"]
     assert {_split(r)[0] for r in extras["spmd"]} == {"torch"}
-    assert {"pytest", "nbval", "hypothesis"} <= {_split(r)[0] for r in extras["test"]}
+    assert {"pytest", "nbval", "hypothesis", "nbclient"} <= {_split(r)[0] for r in extras["test"]}
     assert "jupyterlab" in {_split(r)[0] for r in extras["lab"]}
 
 

@@ -17,31 +17,59 @@ import linecache
 import os
 import shutil
 import tempfile
+import textwrap
 from pathlib import Path
 
 from .core import fail_check
 from .feedback import CheckFailed, show_or_raise
+from .nb06_progress import Watchdog, deadlock_text
 from .nb06_ranks import gather_ranks, ring_shift_ranks
 from .verdict import not_attempted_message
 
 __all__ = ["check_ring_shift", "check_gather_from_sp", "judge_ring_shift", "judge_gather",
-           "launch_timeout", "module_source", "ring_shift_ranks", "gather_ranks"]
+           "launch_timeout", "busy_reason", "module_source", "ring_shift_ranks", "gather_ranks"]
 
 RING_RANKS = 3      # on 2 ranks r + 1 and r - 1 are the same rank: a ring sent the wrong way would pass
 SP_RANKS = 2
 STUB = 'NotImplementedError("your code here'      # what the exercise notebook's stub raises
 
 
+def _load() -> float:
+    """The 1-minute load average (``os.getloadavg``), 0 where there is none (Windows)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
 def launch_timeout(quiet_seconds: float) -> float:
     """A launch's time limit that follows the machine: ``quiet_seconds`` (what the run may take
     on an idle machine) times ``max(3, 1 + 2 * load per core)``, the load read now (1-minute
     ``os.getloadavg``). It only ends a hang: a slow machine gets more time, never a verdict."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):         # no load average here (Windows)
-        load = 0.0
-    per_core = load / (os.cpu_count() or 1)
+    per_core = _load() / (os.cpu_count() or 1)
     return float(quiet_seconds) * max(3.0, 1.0 + 2.0 * per_core)
+
+
+BUSY_LOAD, BUSY_SPREAD = 0.5, 0.25      # load per core, and spread of repeated timings / median
+
+
+def busy_reason(load: float | None = None, *timings) -> str:
+    """Why timings taken on this machine measure the machine's other work as much as the code
+    (empty when none): ``load`` (the 1-minute load average before the run, read now if None)
+    above :data:`BUSY_LOAD` per core, or one of ``timings`` (lists of repeated times in
+    seconds) spread by more than :data:`BUSY_SPREAD` of its median."""
+    cores = os.cpu_count() or 1
+    load = _load() if load is None else float(load)
+    why = [f"load {load:.1f} on {cores} core(s)"] if load > BUSY_LOAD * cores else []
+    spreads = []
+    for times in timings:
+        ts = sorted(float(t) for t in times)
+        mid = ts[len(ts) // 2] if ts else 0.0
+        if len(ts) >= 2 and mid > 0:
+            spreads.append((ts[-1] - ts[0]) / mid)
+    if spreads and max(spreads) > BUSY_SPREAD:
+        why.append(f"repeated timings {max(spreads):.0%} apart")
+    return "; ".join(why)
 
 
 # --------------------------------------------------------------------------- shipping the code
@@ -83,8 +111,9 @@ def module_source(obj) -> str:
 
 
 def _launch_on_ranks(worker, nprocs: int, obj, exercise: str):
-    """Write ``obj``'s module, run ``worker(path, name)`` on ``nprocs`` ranks; the ranks'
-    reports, or raises CheckFailed when they did not finish."""
+    """Write ``obj``'s module, run ``worker(path, name, folder)`` on ``nprocs`` ranks under a
+    :class:`~.nb06_progress.Watchdog`; the ranks' reports, or raises CheckFailed when they did
+    not finish (stopped once they made no progress, or past the launch's load-aware limit)."""
     from lesson10.spmd.launch import LaunchTimeout, RankError, launch
 
     source = module_source(obj)
@@ -94,19 +123,22 @@ def _launch_on_ranks(worker, nprocs: int, obj, exercise: str):
     try:
         path = folder / f"your_{obj.__name__.lower()}.py"
         path.write_text(source, encoding="utf-8")
-        limit = launch_timeout(60)
+        limit, dog = launch_timeout(60), Watchdog(str(folder), nprocs)
         try:
-            return launch(worker, nprocs, str(path), obj.__name__, backend="gloo", timeout=limit,
-                          quiet=True)      # CPU tensors, also where there are GPUs
-        except LaunchTimeout as err:
+            with dog:
+                return launch(worker, nprocs, str(path), obj.__name__, str(folder), backend="gloo",
+                              timeout=limit, quiet=True)      # CPU tensors, also where there are GPUs
+        except (LaunchTimeout, RankError) as err:
+            if dog.stalled is not None:
+                what, hint = deadlock_text(dog.stalled, dog.stall)
+                fail_check(exercise, f"on {nprocs} ranks", what, show=False, hint=hint)
+            if isinstance(err, RankError):
+                fail_check(exercise, f"rank {err.rank}", f"the rank stopped: {err.exc_type}", show=False,
+                           hint=err.remote_traceback.strip().splitlines()[-1][:300])
             fail_check(exercise, f"on {nprocs} ranks", f"the ranks did not finish within {limit:.0f} s "
                        f"and were stopped", show=False,
                        hint="a rank waits for a message no rank sends, or for a collective another rank "
                             "never calls: every rank must post the same operations")
-            raise AssertionError("unreachable") from err    # pragma: no cover
-        except RankError as err:
-            fail_check(exercise, f"rank {err.rank}", f"the rank stopped: {err.exc_type}", show=False,
-                       hint=err.remote_traceback.strip().splitlines()[-1][:300])
             raise AssertionError("unreachable") from err    # pragma: no cover
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -122,7 +154,7 @@ def _verdict(exercise: str, run) -> None:
     except CheckFailed as exc:
         show_or_raise(str(exc))
         return
-    print(text)
+    print(textwrap.fill(text, 100))
 
 
 def check_ring_shift(ring_shift) -> None:

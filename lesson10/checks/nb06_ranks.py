@@ -22,6 +22,7 @@ import itertools
 import traceback
 
 from ..errors import Lesson10Error
+from .nb06_progress import Progress, watch_calls, watch_waits
 
 _COUNTER = itertools.count()
 
@@ -69,14 +70,16 @@ class _Works:
     """The requests of one posted batch, each waited exactly once (a gloo send or receive
     waited a second time waits for a message that never comes)."""
 
-    def __init__(self, works):
-        self.works, self.done = list(works), False
+    def __init__(self, works, progress: Progress):
+        self.works, self.done, self.progress = list(works), False, progress
 
-    def finish(self):
+    def finish(self, where: str):
+        """Wait for every request (``where``: what the rank reports while it waits)."""
         if not self.done:
             self.done = True
-            for w in self.works:
-                w.wait()
+            with self.progress.inside(where):
+                for w in self.works:
+                    w.wait()
 
 
 class _Request:
@@ -87,7 +90,7 @@ class _Request:
         self.works, self.log, self.scratch, self.target, self.done = works, log, scratch, target, False
 
     def wait(self, timeout=None):
-        self.works.finish()
+        self.works.finish("the wait() of a request of its batch_isend_irecv")
         if not self.done:
             if self.scratch is not None:
                 self.target.copy_(self.scratch)
@@ -99,7 +102,7 @@ class _Request:
         return self.done
 
 
-def _watched_batch(real, case, log):
+def _watched_batch(real, case, log, progress):
     """A ``batch_isend_irecv`` that checks each operation against ``case``'s ring first."""
     def batch_isend_irecv(ops):
         ops = list(ops)
@@ -123,7 +126,7 @@ def _watched_batch(real, case, log):
                 mine.__dict__.update(vars(op))
                 mine.tensor = op.tensor.new_zeros(op.tensor.shape)
             posted.append(mine)
-        works = _Works(real(posted))
+        works = _Works(real(posted), progress)
         log["works"].append(works)
         for kind, op, mine in zip(kinds, ops, posted):
             scratch = (mine.tensor, op.tensor) if kind == "irecv" else (None, None)
@@ -162,7 +165,8 @@ def _ring_one(torch, dist, fn, path, i, case, watch):
     log: dict = {"batches": 0, "waited": 0, "requests": 0, "works": []}
     x = _ring_value(torch, me, dtype, shape, i)
     before = x.clone()
-    watch["batch"] = _watched_batch(watch["real"], ring, log)
+    watch["batch"] = _watched_batch(watch["real"], ring, log, watch["progress"])
+    watch["progress"].case = f"ring_shift on {label}"
     try:
         y = fn(x) if group is None else fn(x, group)
         y = y.clone() if isinstance(y, torch.Tensor) else y
@@ -170,14 +174,14 @@ def _ring_one(torch, dist, fn, path, i, case, watch):
         if not log["works"]:                  # the neighbours wait for this rank's send: post it
             log["works"].append(_Works(watch["real"]([
                 dist.P2POp(dist.isend, x.clone(), ring["next"], group),
-                dist.P2POp(dist.irecv, torch.empty_like(x), ring["prev"], group)])))
+                dist.P2POp(dist.irecv, torch.empty_like(x), ring["prev"], group)]), watch["progress"]))
         if not isinstance(exc, Exception):
             raise
         return dict(rep, **_ring_error(exc, path))
     finally:
         watch["batch"] = _refuse_batch
-        for works in log["works"]:
-            works.finish()                    # nothing left in flight for the next case
+        for works in log["works"]:            # nothing left in flight for the next case
+            works.finish("the check, waiting for the requests this rank left in flight")
     target = _ring_value(torch, ring["prev"], dtype, shape, i)
     return dict(rep, **_ring_problem(torch, log, x, before, y, target))
 
@@ -208,16 +212,27 @@ def _ring_problem(torch, log, x, before, y, target) -> dict:
     return {"problem": None}
 
 
-def ring_shift_ranks(path: str, name: str = "ring_shift") -> list:
+def ring_shift_ranks(path: str, name: str = "ring_shift", progress_dir: str | None = None) -> list:
     """In each rank: the student's ``ring_shift`` on every case; one report per case (None
     where this rank is not in the case's group). After a case that failed on any rank, every
-    rank stops (the next case would wait for a rank that stopped)."""
+    rank stops (the next case would wait for a rank that stopped). ``progress_dir``: where it
+    reports its watched calls (:mod:`.nb06_progress`), or None."""
     import torch
     import torch.distributed as dist
     cases = _ring_cases(dist, torch)
-    watch = {"real": dist.batch_isend_irecv, "batch": _refuse_batch}
+    progress = Progress(progress_dir, dist.get_rank())
+    try:
+        return _ring_rank(torch, dist, cases, path, name, progress)
+    finally:
+        progress.report(None, done=True)
+
+
+def _ring_rank(torch, dist, cases, path: str, name: str, progress: Progress) -> list:
+    watch = {"real": dist.batch_isend_irecv, "batch": _refuse_batch, "progress": progress}
     out: list = []
-    with replaced(dist, batch_isend_irecv=lambda ops: watch["batch"](ops)):
+    with replaced(dist, batch_isend_irecv=lambda ops: watch["batch"](ops),
+                  **watch_calls(dist, progress, COLLECTIVES)), \
+            replaced(dist.Work, **watch_waits(dist.Work, progress)):
         try:
             fn = load_student(path, name)
         except Exception as exc:  # noqa: BLE001
@@ -227,7 +242,8 @@ def ring_shift_ranks(path: str, name: str = "ring_shift") -> list:
             rep = _ring_one(torch, dist, fn, path, i, case, watch) if dist.get_rank() in case[2] else None
             out.append(rep)
             failed = torch.tensor([int(rep is not None and rep["problem"] is not None)])
-            dist.all_reduce(failed)
+            with progress.inside(f"the check's wait for the other ranks after case {i + 1}"):
+                dist.all_reduce(failed)
             if int(failed) > 0:
                 break
     return out
@@ -366,18 +382,29 @@ def _gather_problem(torch, got: dict, data: dict, ops: list, n: int, r: int) -> 
     return {"problem": None}
 
 
-def gather_ranks(path: str, name: str = "GatherFromSP") -> dict:
+def gather_ranks(path: str, name: str = "GatherFromSP", progress_dir: str | None = None) -> dict:
     """In each rank: the student's autograd Function on this rank's (b, s/t, h) shard, against
-    the course's gather_from_sp; this rank's report."""
+    the course's gather_from_sp; this rank's report. ``progress_dir``: as for ring_shift_ranks."""
     import torch
     import torch.distributed as dist
+    progress = Progress(progress_dir, dist.get_rank())
+    progress.case = f"{name} forward and backward"
+    try:
+        return _gather_rank(torch, dist, path, name, progress)
+    finally:
+        progress.report(None, done=True)
+
+
+def _gather_rank(torch, dist, path: str, name: str, progress: Progress) -> dict:
     n, r = dist.get_world_size(), dist.get_rank()
     data = _gather_data(torch, n, r)
     rep = {"rank": r, "world": n, "shape": tuple(data["full"].shape), "problem": None, "where": "",
            "what": "", "ops": ""}
     watch: dict = {"phase": "import", "ops": []}
-    wrapped = {k: _watched_collective(dist, getattr(dist, k), k, watch) for k in COLLECTIVES}
-    with replaced(dist, **wrapped) as real:
+    reported = watch_calls(dist, progress, COLLECTIVES)
+    wrapped = {k: _watched_collective(dist, reported[k], k, watch) for k in COLLECTIVES}
+    with replaced(dist, **dict(reported, **wrapped)) as real, \
+            replaced(dist.Work, **watch_waits(dist.Work, progress)):
         try:
             cls = load_student(path, name)
         except Exception as exc:  # noqa: BLE001

@@ -16,18 +16,19 @@ The sandbox ships only :data:`REAL` as course code; every other module of the pa
 (``spmd``, ``figures``, ``runs``, ``bench``, ``course``, the checks themselves) is a stub
 there that refuses any call while an exercise is judged. The guard refuses the student's
 calls into those modules too (a profile hook sees each call), but for what a check
-serves (:data:`SERVED`). And in a Jupyter kernel it notes every file of the student's
-own code the check ran: one that the grader would not copy beside the notebook (a
-package folder, a link, a file elsewhere: :mod:`.helper_files`) fails the check with the
-grader's sentence.
+serves (:data:`SERVED`). The student's code is a notebook cell's, or a file of the
+student's own: in the notebook's folder tree and no library's (:func:`.helper_files.is_own`:
+numpy is a library wherever it is installed). In a Jupyter kernel the guard notes every
+such file the check ran: one that the grader would not copy beside the notebook (a package
+folder, a link, too large: :mod:`.helper_files`) fails the check with the grader's sentence.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import sys
-import sysconfig
 import tempfile
 import threading
 import types
@@ -36,7 +37,7 @@ from typing import Any
 
 from ..errors import Lesson10Error
 from .exercises import EXERCISES
-from .helper_files import reaches_grader
+from .helper_files import is_own, reaches_grader
 
 __all__ = ["WITHHELD", "REAL", "SERVED", "NotAvailable", "guard", "refusal",
            "use_instead", "is_real"]
@@ -108,9 +109,6 @@ def refusal(exercise: str, name: str, instead: str | None = None) -> str:
 # --------------------------------------------------------------------------- the check cell
 _HERE = os.path.dirname(os.path.abspath(__file__))            # lesson10/checks
 _COURSE = os.path.dirname(_HERE)                              # lesson10
-_LIBRARIES = tuple({os.path.abspath(p) for p in (
-    sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("purelib"),
-    sysconfig.get_paths().get("platlib"), sys.prefix, sys.base_prefix) if p})
 _KEY = "__lesson10_refused__"
 _LOCK = threading.RLock()
 _ACTIVE: dict[int, tuple] = {}        # id(function) -> (function, copy, code, defaults, kwdefaults)
@@ -119,15 +117,21 @@ _JUDGING: list[str] = []              # the exercises whose check runs now (inne
 
 
 def _who(filename: str) -> str:
-    """``"check"``, ``"course"``, ``"library"`` or ``"student"``: whose code a frame runs."""
+    """``"check"``, ``"course"``, ``"library"`` or ``"student"``: whose code a frame runs (the
+    student's: a cell, or a file of the student's own, :func:`.helper_files.is_own`)."""
+    return _whose(filename, os.getcwd())
+
+
+@functools.lru_cache(maxsize=4096)
+def _whose(filename: str, folder: str) -> str:
+    if filename.startswith(("<frozen", "<string>", "<lesson10")):
+        return "library"
     path = os.path.abspath(filename) if not filename.startswith("<") else filename
     if path.startswith(_HERE + os.sep) and os.path.basename(path) != "feedback.py":
         return "check"              # feedback's fallback runs what the student hands it
     if path.startswith(_COURSE + os.sep):
         return "course"
-    if filename.startswith(("<frozen", "<string>", "<lesson10")) or path.startswith(_LIBRARIES):
-        return "library"
-    return "student"
+    return "student" if _is_cell(path) or is_own(path, folder) else "library"
 
 
 def _from_student(frame) -> bool:
@@ -202,28 +206,26 @@ def _restore() -> None:
 
 
 # --------------------------------------------------------------------------- stub modules
-_KINDS: dict[str, str] = {}           # code file -> "stub", "student" or "" (neither)
 _SEEN: set[str] = set()               # the student's code files a check ran (in a kernel)
 _PREVIOUS: list = []                  # the profile functions the outermost guard replaced
 
 
 def _kind(filename: str) -> str:
     """``"stub"`` for a module of the package the sandbox does not ship, ``"served"`` for
-    one whose objects a check serves, ``"student"`` for the student's own code in a file,
-    else ``""``."""
-    kind = _KINDS.get(filename)
-    if kind is None:
-        kind = ""
-        if not filename.startswith("<"):
-            path = os.path.abspath(filename)
-            if path.startswith(_COURSE + os.sep):
-                rel = os.path.relpath(path, _COURSE).replace(os.sep, "/")
-                kind = "" if is_real(rel) or rel in _SANDBOX_TOO else \
-                    "served" if rel in SERVED else "stub"
-            elif _who(filename) == "student" and not _is_cell(path):
-                kind = "student"
-        _KINDS[filename] = kind
-    return kind
+    one whose objects a check serves, ``"student"`` for a file of the student's own (not a
+    cell), else ``""``."""
+    return _kind_in(filename, os.getcwd())
+
+
+@functools.lru_cache(maxsize=4096)
+def _kind_in(filename: str, folder: str) -> str:
+    if filename.startswith("<"):
+        return ""
+    path = os.path.abspath(filename)
+    if path.startswith(_COURSE + os.sep):
+        rel = os.path.relpath(path, _COURSE).replace(os.sep, "/")
+        return "" if is_real(rel) or rel in _SANDBOX_TOO else "served" if rel in SERVED else "stub"
+    return "student" if _whose(filename, folder) == "student" and not _is_cell(path) else ""
 
 
 def _is_cell(path: str) -> bool:

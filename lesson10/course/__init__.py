@@ -1,2 +1,3 @@
 """The instructor's tools: :mod:`.build` (notebooks/ from solutions/), :mod:`.release`
-(the student repository) and :mod:`.grade` (the autograder, Gradescope and Classroom)."""
+(the student repository), :mod:`.selfstudy` (its self-study edition, solutions folded) and
+:mod:`.grade` (the autograder, Gradescope and Classroom)."""

@@ -20,6 +20,9 @@ a solution region.
 
 ``DIR`` may be new, empty, or an earlier release (a clone of the student repository: its
 ``.git`` is kept, everything else is written anew); anything else needs ``--force``.
+
+``release --self-study DIR`` writes the self-study edition instead (:mod:`.selfstudy`): each
+exercise followed by its solution, folded, and no grading files; it refuses a graded release.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from pathlib import Path
 
 from .. import __version__, scheme
 from ..errors import Lesson10Error
+from . import selfstudy
 from .build import (
     BEGIN,
     END,
@@ -165,10 +169,9 @@ def _readme(root: Path, repository: str, ref: str, names: list[str]) -> str:
     return text + "\n" + table + "\n"
 
 
-def release(folder: Path, root: Path | None = None, force: bool = False) -> list[Path]:
-    """Write the student repository into ``folder``; returns the files written."""
-    root = (root or repo_root()).resolve()
-    folder = Path(folder)
+def check_folder(folder: Path, root: Path, force: bool) -> None:
+    """Refuse a ``folder`` inside the course repository, a file, or a folder that holds
+    something other than an earlier release (unless ``force``)."""
     if folder.resolve() == root or root in folder.resolve().parents:
         raise ReleaseError(f"{folder} is inside the course repository: write the release elsewhere")
     if folder.exists():
@@ -178,6 +181,13 @@ def release(folder: Path, root: Path | None = None, force: bool = False) -> list
         if entries and not (folder / MARKER).is_file() and not force:
             raise ReleaseError(f"{folder} is not empty and holds no earlier release ({MARKER}); "
                                f"use --force to replace what is there (.git is kept)")
+
+
+def release(folder: Path, root: Path | None = None, force: bool = False) -> list[Path]:
+    """Write the student repository into ``folder``; returns the files written."""
+    root = (root or repo_root()).resolve()
+    folder = Path(folder)
+    check_folder(folder, root, force)
     try:
         repository, ref = repository_setting(root)
         built = plan(root)
@@ -186,9 +196,6 @@ def release(folder: Path, root: Path | None = None, force: bool = False) -> list
     notebooks = {p.name: text for p, text in built.items() if p.parent.name == "notebooks"}
     if not notebooks:
         raise ReleaseError(f"no notebooks to release: {root / 'solutions'} holds none")
-    folder.mkdir(parents=True, exist_ok=True)
-    _clear(folder)
-    shutil.copytree(root / "lesson10", folder / "lesson10", ignore=_SKIP)
     files = {
         "pyproject.toml": (root / "pyproject.toml").read_text(encoding="utf-8"),
         "README.md": _readme(root, repository, ref, sorted(notebooks)),
@@ -206,14 +213,57 @@ def release(folder: Path, root: Path | None = None, force: bool = False) -> list
         rel = p.relative_to(template).as_posix()
         if p.is_file() and rel not in files and rel != "README.md":
             files[rel] = p.read_text(encoding="utf-8")
+    written = _write(folder, root, files)
+    found = leaks(folder, _solution_regions(root))
+    if found:
+        raise ReleaseError("the release would show solutions:\n  " + "\n  ".join(found))
+    return written
+
+
+def _write(folder: Path, root: Path, files: dict[str, str]) -> list[Path]:
+    """``folder`` emptied (but .git), the package copied in and ``files`` (path -> text)
+    written; returns what was written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _clear(folder)
+    shutil.copytree(root / "lesson10", folder / "lesson10", ignore=_SKIP)
     for rel, text in files.items():
         target = folder / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
-    found = leaks(folder, _solution_regions(root))
-    if found:
-        raise ReleaseError("the release would show solutions:\n  " + "\n  ".join(found))
     return [folder / rel for rel in files] + [folder / "lesson10"]
+
+
+def _edition(folder: Path) -> str | None:
+    """What an earlier release in ``folder`` is: None (none), ``"graded"`` or its edition."""
+    marker = folder / MARKER
+    if not marker.is_file():
+        return None
+    try:
+        edition = json.loads(marker.read_text(encoding="utf-8")).get("edition", "graded")
+    except (OSError, ValueError, AttributeError):
+        return "graded"
+    return str(edition)
+
+
+def self_study(folder: Path, root: Path | None = None, force: bool = False) -> list[Path]:
+    """Write the self-study edition (:mod:`.selfstudy`: each exercise followed by its solution,
+    folded; no grading files) into ``folder``; returns the files written. A graded release
+    there is refused without ``force``: its class would see the solutions."""
+    root = (root or repo_root()).resolve()
+    folder = Path(folder)
+    check_folder(folder, root, force)
+    if not force and _edition(folder) not in (None, selfstudy.EDITION):
+        raise ReleaseError(f"{folder} holds a graded release (the student repository): the "
+                           f"self-study edition would show its class the solutions; write it "
+                           f"elsewhere, or use --force to replace it")
+    try:
+        files = selfstudy.files(plan(root))
+    except (BuildError, selfstudy.EditionError) as exc:
+        raise ReleaseError(str(exc)) from None
+    files.update({"pyproject.toml": (root / "pyproject.toml").read_text(encoding="utf-8"),
+                  ".gitignore": GITIGNORE,
+                  MARKER: json.dumps({"version": __version__, "edition": selfstudy.EDITION}, indent=1) + "\n"})
+    return _write(folder, root, files)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,11 +281,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--course", type=Path, default=None, metavar="FILE",
                    help="the course file (default: $LESSON10_COURSE, else the nearest "
                         "course.toml from the root up, else the package's default)")
+    p.add_argument("--self-study", action="store_true",
+                   help="write the self-study edition instead: each exercise followed by its "
+                        "solution, folded; no grading files (lesson10.course.selfstudy)")
     args = p.parse_args(argv)
     try:
         used = scheme.use(args.course, (args.root or repo_root()).resolve())
+    except scheme.SchemeError as exc:
+        print(f"release: {exc}", file=sys.stderr)
+        return 2
+    if args.self_study:
+        return _self_study(args.folder, args.root, args.force)
+    try:
         written = release(args.folder, args.root, args.force)
-    except (ReleaseError, scheme.SchemeError) as exc:
+    except ReleaseError as exc:
         print(f"release: {exc}", file=sys.stderr)
         return 2
     print(f"release: course file {used.source}: maximum {used.maximum}, term {used.term}")
@@ -246,6 +305,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.folder}: {n} notebooks, the lesson10 package, README.md and "
           f".github/workflows/classroom.yml (installs {install_url(repository, ref)}); "
           f"no solutions. Push it to {repository} at {ref}.")
+    return 0
+
+
+def _self_study(folder: Path, root: Path | None, force: bool) -> int:
+    try:
+        written = self_study(folder, root, force)
+    except ReleaseError as exc:
+        print(f"release: {exc}", file=sys.stderr)
+        return 2
+    n = sum(1 for w in written if w.suffix == ".ipynb")
+    print(f"wrote {folder}: the self-study edition, {n} notebooks with folded solutions, the "
+          f"lesson10 package and README.md; no grading files. Do not push it to the class's "
+          f"repository.")
     return 0
 
 

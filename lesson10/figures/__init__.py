@@ -8,7 +8,9 @@ Every figure comes in two parts:
 * ``<name>(**params) -> ipywidgets.VBox``: the interactive version. Its sliders and
   buttons call the draw function and show the result as a PNG image, so it
   renders the same in JupyterLab, Colab and VS Code, whatever the matplotlib backend.
-  Every control offers only values the figure can draw.
+  Every control offers only values the figure can draw. Its display also carries a PNG of
+  the figure as first shown, what GitHub, nbviewer and a saved notebook show where widgets
+  do not run (:func:`lesson10.figures.kit.static_bundle`).
 
 A redraw updates the artists a control changes in the figure the widget keeps, and paints
 them over a kept picture of the rest (:mod:`lesson10.figures.kit`); the builders are in
@@ -18,10 +20,12 @@ Colours (:data:`COLORS`): blue = computed, faint blue = computed earlier, grey =
 violet = idle or replicated, magenta = split by tokens (SP) or dropped, aqua = communication.
 
 Figures: :func:`ring_rounds`, :func:`sp_strip`, :func:`block_size`,
-:func:`ulysses_grid`, :func:`moe_capacity`.
+:func:`ulysses_grid`, :func:`moe_capacity`; and one static plot, :func:`plot_layout_times`
+(notebook 03: the ring time of each layout, every line visible where they coincide).
 """
 from __future__ import annotations
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from .. import cost, layouts
@@ -41,6 +45,7 @@ __all__ = [
     "draw_block_size", "block_size",
     "draw_ulysses_grid", "ulysses_grid",
     "draw_moe_capacity", "moe_capacity", "moe_routing", "ulysses_owner",
+    "plot_layout_times",
 ]
 
 # =========================================================================== 1. ring rounds
@@ -259,3 +264,45 @@ def moe_capacity(E: int = 8, Ne: int = 4, k: int = 2, T: int = 64, skew: float =
     box = view.box([skew_slider, cf])
     box.skew_slider, box.cf_dropdown = skew_slider, cf
     return box
+
+
+# =========================================================================== notebook 03: ring time per layout
+#: how each layout's line is drawn: where zig-zag and striped are both balanced their lines
+#: coincide, so striped is a wide pale band under zig-zag's dashed line with hollow markers
+LAYOUT_LINES = {
+    "contiguous": dict(color=COLORS["split"], ls="-", lw=1.5, marker="o", ms=5, zorder=3),
+    "striped": dict(color=COLORS["comm"], ls="-", lw=6, alpha=0.45, marker="s", ms=10, zorder=2),
+    "zigzag": dict(color=COLORS["computed"], ls="--", lw=1.8, marker="o", ms=6, mfc="white", zorder=4),
+}
+LAYOUT_LABELS = {"contiguous": "contiguous", "zigzag": "zig-zag", "striped": "striped (the wide band)"}
+
+
+def plot_layout_times(axes, Ns, times) -> None:
+    """Draw notebook 03's comparison into two matplotlib axes ``(ax, bx)``: left, the ring time
+    of each layout against ``N_c`` with the ideal ``N_c / 2`` (dotted); right, contiguous over
+    zig-zag. ``times``: layout name -> ring times (block-times), one per value of ``Ns``. Each
+    layout has its own colour, line style and marker (:data:`LAYOUT_LINES`), so lines that
+    coincide (zig-zag, striped and the ideal) all stay visible."""
+    ax, bx = axes
+    Ns = np.asarray(Ns, dtype=float)
+    unknown = sorted(set(times) - set(LAYOUT_LINES))
+    if unknown or "contiguous" not in times or "zigzag" not in times:
+        raise ValueError(f"times must map layouts of {sorted(LAYOUT_LINES)} (contiguous and zigzag among "
+                         f"them) to ring times; got {sorted(times)}")
+    series = {lay: np.asarray(ts, dtype=float) for lay, ts in times.items()}
+    for lay, ts in series.items():
+        if ts.shape != Ns.shape:
+            raise ValueError(f"times[{lay!r}] has {ts.size} values for {Ns.size} values of Ns: give one per N_c")
+    for lay in LAYOUT_LINES:
+        if lay in series:
+            ax.plot(Ns, series[lay], label=LAYOUT_LABELS[lay], **LAYOUT_LINES[lay])
+    ax.plot(Ns, Ns / 2, color="black", ls=":", lw=1, zorder=5, label="ideal N_c/2")
+    ax.set_xlabel("ranks N_c")
+    ax.set_ylabel("ring time (block-times)")
+    ax.set_title("causal ring attention, long blocks")
+    ax.legend()
+    bx.plot(Ns, series["contiguous"] / series["zigzag"], color=COLORS["computed"], marker="o")
+    bx.axhline(2, color="grey", ls="--", lw=1)
+    bx.set_xlabel("ranks N_c")
+    bx.set_ylabel("contiguous / zigzag")
+    bx.set_title("speed-up of zig-zag -> 2")

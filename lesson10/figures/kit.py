@@ -27,7 +27,7 @@ from .text import Canvas, Labels, TextCacheRenderer  # figures use them through 
 
 __all__ = ["COLORS", "MARGINS", "BLANK", "RELEASE", "STYLE", "DPI", "new_figure", "legend", "png",
            "widgets", "ticks", "fixed", "Parts", "reuse", "skeleton", "structured", "keep", "finish", "render",
-           "View", "Canvas", "TextCacheRenderer", "Labels"]
+           "View", "figure_box", "static_bundle", "WIDGET_VIEW", "Canvas", "TextCacheRenderer", "Labels"]
 
 COLORS = {
     "computed": "#2f6fdb",    # blue
@@ -374,7 +374,56 @@ class View:
         self.update()
 
     def box(self, controls):
+        """The figure's widget (a :func:`figure_box`): ``controls``, the message line, the image."""
         w = widgets()
-        box = w.VBox([w.HBox(controls) if isinstance(controls, list) else controls, self.message, self.image])
+        box = figure_box()([w.HBox(controls) if isinstance(controls, list) else controls, self.message, self.image])
         box.view = self                    # tests and curious users can reach the state and figure
         return box
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def static_bundle(box, data: dict) -> dict:
+    """``data`` (a widget's mime bundle) with the picture the figure shows now as ``image/png``
+    and a ``text/plain`` that says what it is: where widgets do not run (GitHub, nbviewer, a
+    saved notebook) a frontend shows the richest type it knows, this picture, not
+    ``VBox(children=...)``. Frontends that run widgets prefer the widget view."""
+    import base64
+    view = getattr(box, "view", None)
+    if view is None or not view.image.value or WIDGET_VIEW not in data:
+        return data
+    name = view.draw.__name__.removeprefix("draw_")
+    return {**data, "image/png": base64.b64encode(bytes(view.image.value)).decode("ascii"),
+            "text/plain": f"<{name}: an interactive figure; run the cell to move its controls>"}
+
+
+#: the class of :func:`figure_box`, made once ipywidgets is imported
+_FIGURE_BOX: list = []
+
+
+def figure_box():
+    """The VBox class of the figures: displayed, it also carries a PNG of its figure as shown at
+    that moment (:func:`static_bundle`), with ipywidgets 8 (a mime bundle) and 7.7 (Colab:
+    ``_ipython_display_`` displays the bundle itself)."""
+    if _FIGURE_BOX:
+        return _FIGURE_BOX[0]
+    vbox: Any = widgets().VBox
+
+    class FigureBox(vbox):
+        """A figure's VBox whose display holds a static PNG of the figure beside the widget view."""
+
+        if hasattr(vbox, "_repr_mimebundle_"):           # ipywidgets 8
+            def _repr_mimebundle_(self, **kwargs):
+                data = super()._repr_mimebundle_(**kwargs)
+                return static_bundle(self, data) if isinstance(data, dict) else data
+        else:                                            # ipywidgets 7: it displays itself
+            def _ipython_display_(self, **kwargs):
+                from IPython.display import display
+                data = {"text/plain": repr(self)[:110],
+                        WIDGET_VIEW: {"version_major": 2, "version_minor": 0, "model_id": self._model_id}}
+                display(static_bundle(self, data), raw=True)
+                self._handle_displayed(**kwargs)
+
+    _FIGURE_BOX.append(FigureBox)
+    return FigureBox

@@ -29,20 +29,24 @@ class Adjustments:
     policy: late.Policy | None = None
     #: path of a graded file -> its modification time when it was graded
     times: dict = field(default_factory=dict)
+    #: path of a graded file -> the hand-in it came in (:mod:`.identity`), or None
+    handins: dict = field(default_factory=dict)
     #: "feedback" / "executed" -> the folders the grade wrote them to (for the report's links)
     folders: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"overrides": [{k: o[k] for k in overrides.COLUMNS} for o in self.overrides],
                 "policy": self.policy.as_dict() if self.policy is not None else None,
-                "times": dict(self.times), "folders": dict(self.folders)}
+                "times": dict(self.times), "handins": dict(self.handins),
+                "folders": dict(self.folders)}
 
     @classmethod
     def from_dict(cls, doc: dict) -> Adjustments:
         pol = doc.get("policy")
         return cls(overrides=list(doc.get("overrides") or []),
                    policy=late.Policy.from_dict(pol) if pol else None,
-                   times=dict(doc.get("times") or {}), folders=dict(doc.get("folders") or {}))
+                   times=dict(doc.get("times") or {}), handins=dict(doc.get("handins") or {}),
+                   folders=dict(doc.get("folders") or {}))
 
     def summary(self) -> dict:
         """What the JSON report says of them."""
@@ -79,7 +83,7 @@ def from_args(args, kept: Adjustments | None = None) -> Adjustments:
         exts.update(late.read_extensions(args.extensions))
     pol = late.policy(getattr(args, "due", None), getattr(args, "late_penalty", None),
                       getattr(args, "late_cap", None), bool(getattr(args, "latest_on_time", False)),
-                      exts)
+                      exts, getattr(args, "time_from", None))
     if pol is not None:
         out.policy = pol
     for key, name in (("feedback", "feedback"), ("executed", "save_executed")):
@@ -88,13 +92,15 @@ def from_args(args, kept: Adjustments | None = None) -> Adjustments:
     return out
 
 
-def note_times(adj: Adjustments, paths) -> None:
+def note_times(adj: Adjustments, paths, handins: dict | None = None) -> None:
     """Keep the modification time of each of ``paths`` (the files of this batch; one from a
-    zip has the zip's)."""
+    zip has the zip's) and the hand-in it came in (``handins``: the plan's)."""
     for p in paths:
         t = late.time_of(str(p), {})
         if t is not None:
             adj.times[str(p)] = t
+        adj.handins[str(p)] = None if handins is None or handins.get(p) is None \
+            else str(handins[p])
 
 
 def apply(rows: list[dict], adj: Adjustments | None) -> list[dict]:
@@ -104,14 +110,17 @@ def apply(rows: list[dict], adj: Adjustments | None) -> list[dict]:
         return rows
     for line in overrides.apply(rows, adj.overrides):
         print(f"grade: warning: {line}", file=sys.stderr)
-    late.apply(rows, adj.policy, adj.times)
+    late.apply(rows, adj.policy, adj.times, adj.handins)
     return rows
 
 
 def describe(row: dict) -> str:
-    """A row's adjustments in one line (the CSV's ``adjustments`` column, the tables)."""
+    """A row's adjustments in one line (the CSV's ``adjustments`` column, the tables): the
+    notes of its identity first (:mod:`.identity`: a collision), then the overrides and the
+    lateness."""
     parts = [f"{e['exercise']}: override {e['override']['points']}/{e['max_points']} "
              f"(judged {e['override']['judged_points']}): {e['override']['reason']}"
              for e in row["exercises"] if "override" in e]
     lateness = late.describe_row(row)
-    return "; ".join(parts + ([f"late {lateness}"] if lateness else []))
+    return "; ".join(list(row.get("notes", [])) + parts
+                     + ([f"late {lateness}"] if lateness else []))

@@ -1,8 +1,11 @@
 """``python -m lesson10 grade NOTEBOOK...``: the command line of the grader.
 
 A batch is planned before any student code runs (:mod:`.gradebook`): who each notebook's
-student is, which course notebook it is, which of several copies is graded; a collision
-(two students the keys cannot tell apart) stops the grader with status 2.
+student is (only from what the instructor names: :mod:`.identity`), which course notebook
+it is, which of several copies is graded. A name given that stands for several students
+(a ``--student-from`` match, a flat folder of several students' files) stops the grader
+with status 2; two hand-ins that folder names would make one student are graded apart,
+with a note in every output.
 
 Exit status:
   0  every exercise of every notebook passed (or, with ``--fail-under PCT``, the score is
@@ -10,7 +13,7 @@ Exit status:
   1  points were lost (a failed, missing, hung or crashed exercise, a notebook not handed
      in, an unreadable or unknown notebook), or the score is under ``--fail-under``;
   2  the grader or its environment failed (a file given that does not exist, no Jupyter
-     kernel or worker could start, a collision of students, ``--gradescope`` or
+     kernel or worker could start, a name given for several students, ``--gradescope`` or
      ``--classroom`` on several students): the scores are not to be trusted.
 """
 from __future__ import annotations
@@ -37,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("notebooks", nargs="*", type=Path,
                    help="notebook files or folders (searched at any depth for *.ipynb), e.g. "
                         "submissions/ or submissions/*/*.ipynb. The student of a notebook is "
-                        "its folder relative to the batch's common parent (sec1/s01)")
+                        "its folder or zip relative to the batch's common parent (sec1/s01, "
+                        "bob.zip: bob), never a folder inside a student's zip")
     who = p.add_argument_group("students")
     who.add_argument("--student", metavar="NAME", default=None,
                      help="the whole batch is one student's work (a repository, a Gradescope "
@@ -130,8 +134,14 @@ def _adjust_args(p: argparse.ArgumentParser) -> None:
                         "student's points for one exercise, shown with its reason everywhere")
     a.add_argument("--due", default=None, metavar="TIME",
                    help="the due time, ISO 8601 (2026-03-01T23:59; local time without a zone): "
-                        "each row says which notebooks were late (Canvas' LATE_ mark, a time "
-                        "in the file name, else the file's time)")
+                        "each row says which notebooks were late, from the student's hand-in "
+                        "(the folder or zip of the class): Canvas' LATE_ mark in its name, a "
+                        "time where --time-from says, else the file's (or its zip's) time")
+    a.add_argument("--time-from", default=None, metavar="REGEX",
+                   help="where the hand-in time is written in your class's layout: the group "
+                        "named 'time' of REGEX's first match in the path up to the student's "
+                        "hand-in, e.g. '_(?P<time>\\d{8}T\\d{4})$' (a time in a name counts "
+                        "nowhere else)")
     a.add_argument("--late-penalty", default=None, metavar="PCT/UNIT",
                    help="what lateness costs: PCT %% of the notebook's points per day or hour "
                         "or part of one, e.g. 10/day or 2/hour (default: nothing)")

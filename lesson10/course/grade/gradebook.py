@@ -1,28 +1,20 @@
 """Who handed in what: the students of a batch, which course notebook each file is, copies
 and collisions, and one gradebook row per student.
 
-**The student of a notebook** is its folder relative to the common parent of every
-notebook's folder in the batch: ``subs/sec1/s01/a.ipynb`` and ``subs/sec2/s01/a.ipynb`` are
-the students ``sec1/s01`` and ``sec2/s01``; when every notebook sits in one folder, that
-folder's name. A student's folder ends at the first folder that wraps notebooks rather than
-names a student (:data:`WRAPPERS`: a GitHub zip ``lesson10-main``, ``notebooks``), and a
-folder inside a student's folder is that student's: ``alice/lesson10-main/notebooks/02...``
-is alice's. With ``--roster`` the roster decides: the longest run of folder names that is a
-roster name is the student (``sec1/alice`` is ``alice`` when the roster names alice).
-``--student-from REGEX`` takes the group named ``student`` of the first match
-of REGEX in the notebook's path as given (a flat download: ``'(?P<student>[^/]+)_\\d\\d_'``),
-and ``--student NAME`` says the whole batch is one student's work (a repository, a Gradescope
-submission).
+**The student of a notebook** and the hand-in it came in are :mod:`.identity`'s: only what
+the instructor names (``--student NAME``, ``--student-from REGEX``, ``--roster``), else the
+student's folder or zip of the class, never a folder inside a student's zip.
 
 **One file per course notebook and student.** Several files of one student that are the
 same course notebook (copies: ``Copy of ...``, ``...-Copy1``, ``... (1)``, see
 :func:`lesson10.course.grade.course.copy_base`; or versions, ``..._final``; in one student folder
 at any depth) count once: one is graded, chosen by :data:`COPY_RULE`, and the others are
-listed in the feedback as not graded. What the grader refuses is a *collision*, names that
-stand for several students: a ``--student-from`` that gives two places one name
+listed in the feedback as not graded. What the grader refuses is an instructor's name that
+stands for several students: a ``--student-from`` that gives two places one name
 (``sec1/s01`` and ``sec2/s01`` both ``s01``), or a flat folder whose file names start with
 different names (``alice_03_...``, ``bob_02_...``). That is an error (:class:`PlanError`),
-never a merge.
+never a merge. Two hand-ins that folder names would make one student are kept apart
+(:mod:`.identity`), with a note in their rows.
 
 **The row of a student** lists every exercise of the course: a notebook that was not handed
 in counts 0 of its points with the status ``missing``, so every row's maximum is the
@@ -40,9 +32,9 @@ from pathlib import Path
 from ...checks import EXERCISES
 from ...checks.exercises import maximum
 from ...checks.verdict import Status
-from ...errors import Lesson10Error
-from . import accounting, course, nbread, submission_files
+from . import accounting, course, identity, nbread, submission_files
 from .accounting import SKIP_FOLDERS
+from .identity import WRAPPERS, PlanError, safe_text  # noqa: F401 - this module's names too
 from .results import Entry
 
 #: how one of several copies of a notebook is chosen (README "Instructors" says the same)
@@ -53,11 +45,6 @@ COPY_RULE = ("never a symbolic link beside a real file; the file with the fewest
              "' (1)'); then the shortest path, then the path in alphabetical order")
 
 
-
-
-class PlanError(Lesson10Error, ValueError):
-    """The batch cannot be graded as given (a collision, a --student-from that does not
-    match): the grader says so and grades nothing."""
 
 
 @dataclass
@@ -81,6 +68,10 @@ class Plan:
     #: files not graded: student (None: no student's, e.g. beside the class's folders) ->
     #: [{"path", "reason"}] (see :mod:`.accounting`)
     not_graded: dict = field(default_factory=dict)
+    #: path -> the hand-in it came in, or None (:mod:`.identity`; the late policy reads it)
+    handins: dict = field(default_factory=dict)
+    #: student -> the sentences of the collisions that concern them (in every output)
+    notes: dict = field(default_factory=dict)
 
     def not_on_roster(self) -> list[str]:
         return [s for s in self.students if self.roster is not None and s not in self.roster]
@@ -130,120 +121,14 @@ def read_roster(path: Path) -> list[str]:
 
 
 # --------------------------------------------------------------------------- students
-def _posix(path: Path) -> str:
-    return str(path).replace(os.sep, "/")
+_posix = identity.posix
 
 
 def student_keys(paths: list[Path], student: str | None = None,
                  student_from: str | None = None, roster: list[str] | None = None,
-                 base: str | None = None, anchors=(), named=()) -> dict[Path, tuple[str, str]]:
-    """``path -> (student, where)`` (see the module's docstring). ``where`` tells apart two
-    places that give the same name: the student's folder (folder keys), the path up to the
-    end of the ``student`` group (``--student-from``), nothing (``--student``). ``base``: the
-    class's folder (a results folder's), used instead of the common parent under it.
-    ``anchors``: zips unpacked (their folder is where their files stand), ``named``: the
-    absolute paths of those named on the command line (each names its student)."""
-    if student is not None:
-        if not student.strip():
-            raise PlanError("--student needs a name")
-        return {p: (student.strip(), "") for p in paths}
-    if student_from is not None:
-        try:
-            rx = re.compile(student_from)
-        except re.error as exc:
-            raise PlanError(f"--student-from {student_from!r} is not a regular expression: "
-                            f"{exc}") from None
-        if "student" not in rx.groupindex:
-            raise PlanError(f"--student-from {student_from!r} has no group named 'student', "
-                            f"e.g. '(?P<student>[^/]+)/'")
-        keys = {}
-        for p in paths:
-            m = rx.search(_posix(p))
-            name = safe_text((m.group("student") or "").strip()) if m else ""
-            if m is None or not name:
-                raise PlanError(f"--student-from {student_from!r} finds no student in "
-                                f"{_posix(p)!r}")
-            keys[p] = (name, _posix(p)[:m.end("student")])
-        return keys
-    folders = {p: os.path.dirname(os.path.abspath(p)) for p in list(paths) + list(anchors)}
-    if not folders:
-        return {}
-    common = os.path.commonpath(list(folders.values()))
-    if base and (common == base or common.startswith(base.rstrip(os.sep) + os.sep)):
-        common = base                   # some students of a class graded again
-    keys = {}
-    # a zip in the class's folder beside other students' files is named after its student
-    tops = {os.path.relpath(folders[p], common).split(os.sep)[0] for p in paths}
-    zips = {os.path.join(common, t) for t in tops if t.lower().endswith(".zip")} \
-        if len(tops) > 1 else set()
-    zips |= {os.path.abspath(z) for z in named}
-    for p, folder in folders.items():
-        keys[p] = folder_student(folder, common, roster, zips)
-    return _merge_nested(keys, common)
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def safe_text(text):
-    """``text`` (or every string in a list or dict of them) as any file takes it: a name
-    read from the file system with surrogate escapes (bytes that are not UTF-8, such as a
-    Windows zip's Latin-1 folder names) gets those bytes as Latin-1 letters (``Jos\\udce9``
-    is ``José``); other lone surrogates become U+FFFD."""
-    if isinstance(text, str):
-        return _SURROGATE.sub(lambda m: chr(ord(m.group()) - 0xDC00)
-                              if 0xDC80 <= ord(m.group()) <= 0xDCFF else "\ufffd", text)
-    if isinstance(text, dict):
-        return {safe_text(k): safe_text(v) for k, v in text.items()}
-    if isinstance(text, (list, tuple)):
-        return type(text)(safe_text(v) for v in text)
-    return text
-
-
-#: folder names that wrap a student's notebooks rather than name a student: a GitHub zip
-#: (``lesson10-main``, ``<repo>-master``), the course's own folders, Colab's folder
-WRAPPERS = re.compile(r"^(notebooks?|solutions|submissions?|colab notebooks|"
-                      r"lesson10([^a-z0-9].*)?|.+-(main|master))$", re.IGNORECASE)
-
-
-def folder_student(folder: str, common: str, roster=None, zips=()) -> tuple[str, str]:
-    """``(student, student folder)`` of a file in ``folder``: with a roster, the longest
-    run of folder names under ``common`` that is a roster name (``sec1/alice/x`` is
-    ``alice`` when the roster says so); else the folders under ``common`` up to the first
-    wrapper (:data:`WRAPPERS`: ``alice/lesson10-main/notebooks`` is ``alice``). A zip's
-    name is no folder, except a zip of ``zips`` (absolute paths) right under ``common``
-    holding a wrapper or the files themselves: it names its student (``alice.zip``)."""
-    rel = os.path.relpath(folder, common)
-    raw = [] if rel == "." else list(Path(rel).parts)
-    parts = [safe_text(p) for p in raw if not p.lower().endswith(".zip")]
-    if raw and os.path.join(common, raw[0]) in zips and (not parts or WRAPPERS.match(parts[0])):
-        parts.insert(0, safe_text(raw[0][:-4]))
-    if roster:
-        names = set(roster)
-        for size in range(len(parts), 0, -1):
-            for i in range(len(parts) - size + 1):
-                name = "/".join(parts[i:i + size])
-                if name in names:
-                    return name, os.path.join(common, *parts[:i + size])
-    depth = next((i for i, part in enumerate(parts) if i and WRAPPERS.match(part)), len(parts))
-    if depth == 0:
-        name = safe_text(os.path.basename(common))
-        return (name[:-4] if name.lower().endswith(".zip") else name) or "student", common
-    return "/".join(parts[:depth]), os.path.join(common, *parts[:depth])
-
-
-def _merge_nested(keys: dict, common: str) -> dict:
-    """A student folder inside another student's folder is that student's (a download
-    unpacked in ``alice/``: ``alice/lesson10/...`` is alice's work, whatever its names)."""
-    places = sorted({where for _, where in keys.values() if where != common}, key=len)
-    out = {}
-    for p, (name, where) in keys.items():
-        outer = next((w for w in places if where.startswith(w + os.sep)), None)
-        if outer is not None:
-            name = next(n for n, w in keys.values() if w == outer)
-            where = outer
-        out[p] = (name, where)
-    return out
+                 base: str | None = None, anchors=()) -> dict[Path, tuple[str, str]]:
+    """``path -> (student, where)``: :func:`.identity.resolve`'s keys."""
+    return identity.resolve(paths, student, student_from, roster, base, anchors).keys
 
 
 def safe_parts(student: str) -> list[str]:
@@ -311,22 +196,18 @@ def _flat_downloads(items: list[Item]) -> list[str]:
 def plan(paths: list[Path], contents: dict, *, student: str | None = None,
          student_from: str | None = None, roster: list[str] | None = None,
          others=(), base: str | None = None, anchors=(), notes: dict | None = None,
-         real: dict | None = None, named=()) -> Plan:
+         real: dict | None = None, given=()) -> Plan:
     """Which file of whom to grade. ``contents``: path -> bytes (None: unreadable or absent);
     ``others``: the batch's files that are not notebooks (:func:`.accounting.find_others`),
     each listed in the plan's ``not_graded`` under its student (``notes``: absolute path ->
     the reason, where it is not :func:`.accounting.reason`'s); ``anchors``: files that only
-    say where a student's files stand (the zips unpacked, :mod:`.archives`; ``named``: those
-    named on the command line, see :func:`folder_student`); ``real``: path
-    -> the file on disk, for a path shown inside a zip."""
+    say where a student's files stand (the zips unpacked, :mod:`.archives`); ``real``: path
+    -> the file on disk, for a path shown inside a zip; ``given``: the paths named on the
+    command line (a zip named is its student's; with ``student``, each is the hand-in of the
+    files under it)."""
     others = list(others)
-    if student is None and student_from is None:
-        keys = student_keys(list(paths) + others, roster=roster, base=base, anchors=anchors,
-                            named=named)
-    else:
-        keys = student_keys(paths, student, student_from)
-        for o in others:
-            keys[o] = _other_key(o, student, student_from)
+    ids = _identities(paths, others, student, student_from, roster, base, anchors, given)
+    base, keys = ids.root or base, ids.keys
     items = []
     for p in paths:
         nid, stubs, readable = _look(p, contents.get(p))
@@ -367,7 +248,19 @@ def plan(paths: list[Path], contents: dict, *, student: str | None = None,
     if student is not None and not names:
         names = [student.strip()]
     return Plan(graded=graded, ignored=ignored, students=names, roster=roster,
-                not_graded=not_graded)
+                not_graded=not_graded, handins={p: ids.handins.get(p) for p in paths},
+                notes=ids.notes)
+
+
+def _identities(paths, others, student, student_from, roster, base, anchors, given):
+    """:func:`.identity.resolve` of the batch; the files that are not notebooks too."""
+    if student is None and student_from is None:
+        return identity.resolve(list(paths) + others, roster=roster, base=base,
+                                anchors=anchors, given=given)
+    ids = identity.resolve(paths, student, student_from, given=given)
+    for o in others:
+        ids.keys[o] = _other_key(o, student, student_from)
+    return ids
 
 
 def _other_key(path: Path, student: str | None, student_from: str | None):
@@ -463,6 +356,7 @@ def rows(reports: list[dict], the_plan: Plan | None = None) -> list[dict]:
             "ignored": ignored,
             "unknown": [rep["notebook"] for rep in reps if not rep.get("course_notebook")],
             "not_graded": list(the_plan.not_graded.get(name, [])) if the_plan is not None else [],
+            "notes": list(the_plan.notes.get(name, [])) if the_plan is not None else [],
             "ok": all(rep["ok"] for rep in reps),
             "on_roster": None if the_plan is None or the_plan.roster is None
             else name in the_plan.roster,

@@ -1,16 +1,22 @@
 """The late policy: a due time, each student's extension, and what a late notebook costs.
 
 ``grade --due 2026-03-01T23:59`` (ISO 8601; without a zone it is this machine's local time)
-turns it on. Each graded notebook's hand-in time comes from the LMS's own marks first:
+turns it on. Each graded notebook's hand-in time comes from the LMS or the file system,
+never from a name a student chose. It is read from the notebook's *hand-in* (the student's
+folder or zip of the class, or the file where ``--student-from`` ends in its name; see
+:mod:`.identity`) and holds for everything unpacked from it; nothing inside a hand-in,
+and no folder above it (the class's folder), is read:
 
-1. a Canvas download name (``smithjane_12345_67890_02_ring_attention.ipynb``, or the name
-   of the zip the notebook came in): Canvas puts ``LATE_`` after the student's name of a late
-   submission (``smithjane_LATE_12345_...``).
-   Canvas's mark decides: without ``LATE_`` the file is on time; with it, it is late by the
-   file's time past the due time, or by one unit of the policy when the file's time says
-   nothing later (an unzip that kept no times);
-2. a time written in the path (Moodle's downloads and many scripts put one there:
-   ``2026-03-02_14-05``, ``20260302T1405``, ``2026-03-02 14:05:59``): it is the hand-in time;
+1. a Canvas download name of the hand-in (``smithjane_12345_67890_02_ring_attention.ipynb``,
+   ``smithjane_LATE_12345_67890_hw.zip``): Canvas puts ``LATE_`` after the student's name of
+   a late submission. Canvas's mark decides: without ``LATE_`` the file is on time; with it,
+   it is late by the file's time past the due time, or by one unit of the policy when the
+   file's time says nothing later (an unzip that kept no times);
+2. with ``--time-from REGEX`` (the instructor's layout, e.g. Moodle's
+   ``'_(?P<time>\\d{8}T\\d{4})$'``): the group ``time`` (else the whole match) of REGEX's first
+   match in the path up to and including the hand-in, read as ``2026-03-02_14-05``,
+   ``20260302T1405``, ``2026-03-02 14:05:59`` or ISO 8601. A time in a name counts nowhere
+   else;
 3. else the file's modification time (keep it: ``unzip`` keeps a zip's times); a notebook
    the grader unpacked from a zip has the zip's time.
 
@@ -45,7 +51,7 @@ from ...errors import Lesson10Error
 UNITS = {"day": 86400.0, "hour": 3600.0}
 #: a Canvas download name: ``<name>_[LATE_]<user id>_<submission id>_<file>``
 CANVAS_NAME = re.compile(r"^[^_/]+_(?P<late>LATE_)?\d+_\d+_", re.IGNORECASE)
-#: a time written in a path (Moodle's and scripts' downloads)
+#: a time written in a path, read where ``--time-from`` finds one
 NAME_TIME = re.compile(r"(?<!\d)(?P<y>20\d\d)-?(?P<mo>[01]\d)-?(?P<d>[0-3]\d)[T_ -]?"
                        r"(?P<h>[0-2]\d)[:.\-h]?(?P<mi>[0-5]\d)(?:[:.\-m]?(?P<s>[0-5]\d))?(?!\d)")
 
@@ -120,6 +126,7 @@ class Policy:
     cap: float = 100.0
     on_time_copy: bool = False
     extensions: dict = field(default_factory=dict)
+    time_from: str | None = None
 
     def due_for(self, student: str) -> datetime:
         ext = self.extensions.get(student)
@@ -128,14 +135,15 @@ class Policy:
     def as_dict(self) -> dict:
         return {"due": self.due.isoformat(), "percent": self.percent, "unit": self.unit,
                 "cap": self.cap, "on_time_copy": self.on_time_copy,
-                "extensions": dict(self.extensions)}
+                "extensions": dict(self.extensions), "time_from": self.time_from}
 
     @classmethod
     def from_dict(cls, doc: dict) -> Policy:
         return cls(due=parse_time(doc["due"]), percent=float(doc.get("percent", 0)),
                    unit=doc.get("unit", "day"), cap=float(doc.get("cap", 100)),
                    on_time_copy=bool(doc.get("on_time_copy")),
-                   extensions=dict(doc.get("extensions") or {}))
+                   extensions=dict(doc.get("extensions") or {}),
+                   time_from=doc.get("time_from"))
 
     def describe(self) -> str:
         cost = (f"{self.percent:g}% of a notebook's points per {self.unit} or part of one, "
@@ -145,47 +153,66 @@ class Policy:
 
 
 def policy(due: str | None, penalty: str | None = None, cap: float | None = None,
-           on_time_copy: bool = False, extensions: dict | None = None) -> Policy | None:
+           on_time_copy: bool = False, extensions: dict | None = None,
+           time_from: str | None = None) -> Policy | None:
     """The policy of the command line, or None without ``--due`` (LateError for options
     that need it, and for any that cannot be read)."""
     if due is None:
-        if penalty or cap is not None or on_time_copy or extensions:
-            raise LateError("--late-penalty, --late-cap, --latest-on-time and extensions "
-                            "need --due (the due time, e.g. --due 2026-03-01T23:59)")
+        if penalty or cap is not None or on_time_copy or extensions or time_from:
+            raise LateError("--late-penalty, --late-cap, --latest-on-time, --time-from and "
+                            "extensions need --due (the due time, e.g. --due 2026-03-01T23:59)")
         return None
+    if time_from is not None:
+        try:
+            re.compile(time_from)
+        except re.error as exc:
+            raise LateError(f"--time-from {time_from!r} is not a regular expression: {exc}; "
+                            f"give one with a group named 'time', e.g. "
+                            f"'_(?P<time>\\d{{8}}T\\d{{4}})$'") from None
     when = parse_time(due)
     percent, unit = parse_penalty(penalty) if penalty else (0.0, "day")
     if cap is not None and not 0 <= cap <= 100:
         raise LateError(f"--late-cap {cap:g}: give a percentage from 0 to 100")
     out = Policy(when, percent, unit, 100.0 if cap is None else float(cap), on_time_copy,
-                 dict(extensions or {}))
+                 dict(extensions or {}), time_from)
     for who in out.extensions:
         out.due_for(who)                         # every extension readable, before grading
     return out
 
 
 # --------------------------------------------------------------------------- hand-in times
-def stamp(path: str, mtime: float | None) -> dict:
-    """``{"time": epoch seconds or None, "source", "late_mark": True/False/None}`` of one
-    file (see the module's docstring for the order)."""
-    parts = Path(str(path)).parts
-    # the file's name, else the zip's that holds it (``bob_LATE_1_2_hw.zip/03_x.ipynb``)
-    canvas = next((m for m in (CANVAS_NAME.match(p) for p in reversed(parts)) if m), None)
+def stamp(handin: str | None, mtime: float | None, time_from: str | None = None) -> dict:
+    """``{"time": epoch seconds or None, "source", "late_mark": True/False/None}`` of a file
+    of the hand-in ``handin`` (None: none, the student is the class's folder) whose own time
+    (or its zip's) is ``mtime`` (see the module's docstring for the order)."""
+    canvas = CANVAS_NAME.match(Path(str(handin)).name) if handin else None
     if canvas:
         return {"time": mtime, "source": "Canvas LATE_ mark" if canvas.group("late")
                 else "Canvas name (no LATE_ mark)", "late_mark": bool(canvas.group("late"))}
-    for part in reversed(parts):
-        m = NAME_TIME.search(part)
-        if m:
-            try:
-                y, mo, d, h, mi, sec = (int(m.group(k) or 0)
-                                        for k in ("y", "mo", "d", "h", "mi", "s"))
-                t = datetime(y, mo, d, h, mi, sec)
-            except ValueError:
-                continue
-            return {"time": t.astimezone().timestamp(), "source": "time in the file name",
-                    "late_mark": None}
-    return {"time": mtime, "source": "file time", "late_mark": None}
+    when = path_time(str(handin), time_from) if handin and time_from else None
+    if when is not None:
+        return {"time": when, "source": "time in the path (--time-from)", "late_mark": None}
+    said = " (--time-from finds no time in the hand-in)" if handin and time_from else ""
+    return {"time": mtime, "source": "file time" + said, "late_mark": None}
+
+
+def path_time(path: str, time_from: str) -> float | None:
+    """The time ``--time-from``'s REGEX finds in ``path`` (epoch seconds), or None."""
+    m = re.search(time_from, path.replace("\\", "/"))
+    if m is None:
+        return None
+    text = m.group("time") if "time" in m.re.groupindex else m.group(0)
+    found = NAME_TIME.search(text or "")
+    try:
+        if found:
+            y, mo, d, h, mi, sec = (int(found.group(k) or 0)
+                                    for k in ("y", "mo", "d", "h", "mi", "s"))
+            t = datetime(y, mo, d, h, mi, sec)
+        else:
+            t = datetime.fromisoformat((text or "").strip())
+    except ValueError:
+        return None
+    return (t if t.tzinfo is not None else t.astimezone()).timestamp()
 
 
 def seconds_late(st: dict, due: datetime, unit: str) -> float | None:
@@ -218,9 +245,16 @@ def time_of(path: str, times: dict) -> float | None:
     return None
 
 
-def apply(rows: list[dict], pol: Policy | None, times: dict) -> None:
+def stamp_of(path, pol: Policy, times: dict, handins: dict | None) -> dict:
+    """:func:`stamp` of the file at ``path`` (``times``: path -> its time when it was graded;
+    ``handins``: path -> its hand-in)."""
+    return stamp((handins or {}).get(str(path)), time_of(str(path), times), pol.time_from)
+
+
+def apply(rows: list[dict], pol: Policy | None, times: dict, handins: dict | None = None) -> None:
     """Each row's ``due`` and ``late``, and the penalty taken from its entries (in place).
-    ``times``: path -> the file's modification time when it was graded."""
+    ``times``: path -> the file's modification time when it was graded; ``handins``: path ->
+    the hand-in it came in (:mod:`.identity`; a path without one is read by its time only)."""
     if pol is None:
         return
     for row in rows:
@@ -228,7 +262,7 @@ def apply(rows: list[dict], pol: Policy | None, times: dict) -> None:
         row["due"] = due.isoformat(timespec="minutes")
         row["late"] = []
         for nid, path in row["notebooks"].items():
-            st = stamp(path, time_of(path, times))
+            st = stamp_of(path, pol, times, handins)
             late = seconds_late(st, due, pol.unit)
             if late == 0:
                 continue
@@ -279,7 +313,8 @@ def describe_row(row: dict) -> str:
 
 
 # --------------------------------------------------------------------------- copies
-def choose_on_time(the_plan, pol: Policy | None, times: dict | None = None):
+def choose_on_time(the_plan, pol: Policy | None, times: dict | None = None,
+                   handins: dict | None = None):
     """With ``--latest-on-time``: of each student's copies of a notebook, the latest one on
     time is graded (the plan is changed in place and returned)."""
     if pol is None or not pol.on_time_copy:
@@ -292,7 +327,7 @@ def choose_on_time(the_plan, pol: Policy | None, times: dict | None = None):
         due = pol.due_for(chosen.student)
         cands = []
         for p in [chosen.path, *copies]:
-            st = stamp(str(p), time_of(str(p), times))
+            st = stamp_of(p, pol, times, handins)
             if seconds_late(st, due, pol.unit) == 0:
                 cands.append((st["time"] or 0.0, str(p), p))
         if not cands:

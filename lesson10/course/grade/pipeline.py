@@ -159,8 +159,9 @@ def plan(request: Request, unzipped: Path, old, seed: int, box) -> Planned:
         the_plan = _plan(request, found, old)
     except (gradebook.PlanError, OSError) as exc:
         raise SetupError(str(exc)) from None
-    adjust.note_times(request.adjust, found.paths)
-    late.choose_on_time(the_plan, request.adjust.policy, request.adjust.times)
+    adjust.note_times(request.adjust, found.paths, the_plan.handins)
+    late.choose_on_time(the_plan, request.adjust.policy, request.adjust.times,
+                        request.adjust.handins)
     contents = found.contents
     helpers = _helpers(the_plan, contents, request.student_from, found.real)
     limits = request.verdict_limits()
@@ -184,7 +185,7 @@ def _plan(request: Request, found: archives.Batch, old) -> gradebook.Plan:
                           student_from=request.student_from, roster=roster, others=found.others,
                           base=old.get("root") if old is not None else None,
                           anchors=found.unpacked.zips, notes=found.unpacked.refused,
-                          real=found.real, named=found.unpacked.named)
+                          real=found.real, given=request.notebooks)
     for name in plan.not_on_roster():
         print(f"grade: warning: {name} is not on the roster", file=sys.stderr)
     for option in ("gradescope", "classroom"):

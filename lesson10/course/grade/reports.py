@@ -43,7 +43,7 @@ def seed_line(seed, sandboxed) -> str:
 
 def _student_notes(r: dict) -> list[str]:
     """The notes column of one student's row in the table."""
-    notes = []
+    notes = list(r.get("notes", []))                  # a collision (.identity)
     if r["missing"]:
         notes.append("missing: " + ", ".join(r["missing"]))
     if r["ignored"]:
@@ -107,8 +107,10 @@ def table(reports: list[dict], students: list[dict] | None = None, seed=None) ->
 
 
 def lateness_lines(row: dict) -> list[str]:
-    """What a row's overrides and late notebooks say, one sentence each (every output)."""
-    out = [f"Override of {e['exercise']}: {e['points']}/{e['max_points']} (the judge gave "
+    """What a row's collision notes (:mod:`.identity`), overrides and late notebooks say,
+    one sentence each (every output)."""
+    out = [f"Identity: {n}." for n in row.get("notes", [])]
+    out += [f"Override of {e['exercise']}: {e['points']}/{e['max_points']} (the judge gave "
            f"{e['override']['judged_points']}): {e['override']['reason']}."
            for e in row["exercises"] if "override" in e]
     if "due" in row:

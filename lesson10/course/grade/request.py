@@ -47,6 +47,7 @@ class Request:
     course: Path | None = None
     overrides: Path | None = None
     due: str | None = None
+    time_from: str | None = None
     late_penalty: str | None = None
     late_cap: float | None = None
     latest_on_time: bool = False

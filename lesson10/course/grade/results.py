@@ -178,6 +178,8 @@ class StudentRow(_Record):
     ignored: list[dict] | None = None
     unknown: list[str] | None = None
     not_graded: list[dict] | None = None
+    #: the collisions that concern the student (:mod:`lesson10.course.grade.identity`)
+    notes: list[str] | None = None
     ok: bool = True
     on_roster: bool | None = None
     #: the late policy's (:mod:`lesson10.course.grade.late`): the due time, each late notebook

@@ -158,7 +158,7 @@ class Store:
 def class_doc(the_plan, keys: dict, *, seed: int, root: str, seeds: dict | None = None) -> dict:
     """What ``class.json`` holds of one batch: every student, their graded files (path,
     key, the seed each was graded with: ``seeds`` where given, else ``seed``), the copies
-    not graded, the files not graded, the roster."""
+    not graded, the files not graded, the notes of a collision, the roster."""
     students: dict[str, dict] = {name: {"graded": [], "ignored": [], "not_graded": []}
                                  for name in the_plan.students}
     for it in the_plan.graded:
@@ -173,6 +173,9 @@ def class_doc(the_plan, keys: dict, *, seed: int, root: str, seeds: dict | None 
         if who is not None:
             students.setdefault(who, {"graded": [], "ignored": [], "not_graded": []})
             students[who]["not_graded"] = list(files)
+    for who, notes in getattr(the_plan, "notes", {}).items():       # collisions (.identity)
+        students.setdefault(who, {"graded": [], "ignored": [], "not_graded": []})
+        students[who]["notes"] = list(notes)
     return {"format": FORMAT, "version": lesson10.__version__, "seed": seed, "root": root,
             "roster": the_plan.roster, "students": students,
             "order": [str(it.path) for it in the_plan.graded],
@@ -221,7 +224,8 @@ def merge(old: dict | None, new: dict) -> dict:
         return new
     students = dict(old.get("students", {}))
     for name, part in new["students"].items():
-        if part["graded"] or part["ignored"] or part["not_graded"] or name not in students:
+        if part["graded"] or part["ignored"] or part["not_graded"] or part.get("notes") or \
+                name not in students:
             students[name] = part
     roster = new["roster"] if new["roster"] is not None else old.get("roster")
     for name in roster or []:
@@ -271,9 +275,10 @@ def load(doc: dict, store: Store):
         not_graded[None] = doc["class_not_graded"]
     rank = {path: i for i, path in enumerate(doc.get("order", []))}
     reports.sort(key=lambda r: rank.get(r["notebook"], len(rank)))        # the batch's order
+    notes = {name: part["notes"] for name, part in doc["students"].items() if part.get("notes")}
     the_plan = Plan(graded=list(items.values()), ignored=ignored,
                     students=list(doc["students"]), roster=doc.get("roster"),
-                    not_graded=not_graded)
+                    not_graded=not_graded, notes=notes)
     return reports, the_plan
 
 
