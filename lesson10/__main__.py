@@ -1,4 +1,4 @@
-"""Command line: ``python -m lesson10 {demo,run,bench,grade,gradescope,release,report,build}``.
+"""Command line: ``python -m lesson10 {demo,run,bench,grade,gradescope,release,report,build,course}``.
 
     demo                      every simulated method on a small case: error and bytes vs. the lesson
     run METHOD --nproc N      one real multi-process run on gloo/NCCL; METHOD one of
@@ -11,6 +11,7 @@
                               release --self-study DIR: the self-study edition (folded solutions)
     report RESULTS            instructors: the class report (HTML with plots, Markdown) of a graded class
     build [--check]           write notebooks/ from solutions/ (or check it is up to date)
+    course [--course FILE]    instructors: the scheme in force (points, optional exercises, maximum, term)
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ USAGE = __doc__
 COMMANDS = {"demo": ".runs.demo:main", "run": ".runs.cli:main", "bench": ".bench:main",
             "grade": ".course.grade:main", "gradescope": ".course.grade.gradescope:main_bundle",
             "release": ".course.release:main", "report": ".course.report:main",
-            "build": ".course.build:main"}
+            "build": ".course.build:main", "course": ".course.coursefile:main"}
 
 
 def main(argv: list[str] | None = None) -> int:

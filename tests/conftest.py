@@ -108,3 +108,31 @@ def rank_results(request, shared_launch):
     """``rank_results(n, name)``: each rank's result of this module's ``RANK_JOBS[name]``."""
     module = request.module.__name__
     return lambda n, name: shared_launch(n, f"{module}:{name}")
+
+
+@pytest.fixture
+def course_entries(monkeypatch):
+    """``add(exercise, status, points)``: the scheme in force then has that entry besides its
+    own (a test's toy exercise needs one, as a course's exercise has one in course.toml)."""
+    import dataclasses
+    from types import MappingProxyType
+
+    from lesson10 import scheme
+
+    def add(exercise: str, status: str = "counts", points: int = 1) -> None:
+        found = scheme.current()
+        fixed = dataclasses.replace(found, exercises=MappingProxyType(
+            {**found.exercises, exercise: (status, points)}))
+        monkeypatch.setattr(scheme, "current", lambda: fixed)   # no course code called later
+    return add
+
+
+@pytest.fixture(autouse=True)
+def _course_file_not_pinned():
+    """A command run in-process pins its course file in ``$LESSON10_COURSE`` (for the
+    processes it starts): put it back after each test, so no test's file reaches the next."""
+    before = os.environ.pop("LESSON10_COURSE", None)
+    yield
+    os.environ.pop("LESSON10_COURSE", None)
+    if before is not None:
+        os.environ["LESSON10_COURSE"] = before

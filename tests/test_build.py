@@ -26,11 +26,8 @@ def _copy_tree(tmp_path):
 
 
 def _set_repository(root, repository, ref):
-    path = root / "pyproject.toml"
-    text = path.read_text()
-    text = re.sub(r'(?m)^repository = ".*"', f'repository = "{repository}"', text)
-    text = re.sub(r'(?m)^ref = ".*"', f'ref = "{ref}"', text)
-    path.write_text(text)
+    """An instructor's course.toml at ``root`` with only its [release]."""
+    (root / "course.toml").write_text(f'[release]\nrepository = "{repository}"\nref = "{ref}"\n')
 
 
 def test_the_five_exercise_notebooks_exist():
@@ -124,7 +121,7 @@ def test_release_version_ref_and_notebooks_agree():
     _, ref = build.repository_setting(ROOT)
     assert version == lesson10.__version__ and re.fullmatch(r"\d+\.\d+\.\d+", version)
     assert version != "0.1.0", "notebooks of 0.1.0 could not tell the old package from the new"
-    assert ref == f"v{version}", f"[tool.lesson10] ref should be the release tag v{version}, not {ref!r}"
+    assert ref == f"v{version}", f"[release] ref should be the release tag v{version}, not {ref!r}"
     for path in SOLUTIONS + [ROOT / "notebooks" / p.name for p in SOLUTIONS]:
         install = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code").source
         assert f'@{ref}", "{version}"' in install, path
@@ -187,7 +184,7 @@ def test_outputs_are_stripped_and_output_is_deterministic(tmp_path, capsys):
         cell.id = f"c{i}"
     nb.cells[1].metadata["execution"] = {"iopub.execute_input": "2026-01-01"}
     nbformat.write(nb, root / "solutions" / "x.ipynb")
-    (root / "pyproject.toml").write_text('[tool.lesson10]\nrepository = "me/course"\nref = "v1"\n')
+    _set_repository(root, "me/course", "v1")
 
     assert build.main(["--check", "--root", str(root)]) == 1     # no notebook, solution has outputs
     assert build.main(["--root", str(root)]) == 0
@@ -240,7 +237,7 @@ def test_pointing_at_a_fork_rewrites_all_24_addresses_and_check_notices(tmp_path
     _set_repository(root, "someone/my-fork", "v2.1")
     assert build.main(["--check", "--root", str(root)]) == 1
     err = capsys.readouterr().err
-    assert err.count("disagrees with [tool.lesson10] someone/my-fork@v2.1") == 2 * len(SOLUTIONS)
+    assert err.count("disagrees with [release] someone/my-fork@v2.1") == 2 * len(SOLUTIONS)
     assert build.main(["--root", str(root)]) == 0
     assert build.main(["--check", "--root", str(root)]) == 0
     found = _badges_and_installs(root)
@@ -281,11 +278,11 @@ def test_bad_repository_setting_is_a_clear_error(tmp_path, capsys, repository, r
     assert match in capsys.readouterr().err
 
 
-def test_missing_pyproject_is_a_clear_error(tmp_path, capsys):
+def test_a_bad_course_file_is_a_clear_error(tmp_path, capsys):
     root = _copy_tree(tmp_path)
-    (root / "pyproject.toml").unlink()
+    _set_repository(root, "not a repository", "v1")
     assert build.main(["--root", str(root)]) == 2
-    assert "no pyproject.toml" in capsys.readouterr().err
+    assert "release.repository = 'not a repository' is no GitHub repository" in capsys.readouterr().err
 
 
 def test_missing_badge_and_install_cell_are_added():
@@ -391,12 +388,11 @@ def test_install_cell_of_a_torch_notebook_adds_the_extra_only_where_torch_is_mis
         assert "the spmd extra" in printed
 
 
-def test_fallback_toml_parser_agrees_with_tomllib():
+def test_toml_sections_come_from_the_course_files_parser():
     text = (ROOT / "pyproject.toml").read_text()
-    assert build._toml_section_fallback(text, "tool.lesson10") == build._toml_section(text, "tool.lesson10")
-    assert set(build._toml_section(text, "tool.lesson10")) == {"repository", "ref"}
-    sample = '[a]\nrepository = "x/y"\n[tool.lesson10]\nrepository = "o/n"  # mine\nref = "v1"\n[b]\nref = "z"\n'
-    assert build._toml_section_fallback(sample, "tool.lesson10") == {"repository": "o/n", "ref": "v1"}
+    assert build._toml_section(text, "project")["version"] == build.version_setting(ROOT)
+    assert "lesson10" not in build._toml_section(text, "tool"), "[tool.lesson10] moved to course.toml"
+
 
 
 def test_build_check_runs_with_the_standard_library_only():

@@ -8,10 +8,12 @@ from lesson10.checks import EXERCISES, core, depends, refused
 
 
 @pytest.fixture
-def scratch():
+def scratch(course_entries):
     """A scratch exercise in a scratch notebook, registered by the one decorator."""
-    @core.register_exercise("scratch_sum", "99_scratch", 2, "a sum", "my_sum",
-                            parts=(("small", 1), ("large", 1)), uses=("ring_time",),
+    course_entries("scratch_sum", "counts", 2)
+
+    @core.register_exercise("scratch_sum", "99_scratch", "a sum", "my_sum",
+                            parts=("small", "large"), uses=("ring_time",),
                             withholds={"lesson10.layouts.ring_time": "my_sum",
                                        "lesson10.cost.comm_bytes": None},
                             use_instead="add the numbers yourself")

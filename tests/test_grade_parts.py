@@ -27,8 +27,8 @@ def _reduced(name: str, edit) -> dict:
 
 def test_every_multi_point_exercise_names_its_parts():
     for ex in EXERCISES.values():
-        if ex.points > 1:
-            assert ex.parts and sum(p for _, p in ex.parts) == ex.points, ex.id
+        if ex.part_names and ex.points:         # the course file's points, shared by the parts
+            assert sum(p for _, p in ex.parts) == ex.points, ex.id
     assert [p for p, _ in EXERCISES["ring_attention"].parts] == ["non-causal", "causal"]
     assert [p for p, _ in EXERCISES["capacity"].parts] == ["copies kept per expert",
                                                            "which copies are dropped"]
@@ -68,22 +68,27 @@ def graded(tmp_path_factory):
 
 def test_a_part_right_scores_its_point(graded):
     ring = graded["entries"]["ring_attention"]
-    assert ring["points"] == 1 and ring["max_points"] == 2 and not ring["passed"]
+    share = dict(EXERCISES["ring_attention"].parts)
+    assert ring["points"] == share["non-causal"] and ring["max_points"] == EXERCISES["ring_attention"].points
+    assert not ring["passed"]
     got = {p["part"]: (p["status"], p["points"]) for p in ring["parts"]}
-    assert got == {"non-causal": ("passed", 1), "causal": ("failed", 0)}
+    assert got == {"non-causal": ("passed", share["non-causal"]), "causal": ("failed", 0)}
     assert ring["mistake"] == "ring_attention: attention without the causal mask"
     cap = graded["entries"]["capacity"]
-    assert {p["part"]: p["points"] for p in cap["parts"]} == {"copies kept per expert": 1,
+    kept = dict(EXERCISES["capacity"].parts)["copies kept per expert"]
+    assert {p["part"]: p["points"] for p in cap["parts"]} == {"copies kept per expert": kept,
                                                               "which copies are dropped": 0}
-    assert cap["points"] == 1
+    assert cap["points"] == kept
 
 
 def test_each_part_reaches_the_feedback(graded):
     md = (graded["out"] / "fb" / "ann.md").read_text()
-    assert "### ring_attention: failed (1/2)" in md
-    assert "non-causal: passed (1/1)" in md and "causal: failed (0/1)" in md
-    assert "which copies are dropped: failed (0/1)" in md
-    assert "copies kept per expert: passed (1/1)" in md
+    ring, cap = dict(EXERCISES["ring_attention"].parts), dict(EXERCISES["capacity"].parts)
+    assert f"### ring_attention: failed ({ring['non-causal']}/{EXERCISES['ring_attention'].points})" in md
+    assert f"non-causal: passed ({ring['non-causal']}/{ring['non-causal']})" in md
+    assert f"causal: failed (0/{ring['causal']})" in md
+    assert f"which copies are dropped: failed (0/{cap['which copies are dropped']})" in md
+    assert f"copies kept per expert: passed ({cap['copies kept per expert']}/{cap['copies kept per expert']})" in md
 
 
 def test_classroom_gets_one_point_per_part(graded):

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from lesson10.checks import EXERCISES
+from lesson10.checks.exercises import maximum
 from lesson10.course.grade import classroom, course, exit_status, feedback, gradebook, reports
 
 ROOT = Path(__file__).resolve().parent.parent
-COURSE_MAX = sum(ex.points for ex in EXERCISES.values())
+COURSE_MAX = maximum()                  # the course file in force
 BLANK = (ROOT / "notebooks" / "03_load_balance.ipynb").read_bytes()
 _nb = json.loads(BLANK)
 _nb["metadata"].pop("lesson10")
@@ -222,7 +223,11 @@ def test_gradescope_is_one_student_with_every_exercise():
     doc = json.loads(reports.gradescope([ALICE], seed=5, sandboxed=False,
                                         notes=["Not sandboxed: ..."]))
     assert len(doc["tests"]) == len(EXERCISES)
-    assert sum(t["max_score"] for t in doc["tests"]) == COURSE_MAX == doc["max_score"]
+    assert sum(t.get("max_score", 0) for t in doc["tests"]) == COURSE_MAX == doc["max_score"]
+    practice = [t for t in doc["tests"] if "max_score" not in t]
+    assert len(practice) == sum(ex.optional for ex in EXERCISES.values())
+    assert all(t["name"].endswith("(optional practice)") and "status" not in t and "score" not in t
+               and t["output"].startswith("optional: ") for t in practice)
     assert doc["score"] == 3 and doc["visibility"] == "visible" and doc["extra_data"]["seed"] == 5
     assert all(t["visibility"] == "visible" for t in doc["tests"])
     ring = next(t for t in doc["tests"] if t["name"] == "03_load_balance: ring_time")
@@ -299,7 +304,7 @@ def test_markdown_has_the_messages():
     assert "take the busiest rank" in md and "seed 4" in md
     assert "01_sequence_parallel (not handed in) | reduce_scatter | missing" in md
     md2 = reports.markdown([ALICE, BOB])
-    assert "### alice: 3 / 24" in md2 and "### bob: 1 / 24" in md2
+    assert f"### alice: 3 / {COURSE_MAX}" in md2 and f"### bob: 1 / {COURSE_MAX}" in md2
 
 
 # ------------------------------------------------------------------ feedback files
@@ -331,7 +336,7 @@ def test_feedback_files_per_student(tmp_path):
         "sec1/s01.html", "sec1/s01.md", "sec2/s01.html", "sec2/s01.md"]
     md = (tmp_path / "sec1" / "s01.md").read_text()
     assert f"**Score: 3 / {COURSE_MAX}**" in md and "seed 8" in md
-    assert "### ring_time: failed (0/1)" in md and "target: 4" in md
+    assert f"### ring_time: failed (0/{EXERCISES['ring_time'].points})" in md and "target: 4" in md
     assert "**Hint:** take the busiest rank" in md
     assert "Not handed in: no 01_sequence_parallel notebook" in md
     page = (tmp_path / "sec2" / "s01.html").read_text()

@@ -13,13 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from lesson10 import scheme
 from lesson10.checks import EXERCISES
+from lesson10.checks.exercises import maximum
 from lesson10.course.build import install_url, repository_setting
 from lesson10.course.grade import gradescope, main
 
 ROOT = Path(__file__).resolve().parent.parent
 NB = "03_load_balance.ipynb"
-COURSE_MAX = sum(ex.points for ex in EXERCISES.values())
+COURSE_MAX = maximum()                  # the course file in force
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,8 @@ def _run(root: Path, path_env=None, python=True) -> dict:
 def test_bundle_layout_and_setup(bundle):
     with zipfile.ZipFile(bundle) as zf:
         names = set(zf.namelist())
-        assert {"setup.sh", "run_autograder", gradescope.CONFIG} <= names
+        assert {"setup.sh", "run_autograder", gradescope.CONFIG, gradescope.COURSE_FILE} <= names
+        assert zf.read(gradescope.COURSE_FILE).decode() == scheme.current().source.read_text()
         assert all("/" not in n for n in names)                 # at the root of the zip
         for name in ("setup.sh", "run_autograder"):
             assert (zf.getinfo(name).external_attr >> 16) & 0o111, f"{name} is not executable"
@@ -89,7 +92,7 @@ def test_a_nested_submission(bundle, tmp_path):
     doc = _run(root)
     assert doc["score"] == 4 and doc["max_score"] == COURSE_MAX
     assert len(doc["tests"]) == len(EXERCISES)
-    assert sum(t["max_score"] for t in doc["tests"]) == COURSE_MAX
+    assert sum(t.get("max_score", 0) for t in doc["tests"]) == COURSE_MAX
     assert doc["visibility"] == "visible" and all(t["visibility"] for t in doc["tests"])
     assert "Graded lesson10-main/notebooks/Copy of 03_load_balance.ipynb" in doc["output"]
     assert "Not graded: 03_load_balance.ipynb" in doc["output"]

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "lesson10"
 
 SHARED = {"lesson10", "lesson10.layouts", "lesson10.cost", "lesson10.topology", "lesson10.errors",
-          "lesson10.rules"}
+          "lesson10.rules", "lesson10.scheme"}
 MIDDLE = ("sim", "spmd", "figures", "checks")
 TOP = ("runs", "bench", "course")
 TOP_MODULES = {"lesson10.__main__", "lesson10.run"}    # the commands

@@ -147,7 +147,7 @@ def test_readme_shows_each_figure_and_says_how_to_use_colab():
         assert f"]({picture})" in text, f"README does not show {picture}"
         assert (ROOT / picture).is_file() and (ROOT / picture).stat().st_size > 1000, \
             f"{picture} missing: `make test-frontends` writes it"
-    assert "## Use in Colab" in text and "[tool.lesson10]" in text
+    assert "## Use in Colab" in text and "[release]" in text and "python -m lesson10 course" in text
 
 
 def test_makefile_and_ci_run_the_slow_targets():

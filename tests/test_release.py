@@ -27,7 +27,7 @@ def released(tmp_path_factory):
 def test_the_release_has_what_students_need(released):
     top = sorted(p.name for p in released.iterdir())
     assert top == sorted([".github", ".gitignore", release.MARKER, "README.md", "lesson10",
-                          "notebooks", "pyproject.toml"])
+                          "notebooks", "pyproject.toml", "course.toml"])
     built = {p.name: t for p, t in plan(ROOT).items() if p.parent.name == "notebooks"}
     assert {p.name: p.read_text() for p in (released / "notebooks").glob("*.ipynb")} == built
     assert (released / "lesson10" / "course" / "grade" / "judge.py").is_file()

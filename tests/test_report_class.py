@@ -5,6 +5,7 @@ from pathlib import Path
 
 from adjusted_class import DUE_EPOCH, args, entry, put, report, write_all
 
+from lesson10.checks.exercises import maximum
 from lesson10.course import report as class_report
 from lesson10.course.grade.notebook import executed_path
 
@@ -15,11 +16,15 @@ SWAPPED = ("check_merge failed: case 1: o differs\n"
            "hint: each weight multiplies the other side's output: exp(lse1 - lse) belongs to o1")
 
 
+#: the course maximum in the course file in force
+MAX = maximum()
+
+
 def _row(student, points_lost=0, missing=(), mistakes=()):
     exercises = [{"exercise": f"e{i}", "notebook": RING, "status": "failed", "passed": False,
                   "points": 0, "max_points": 1, "message": m, "mistake": "merge_mistake"}
                  for i, m in enumerate(mistakes)]
-    return {"student": student, "points": 24 - points_lost, "max_points": 24,
+    return {"student": student, "points": MAX - points_lost, "max_points": MAX,
             "exercises": exercises, "missing": list(missing), "notebooks": {}, "ok": True}
 
 
@@ -34,14 +39,14 @@ def test_two_mistakes_of_one_hint_function_are_two_rows_each_with_its_example():
 
 
 def test_needs_attention_lists_everyone_at_or_below_the_threshold_and_everyone_missing():
-    rows = [_row(f"blank{i:02d}", points_lost=24) for i in range(20)]
-    rows += [_row("gone", missing=["05_moe_dispatch"]), _row("fine"), _row("edge", 12)]
+    rows = [_row(f"blank{i:02d}", points_lost=MAX) for i in range(20)]
+    rows += [_row("gone", missing=["05_moe_dispatch"]), _row("fine"), _row("edge", MAX - MAX // 2)]
     who = class_report.attention(rows)
     assert len(who) == 22 and {w["student"] for w in who} >= {"gone", "edge", "blank19"}
     assert "fine" not in {w["student"] for w in who}
     assert [w["student"] for w in class_report.attention(rows, at=0)].count("edge") == 0
     md = class_report.markdown(rows)
-    assert "## Students who need attention (22: a notebook missing, or at or below 12" in md
+    assert f"## Students who need attention (22: a notebook missing, or at or below {MAX // 2}" in md
 
 
 def test_the_legend_sits_beside_the_bars():

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import lesson10
+from lesson10.checks.exercises import maximum
 from lesson10.checks.verdict import Kind, Status
 from lesson10.course import report
 from lesson10.course.grade import classroom, gradebook, reports
@@ -110,7 +111,7 @@ def test_the_writers_classify_as_the_status_says(s):
     assert (classroom._status(e) == "error") is s.grader_error
     assert classroom._status(e) in ("error", "fail")
     assert report.column(e) == (s.value if s in report.OWN_COLUMN else "other")
-    row = {"student": "alice", "points": 0, "max_points": 24, "missing": [], "exercises": [e]}
+    row = {"student": "alice", "points": 0, "max_points": maximum(), "missing": [], "exercises": [e]}
     why = report.attention([row])[0]["why"]
     assert ("exercises failed or broken" in why) is s.against_student
 

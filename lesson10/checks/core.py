@@ -48,7 +48,7 @@ import numpy as np
 
 from . import crashes, depends, feedback, refused, returns
 from .diagnosis import Cases, Diagnosis, parts, with_wrapped_count
-from .exercises import EXERCISES, Exercise, seed_of
+from .exercises import EXERCISES, Exercise, counts, seed_of, shown_status
 from .feedback import CheckFailed, fallback
 from .precision import (
     HALF_HINT,
@@ -90,11 +90,12 @@ def summary() -> None:
         print("no check has run yet")
         return
     got = sum(o["points"] for o in latest.values())
-    total = sum(o["max_points"] for o in latest.values())
+    total = sum(o["max_points"] for o in latest.values() if counts(o["exercise"]))
     for o in latest.values():
         name = EXERCISES[o["exercise"]].function or o["exercise"]
-        print(f"  {name:<22s} {o['status']:<14s} {o['points']}/{o['max_points']}")
-    print(f"  {'total':<22s} {'':<14s} {got}/{total}")
+        shown = shown_status(o["exercise"], o["status"])
+        print(f"  {name:<22s} {shown:<24s} {o['points']}/{o['max_points']}")
+    print(f"  {'total':<22s} {'':<24s} {got}/{total}")
 
 
 def _judged(fn, v: Verdict) -> None:
@@ -103,10 +104,20 @@ def _judged(fn, v: Verdict) -> None:
     feedback.JUDGED[v.exercise] = (fn, v.status.value)
 
 
+def worth(exercise: str) -> str:
+    """What an exercise is worth in the course file in force, in words: ``2 points``,
+    ``optional practice`` or ``bonus, 1 point``."""
+    ex = EXERCISES[exercise]
+    if ex.optional:
+        return "optional practice"
+    n = f"{ex.points} point{'s' if ex.points != 1 else ''}"
+    return f"bonus, {n}" if ex.status == "bonus" else n
+
+
 def _show(v: Verdict) -> None:
     """The end of a check cell: print the verdict, or raise it (see :mod:`.feedback`)."""
     if v.status is Status.PASSED:
-        print(f"check_{v.exercise} passed: {v.message}")
+        print(f"check_{v.exercise} passed ({worth(v.exercise)}): {v.message}")
     elif v.status is Status.NOT_ATTEMPTED:
         msg = f"check_{v.exercise}: not attempted ({v.message})"
         if feedback.strict():             # a solution notebook: every exercise passes
@@ -154,22 +165,18 @@ def describe_value(x) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def register_exercise(exercise: str, notebook: str, points: int, title: str, function: str = "",
+def register_exercise(exercise: str, notebook: str, title: str, function: str = "",
                       parts: tuple = (), *, uses: tuple = (), withholds: dict | None = None,
                       use_instead: str = ""):
     """Turn ``body(student_fn, rng) -> success text`` into a public check function, and
-    write the exercise's record (:class:`.exercises.Exercise`: every fact of it, here).
-    ``parts``: ``((name, points), ...)`` summing to ``points``, the parts the grader scores
-    on their own (the body asks :func:`lesson10.checks.parts.in_part` of each case);
-    ``uses``: the exercises whose functions it calls; ``withholds``: ``{qualified name:
-    stand-in}`` of the course functions that give its answer; ``use_instead``: what to
+    write the exercise's record (:class:`.exercises.Exercise`: every fact of it but its points,
+    which are the course file's). ``parts``: the names of the parts the grader scores on their
+    own, sharing the exercise's points (the body asks :func:`lesson10.checks.parts.in_part` of
+    each case); ``uses``: the exercises whose functions it calls; ``withholds``: ``{qualified
+    name: stand-in}`` of the course functions that give its answer; ``use_instead``: what to
     write instead of them."""
-    if parts and sum(p for _, p in parts) != points:
-        raise ValueError(f"the parts of {exercise} add up to {sum(p for _, p in parts)} "
-                         f"points, not {points}")
-
     def decorate(body):
-        EXERCISES[exercise] = Exercise(exercise, notebook, points, title, body,
+        EXERCISES[exercise] = Exercise(exercise, notebook, title, body,
                                        function or exercise, tuple(parts), tuple(uses),
                                        tuple((withholds or {}).items()), use_instead)
 

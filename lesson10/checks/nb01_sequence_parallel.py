@@ -130,7 +130,7 @@ def _ag_hint(shards, out):
         "the sequence axis, in rank order"))
 
 
-@register_exercise("reduce_scatter", NB01, 1, "reduce-scatter along the sequence",
+@register_exercise("reduce_scatter", NB01, "reduce-scatter along the sequence",
                    withholds={
                        "lesson10.sim.comm.SimGroup.reduce_scatter": "adapter:group_reduce_scatter",
                        "lesson10.sim.comm.SimGroup.all_reduce": "adapter:group_all_reduce",
@@ -156,7 +156,7 @@ def check_reduce_scatter(reduce_scatter, rng):
             f"too), max error {err:.1e}")
 
 
-@register_exercise("all_gather", NB01, 1, "all-gather along the sequence",
+@register_exercise("all_gather", NB01, "all-gather along the sequence",
                    withholds={
                        "lesson10.sim.comm.SimGroup.all_gather": "adapter:group_all_gather"})
 def check_all_gather(all_gather, rng):
@@ -184,8 +184,8 @@ def check_all_gather(all_gather, rng):
 _SP_CALL = "sp_forward(partials, op, reduce_scatter=..., all_gather=...)"
 
 
-@register_exercise("sp_forward", NB01, 2, "SP: reduce-scatter, token-wise op, all-gather",
-                   parts=(("output", 1), ("op on s/t tokens", 1)),
+@register_exercise("sp_forward", NB01, "SP: reduce-scatter, token-wise op, all-gather",
+                   parts=("output", "op on s/t tokens"),
                    withholds={
                        "lesson10.sim.sp.sp_forward": "sp_forward",
                        "lesson10.sim.sp.tp_forward": "adapter:tp_forward"},
@@ -231,7 +231,7 @@ def _sp_hint(served, xs, out):
         "tokens")
 
 
-@register_exercise("sp_bytes", NB01, 1, "bytes of TP vs TP + SP",
+@register_exercise("sp_bytes", NB01, "bytes of TP vs TP + SP",
                    withholds={
                        "lesson10.cost.comm_bytes": "adapter:comm_bytes",
                        "lesson10.cost.all_reduce_bytes": None,

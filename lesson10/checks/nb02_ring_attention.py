@@ -82,7 +82,7 @@ def _block_cases(rng, n_random=8):
     return fixed + rand
 
 
-@register_exercise("block_attention", NB02, 1, "attention of one block, with positions, mask and lse",
+@register_exercise("block_attention", NB02, "attention of one block, with positions, mask and lse",
                    withholds={
                        "lesson10.sim.attention.attention": "adapter:attention"})
 def check_block_attention(block_attention, rng):
@@ -148,7 +148,7 @@ def _merge_cases(rng, n_random=8):
     return fixed + [f"random {i}" for i in range(n_random)]
 
 
-@register_exercise("merge", NB02, 1, "the logsumexp merge of two partial results",
+@register_exercise("merge", NB02, "the logsumexp merge of two partial results",
                    withholds={
                        "lesson10.sim.attention.merge": "merge"})
 def check_merge(merge, rng):
@@ -340,8 +340,8 @@ def _ring_case(rng, layout, causal, n, s, swap, large):
     return (q, k, v, pos), (qs, ks, vs, [p.copy() for p in pos]), where, referee, net, kernel
 
 
-@register_exercise("ring_attention", NB02, 2, "the ring loop",
-                   parts=(("non-causal", 1), ("causal", 1)),
+@register_exercise("ring_attention", NB02, "the ring loop",
+                   parts=("non-causal", "causal"),
                    withholds={
                        "lesson10.sim.ring.ring_attention": "ring_attention"},
                    use_instead="use the group, block_attention and merge the check passes in")

@@ -101,7 +101,7 @@ def ring_time_mistake(work, yours) -> Diagnosis | None:
     return mistakes.first(yours, mistakes.unless_right(cands, right))
 
 
-@register_exercise("zigzag_positions", NB03, 1, "the zig-zag layout",
+@register_exercise("zigzag_positions", NB03, "the zig-zag layout",
                    withholds={
                        "lesson10.layouts.shard_positions": "adapter:shard_positions"})
 def check_zigzag_positions(zigzag_positions, rng):
@@ -176,8 +176,8 @@ def _work_cases(rng, n_random=6):
 WORK_TOKENS = 512
 
 
-@register_exercise("causal_work", NB03, 2, "causal work per round and rank",
-                   parts=(("named layouts", 1), ("any token ids", 1)),
+@register_exercise("causal_work", NB03, "causal work per round and rank",
+                   parts=("named layouts", "any token ids"),
                    withholds={
                        "lesson10.layouts._token_work": "adapter:token_work",
                        "lesson10.layouts.visible": None,
@@ -211,7 +211,7 @@ def _work_hint(positions, out):
         "on rank (r - k) mod N_c; count the visible (query, key) pairs by their token ids"))
 
 
-@register_exercise("ring_time", NB03, 1, "ring time",
+@register_exercise("ring_time", NB03, "ring time",
                    withholds={
                        "lesson10.layouts.ring_time": "ring_time"})
 def check_ring_time(ring_time, rng):

@@ -111,7 +111,7 @@ def _s2h_case(seq_to_heads, rng, where, n, x, swap) -> None:
                        "the other along the token axis")))
 
 
-@register_exercise("seq_to_heads", NB04, 1, "all-to-all: sequence shards -> head shards",
+@register_exercise("seq_to_heads", NB04, "all-to-all: sequence shards -> head shards",
                    withholds={
                        "lesson10.sim.ulysses.seq_to_heads": "seq_to_heads",
                        "lesson10.sim.ulysses._all_to_all_axes": None},
@@ -159,7 +159,7 @@ def check_seq_to_heads(seq_to_heads, rng):
             f"r a/n .. (r+1) a/n - 1; a % n != 0 raises a ValueError")
 
 
-@register_exercise("heads_to_seq", NB04, 1, "all-to-all: head shards -> sequence shards",
+@register_exercise("heads_to_seq", NB04, "all-to-all: head shards -> sequence shards",
                    withholds={
                        "lesson10.sim.ulysses.heads_to_seq": "heads_to_seq"},
                    use_instead="split with NumPy and move the blocks with the group the check passes in")
@@ -350,8 +350,8 @@ def _ulysses_run(ulysses_attention, rng, layout, causal, n, c, a, a_kv, swap) ->
         raise
 
 
-@register_exercise("ulysses_attention", NB04, 2, "Ulysses attention",
-                   parts=(("non-causal", 1), ("causal", 1)),
+@register_exercise("ulysses_attention", NB04, "Ulysses attention",
+                   parts=("non-causal", "causal"),
                    uses=("seq_to_heads", "heads_to_seq"),
                    withholds={
                        "lesson10.sim.ulysses.ulysses_attention": "adapter:ulysses_attention"},
@@ -378,7 +378,7 @@ def check_ulysses_attention(ulysses_attention, rng):
             f"output matches, max error {err:.1e}")
 
 
-@register_exercise("ulysses_bytes", NB04, 1, "bytes of Ulysses vs ring attention",
+@register_exercise("ulysses_bytes", NB04, "bytes of Ulysses vs ring attention",
                    withholds={
                        "lesson10.cost.comm_bytes": "adapter:comm_bytes",
                        "lesson10.cost.usp_bytes": "adapter:usp_bytes",

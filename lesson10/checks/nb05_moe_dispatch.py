@@ -179,7 +179,7 @@ def _route_case(route_topk, label, logits, k) -> float:
             "(each row sums to 1), which must stay finite for logits of about 1000")))
 
 
-@register_exercise("route_topk", NB05, 1, "top-k routing", "route_topk",
+@register_exercise("route_topk", NB05, "top-k routing", "route_topk",
                    withholds={
                        "lesson10.sim.moe.route_topk": "adapter:route_topk"})
 def check_route_topk(route_topk, rng):
@@ -334,8 +334,8 @@ def _capacity_case(capacity_keep, label, N, E, k, cf, experts, which=True):
 CAPACITY_PARTS = ("copies kept per expert", "which copies are dropped")
 
 
-@register_exercise("capacity", NB05, 2, "capacity factor: which copies are dropped", "capacity_keep",
-                   parts=((CAPACITY_PARTS[0], 1), (CAPACITY_PARTS[1], 1)),
+@register_exercise("capacity", NB05, "capacity factor: which copies are dropped", "capacity_keep",
+                   parts=CAPACITY_PARTS,
                    withholds={
                        "lesson10.sim.capacity.keep_within_capacity": "adapter:keep_within_capacity",
                        "lesson10.sim.capacity._queues": None, "lesson10.sim.capacity.arrival_order": None,
@@ -384,8 +384,8 @@ def _moe_case(rng, Ne, E, k, T, h, cf, e, logits=None):
     return chosen, keep, group.bytes_sent.copy(), stats
 
 
-@register_exercise("moe_stats", NB05, 2, "drops, all-to-all bytes and load per GPU", "moe_stats",
-                   parts=(("drops and load", 1), ("all-to-all bytes", 1)),
+@register_exercise("moe_stats", NB05, "drops, all-to-all bytes and load per GPU", "moe_stats",
+                   parts=("drops and load", "all-to-all bytes"),
                    withholds={
                        "lesson10.sim.moe._kept_per_source": None, "lesson10.sim.moe.moe_layer": None,
                        "lesson10.sim.moe.moe_reference": None,
@@ -457,7 +457,7 @@ def _drops_and_load(out, stats, hint, where, Ne, T, k):
                                        "experts compute; expert i lives on GPU i // (E/Ne)"))
 
 
-@register_exercise("aux_loss", NB05, 1, "the Switch load-balancing loss", "switch_aux_loss",
+@register_exercise("aux_loss", NB05, "the Switch load-balancing loss", "switch_aux_loss",
                    withholds={
                        "lesson10.sim.moe.switch_aux_loss": "switch_aux_loss"})
 def check_aux_loss(switch_aux_loss, rng):

@@ -15,12 +15,10 @@ so building twice gives the same bytes. Only the standard library is used (the J
 written exactly as ``nbformat.write`` writes it), so ``build --check`` runs anywhere.
 
 The build also writes each notebook's Colab badge (first line of the first cell) and its
-install cell (the first code cell) from the one setting of the repository, in
-``pyproject.toml``, and the package's version::
+install cell (the first code cell) from ``[release]`` of the course file in force
+(:mod:`lesson10.scheme`; ``--course FILE``) and the package's version in ``pyproject.toml``::
 
-    [project]
-    version = "0.2.0"             # the release the notebooks are written for
-    [tool.lesson10]
+    [release]                     # course.toml
     repository = "owner/name"     # the GitHub repository that Colab opens and pip installs
     ref = "v0.2.0"                # branch, tag or commit: a release's tag
 
@@ -46,6 +44,18 @@ import re
 import sys
 from pathlib import Path
 
+if __package__:
+    from .. import scheme
+else:                       # python lesson10/course/build.py: no package, the loader by its path
+    import importlib.util
+    _spec = importlib.util.spec_from_file_location("lesson10_scheme", Path(__file__).parents[1] / "scheme.py")
+    scheme = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+    sys.modules["lesson10_scheme"] = scheme
+    _spec.loader.exec_module(scheme)  # type: ignore[union-attr]
+
+#: the Classroom template (the student repository's) and its workflow
+TEMPLATE = Path("classroom")
+WORKFLOW = Path(".github") / "workflows" / "classroom.yml"
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 STUB = 'raise NotImplementedError("your code here: replace this line")'
@@ -65,8 +75,7 @@ def repo_root() -> Path:
 
 
 # ---------------------------------------------------------------- the repository setting
-REPOSITORY_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
-REF_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
+REPOSITORY_RE, REF_RE = scheme.REPOSITORY_RE, scheme.REF_RE
 BADGE_PREFIX = "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
 INSTALL_MARK = "# Install the course package"
 #: first lines of install cells that earlier builds wrote (replaced, not duplicated)
@@ -76,47 +85,38 @@ _NEEDS_TORCH_RE = re.compile(r"^\s*(import torch|from torch[\s.]|(from|import) l
 
 
 def _toml_section(text: str, section: str) -> dict:
-    """``key = "value"`` pairs of one ``[section]`` of a TOML file: the standard library's
-    ``tomllib`` where there is one (Python >= 3.11), else a small parser of that subset."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:                       # Python 3.10
-        return _toml_section_fallback(text, section)
-    node = tomllib.loads(text)
+    """One ``[section]`` of a TOML file (:func:`lesson10.scheme.parse`)."""
+    node: object = scheme.parse(text)
     for part in section.split("."):
         node = node.get(part, {}) if isinstance(node, dict) else {}
     return node if isinstance(node, dict) else {}
 
 
-def _toml_section_fallback(text: str, section: str) -> dict:
-    """Only string values written ``key = "value"`` (an optional ``# comment`` after them)."""
-    values, inside = {}, False
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("["):
-            inside = stripped == f"[{section}]"
-            continue
-        m = re.match(r'^([A-Za-z0-9_-]+)\s*=\s*"([^"\\]*)"\s*(#.*)?$', stripped)
-        if inside and m:
-            values[m.group(1)] = m.group(2)
-    return values
-
-
 def repository_setting(root: Path) -> tuple[str, str]:
-    """``(repository, ref)`` from ``[tool.lesson10]`` of ``root/pyproject.toml``."""
-    path = root / "pyproject.toml"
-    if not path.is_file():
-        raise BuildError(f"no pyproject.toml in {root}: the build reads [tool.lesson10] repository "
-                         f"and ref from it (the GitHub repository of the course)")
-    table = _toml_section(path.read_text(encoding="utf-8"), "tool.lesson10")
-    repository, ref = table.get("repository"), table.get("ref", "main")
-    if not isinstance(repository, str) or not REPOSITORY_RE.match(repository) \
-            or any(part.strip(".") == "" for part in repository.split("/")):
-        raise BuildError(f"{path}: [tool.lesson10] repository must be 'owner/name' of a GitHub "
-                         f"repository, got {repository!r}")
-    if not isinstance(ref, str) or not REF_RE.match(ref) or ".." in ref:
-        raise BuildError(f"{path}: [tool.lesson10] ref must be a branch, tag or commit, got {ref!r}")
-    return repository, ref
+    """``(repository, ref)``: ``[release]`` of the course file in force for ``root``
+    (:func:`lesson10.scheme.at`)."""
+    try:
+        found = scheme.at(root)
+    except scheme.SchemeError as exc:
+        raise BuildError(str(exc)) from None
+    return found.repository, found.ref
+
+
+def workflow_text(root: Path, repository: str, ref: str) -> str:
+    """The template with COURSE_PACKAGE pinned to ``repository@ref`` and the last-resort
+    fallback's ``max_score`` set to the maximum of the course file in force for ``root``
+    (0 would make the reporter post nothing); ``build`` keeps the committed one so."""
+    course_max = scheme.at(root).maximum
+    text = (root / TEMPLATE / WORKFLOW).read_text(encoding="utf-8")
+    line = f'  COURSE_PACKAGE: "lesson10 @ {install_url(repository, ref)}"'
+    new, n = re.subn(r'^  COURSE_PACKAGE: .*$', line, text, count=1, flags=re.MULTILINE)
+    if n != 1:
+        raise BuildError("classroom/.github/workflows/classroom.yml has no COURSE_PACKAGE line")
+    lines = new.split("\n")
+    for i, text_line in enumerate(lines):
+        if "printf" in text_line and '"max_score"' in text_line:
+            lines[i] = re.sub(r'"max_score": \d+', f'"max_score": {course_max}', text_line)
+    return "\n".join(lines)
 
 
 def install_url(repository: str, ref: str) -> str:
@@ -372,6 +372,8 @@ def plan(root: Path) -> dict[Path, str]:
         files[path] = dumps(clean(nb))
         files[notebooks / path.name] = dumps(tag_notebook(exercise_notebook(nb, name=path.name),
                                                           path.stem))
+    if (root / TEMPLATE / WORKFLOW).is_file():     # the Classroom template: package and maximum
+        files[root / TEMPLATE / WORKFLOW] = workflow_text(root, repository, ref)
     return files
 
 
@@ -386,9 +388,12 @@ def stale(root: Path) -> list[str]:
             problems.append(f"{rel} (missing)")
         elif path.read_text(encoding="utf-8") != text:
             wrong = _repository_problem(path, text)
-            if wrong:
-                what = (f"its {wrong} disagrees with [tool.lesson10] {repository}@{ref} "
-                        f"(version {version_setting(root)}) in pyproject.toml")
+            if path.suffix != ".ipynb":
+                what = (f"its COURSE_PACKAGE or max_score disagrees with {repository}@{ref} and "
+                        f"the maximum {scheme.at(root).maximum} of {scheme.at(root).source}")
+            elif wrong:
+                what = (f"its {wrong} disagrees with [release] {repository}@{ref} of "
+                        f"{scheme.at(root).source} (version {version_setting(root)} in pyproject.toml)")
             elif path.parent.name == "solutions":
                 what = "has outputs or is not in canonical form"
             else:
@@ -423,9 +428,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="write nothing; exit 1 and list the files the build would change")
     parser.add_argument("--root", type=Path, default=None,
                         help="folder holding solutions/ and notebooks/ (default: the repository)")
+    parser.add_argument("--course", type=Path, default=None, metavar="FILE",
+                        help="the course file (default: $LESSON10_COURSE, else the nearest "
+                             "course.toml from the root up, else the package's default)")
     args = parser.parse_args(argv)
     root = (args.root or repo_root()).resolve()
     try:
+        scheme.use(args.course, root)
         if args.check:
             problems = stale(root)
             if problems:
@@ -433,10 +442,11 @@ def main(argv: list[str] | None = None) -> int:
                 for line in problems:
                     print(f"  {line}", file=sys.stderr)
                 return 1
-            print(f"up to date: {len(plan(root)) // 2} notebooks")
+            print(f"up to date: {sum(p.suffix == '.ipynb' for p in plan(root)) // 2} notebooks "
+                  f"(course file {scheme.at(root).source})")
             return 0
         written = build(root)
-    except BuildError as exc:
+    except (BuildError, scheme.SchemeError) as exc:
         print(f"build failed: {exc}", file=sys.stderr)
         return 2
     for path in written:

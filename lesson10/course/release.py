@@ -2,7 +2,7 @@
 
 The course repository holds the solutions; students must not see them. The release is
 what they get (and what GitHub Classroom copies for each of them, and what Colab opens and
-pip installs: point ``[tool.lesson10] repository`` of ``pyproject.toml`` at it)::
+pip installs: point ``[release] repository`` of the course file at it)::
 
     DIR/
       lesson10/                    the package (pure Python: checks, simulation, grader, ...)
@@ -10,6 +10,8 @@ pip installs: point ``[tool.lesson10] repository`` of ``pyproject.toml`` at it):
       pyproject.toml               so that `pip install git+https://github.com/OWNER/NAME@REF` works
       README.md                    for students (classroom/README.md, with a badge per notebook)
       .github/workflows/classroom.yml   GitHub Classroom's autograding (classroom/ of the course)
+      course.toml                  the course file in force (points, optional, term): the
+                                   check cells and the workflow's grader read it there
       .gitignore, .lesson10-release.json
 
 There is no ``solutions/``, no test (the answer suites are answers) and no solution cell:
@@ -31,13 +33,25 @@ import shutil
 import sys
 from pathlib import Path
 
-from .. import __version__
+from .. import __version__, scheme
 from ..errors import Lesson10Error
 from . import selfstudy
-from .build import BEGIN, END, BuildError, badge_line, install_url, plan, repo_root, repository_setting
+from .build import (
+    BEGIN,
+    END,
+    TEMPLATE,
+    WORKFLOW,
+    BuildError,
+    badge_line,
+    install_url,
+    plan,
+    repo_root,
+    repository_setting,
+    workflow_text,
+)
 
 MARKER = ".lesson10-release.json"
-TEMPLATE = Path("classroom")
+
 NOTEBOOKS_MARK = "<!-- lesson10:notebooks -->"
 GITIGNORE = """\
 .venv/
@@ -113,51 +127,35 @@ def _clear(folder: Path) -> None:
             p.unlink()
 
 
-def _workflow(root: Path, repository: str, ref: str) -> str:
-    """The template with COURSE_PACKAGE pinned to ``repository@ref`` and the last-resort
-    fallback's ``max_score`` set to the course maximum (0 would make the reporter post
-    nothing)."""
-    from .grade.gradebook import course_max
-    text = (root / TEMPLATE / ".github" / "workflows" / "classroom.yml").read_text(encoding="utf-8")
-    line = f'  COURSE_PACKAGE: "lesson10 @ {install_url(repository, ref)}"'
-    new, n = re.subn(r'^  COURSE_PACKAGE: .*$', line, text, count=1, flags=re.MULTILINE)
-    if n != 1:
-        raise ReleaseError("classroom/.github/workflows/classroom.yml has no COURSE_PACKAGE line")
-    lines = new.split("\n")
-    for i, text_line in enumerate(lines):
-        if "printf" in text_line and '"max_score"' in text_line:
-            lines[i] = re.sub(r'"max_score": \d+', f'"max_score": {course_max()}', text_line)
-    return "\n".join(lines)
-
-
-#: what ``[tool.lesson10]`` of the course's own pyproject.toml says (the project's repository)
+#: what ``[release]`` of the package's default course file says (the project's repository)
 DEFAULT_REPOSITORY = "lesson10-course/lesson10"
 DEFAULT_REF = f"v{__version__}"
 
 
 def default_warnings(repository: str, ref: str) -> list[str]:
-    """What to tell an instructor whose ``[tool.lesson10]`` still names the defaults:
+    """What to tell an instructor whose course file's ``[release]`` still names the defaults:
     students would install the course package and open Colab from the course's project,
     not from the instructor's student repository."""
     out = []
     if repository == DEFAULT_REPOSITORY:
-        out.append(f"[tool.lesson10] repository is still the default {DEFAULT_REPOSITORY!r}: "
+        out.append(f"release.repository is still the default {DEFAULT_REPOSITORY!r}: "
                    f"the badges, the install cells and the Classroom workflow point there, not "
-                   f"at your student repository; set repository = \"OWNER/NAME\" in "
-                   f"pyproject.toml and release again")
+                   f"at your student repository; set [release] repository = \"OWNER/NAME\" in "
+                   f"course.toml and release again")
     if ref in (DEFAULT_REF, "main"):
-        out.append(f"[tool.lesson10] ref is still the default {ref!r}: the workflow installs "
+        out.append(f"release.ref is still the default {ref!r}: the workflow installs "
                    f"the grader from that ref, so push the release and tag it, then set ref to "
                    f"that tag (a moving branch regrades with whatever it holds later)")
     return out
 
 
 def workflow_problem(root: Path) -> str | None:
-    """Why the committed template disagrees with ``[tool.lesson10]`` (None: it agrees)."""
+    """Why the committed template disagrees with the course file (None: it agrees)."""
     repository, ref = repository_setting(root)
-    path = root / TEMPLATE / ".github" / "workflows" / "classroom.yml"
-    if path.read_text(encoding="utf-8") != _workflow(root, repository, ref):
-        return f"{path.relative_to(root)} does not install {install_url(repository, ref)}"
+    path = root / TEMPLATE / WORKFLOW
+    if path.read_text(encoding="utf-8") != workflow_text(root, repository, ref):
+        return (f"{path.relative_to(root)} does not install {install_url(repository, ref)} with "
+                f"the maximum {scheme.at(root).maximum}")
     return None
 
 
@@ -202,7 +200,9 @@ def release(folder: Path, root: Path | None = None, force: bool = False) -> list
         "pyproject.toml": (root / "pyproject.toml").read_text(encoding="utf-8"),
         "README.md": _readme(root, repository, ref, sorted(notebooks)),
         ".gitignore": GITIGNORE,
-        ".github/workflows/classroom.yml": _workflow(root, repository, ref),
+        WORKFLOW.as_posix(): workflow_text(root, repository, ref),
+        # the course file: the check cells, the Classroom workflow and Gradescope read it there
+        scheme.FILE_NAME: scheme.at(root).source.read_text(encoding="utf-8"),
         MARKER: json.dumps({"version": __version__, "repository": repository, "ref": ref},
                            indent=1) + "\n",
     }
@@ -278,10 +278,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="the course repository (default: this checkout)")
     p.add_argument("--force", action="store_true",
                    help="replace whatever the folder holds (but .git)")
+    p.add_argument("--course", type=Path, default=None, metavar="FILE",
+                   help="the course file (default: $LESSON10_COURSE, else the nearest "
+                        "course.toml from the root up, else the package's default)")
     p.add_argument("--self-study", action="store_true",
                    help="write the self-study edition instead: each exercise followed by its "
                         "solution, folded; no grading files (lesson10.course.selfstudy)")
     args = p.parse_args(argv)
+    try:
+        used = scheme.use(args.course, (args.root or repo_root()).resolve())
+    except scheme.SchemeError as exc:
+        print(f"release: {exc}", file=sys.stderr)
+        return 2
     if args.self_study:
         return _self_study(args.folder, args.root, args.force)
     try:
@@ -289,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReleaseError as exc:
         print(f"release: {exc}", file=sys.stderr)
         return 2
+    print(f"release: course file {used.source}: maximum {used.maximum}, term {used.term}")
     repository, ref = repository_setting((args.root or repo_root()).resolve())
     for warning in default_warnings(repository, ref):
         print(f"release: warning: {warning}", file=sys.stderr)

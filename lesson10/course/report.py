@@ -44,8 +44,10 @@ Rows = Sequence[StudentRow | Mapping[str, Any]]
 
 #: the statuses with a column of their own in the per-exercise table (the rest: "other")
 OWN_COLUMN = (Status.FAILED, Status.NOT_ATTEMPTED, Status.MISSING)
+#: optional practice not passed: never "failed" (the course file's status, :mod:`lesson10.scheme`)
+OPTIONAL_COLUMN = "optional: not passed"
 #: the columns of the per-exercise table, in order
-COLUMNS = ("passed", "partly", *(s.value for s in OWN_COLUMN), "other")
+COLUMNS = ("passed", "partly", *(s.value for s in OWN_COLUMN), "other", OPTIONAL_COLUMN)
 HTML_NAME, MD_NAME = "class-report.html", "class-report.md"
 
 
@@ -59,9 +61,17 @@ def column(e: Entry | Mapping[str, Any]) -> str:
     e = Entry.of(e)
     if e.passed:
         return "passed"
+    if _optional(e.exercise):
+        return OPTIONAL_COLUMN
     if e.points > 0:
         return "partly"
     return e.status.value if e.status in OWN_COLUMN else "other"
+
+
+def _optional(exercise: str) -> bool:
+    from ..checks import EXERCISES
+    ex = EXERCISES.get(exercise)
+    return ex is not None and ex.optional
 
 
 def per_exercise(rows: Rows) -> dict[str, Counter]:
@@ -124,7 +134,8 @@ def attention(rows: Rows, at: int | None = None) -> list[dict]:
     limit = threshold_of(rows, at)
     scored = []
     for row in typed(rows):
-        errors = sum(1 for e in row.exercises if e.status.against_student and not e.passed)
+        errors = sum(1 for e in row.exercises
+                     if e.status.against_student and not e.passed and not _optional(e.exercise))
         why = []
         if not row.ok:
             why.append("grader error: grade again")
@@ -161,7 +172,8 @@ def exercise_figure(rows: Rows):
     table = per_exercise(rows)
     names = list(table)
     colours = {"passed": "#2a9d5c", "partly": "#9ccc65", "failed": "#d1495b",
-               "not attempted": "#f4a259", "missing": "#8d99ae", "other": "#6d597a"}
+               "not attempted": "#f4a259", "missing": "#8d99ae", "other": "#6d597a",
+               OPTIONAL_COLUMN: "#cfd8dc"}
     fig = Figure(figsize=(9, 3.6))
     ax = fig.subplots()
     bottom = [0] * len(names)

@@ -13,7 +13,8 @@ named ``run-autograding-tests`` and calls ``checks.update``: the workflow grants
 ``checks: write``), which is where Classroom reads the points. Its log
 shows ``(tests passed / tests) x max_score``: every test here is worth one point (a part of
 a multi-point exercise, see :func:`one_point_tests`), so that log and Classroom's points
-agree. ``python -m lesson10 grade ... --classroom PATH`` writes it for one
+agree; optional practice is no test (a 0-point test would lower that share). ``python -m
+lesson10 grade ... --classroom PATH`` writes it for one
 student; the workflow (``classroom/.github/workflows/classroom.yml``) base64-encodes it into
 its step output ``result``. ``python -m lesson10.course.grade.classroom --error MESSAGE`` writes a
 runner result that says the grading itself failed (the workflow's fallback).
@@ -45,6 +46,12 @@ def _status(e: dict) -> str:
     return "error" if Status.of(e["status"]).grader_error else "fail"
 
 
+def _optional(exercise: str) -> bool:
+    from ...checks import EXERCISES
+    ex = EXERCISES.get(exercise)
+    return ex is not None and ex.optional
+
+
 def one_point_tests(e: dict) -> list[tuple[str, dict]]:
     """``(test name, verdict)`` of one exercise's tests, one point each: a test per part of
     an exercise with parts (``e["parts"]``, or the course's parts of an exercise not handed
@@ -63,7 +70,19 @@ def one_point_tests(e: dict) -> list[tuple[str, dict]]:
         parts = [{"part": n, "status": e["status"] if i >= e["points"] else "passed",
                   "passed": i < e["points"], "points": int(i < e["points"]), "max_points": 1,
                   "message": e["message"]} for i, n in enumerate(names)]
-    return [(f"{base} ({p['part']})", p) for p in parts]
+    return [test for p in parts for test in _points_of(f"{base} ({p['part']})", p)]
+
+
+def _points_of(name: str, part: dict) -> list[tuple[str, dict]]:
+    """A part worth more than a point (the course file doubled its exercise) as one test per
+    point, those it won first."""
+    top = part["max_points"]
+    if top <= 1:
+        return [(name, part)]
+    return [(f"{name[:-1]}, point {i + 1})", {**part, "status": part["status"] if i >= part["points"]
+                                              else "passed", "passed": i < part["points"],
+                                              "points": int(i < part["points"]), "max_points": 1})
+            for i in range(top)]
 
 
 def runner_results(reports: list[dict], students: list[dict] | None = None, *,
@@ -77,6 +96,8 @@ def runner_results(reports: list[dict], students: list[dict] | None = None, *,
     row = rows[0]
     tests = []
     for e in row["exercises"]:
+        if _optional(e["exercise"]):
+            continue          # the reporter scores (tests passed / tests) x max: practice is no test
         for name, part in one_point_tests(e):
             body, hints = gradebook.split_message(part["message"])
             message = part["status"] + (f": {body}" if body else "")
@@ -108,7 +129,7 @@ def error_results(message: str) -> dict:
     from ...checks import EXERCISES
     tests = [{"name": name, "status": "error", "score": 0, "max_score": 1,
               "message": f"the grader failed: {message}"}
-             for ex in EXERCISES.values()
+             for ex in EXERCISES.values() if not ex.optional
              for name, _ in one_point_tests({"notebook": ex.notebook, "exercise": ex.id,
                                              "status": Status.GRADER_ERROR.value, "passed": False,
                                              "points": 0, "max_points": ex.points,

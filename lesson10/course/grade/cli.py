@@ -22,6 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ... import scheme
 from . import lms, pipeline
 from .request import DEFAULTS as D
 from .request import Request
@@ -124,6 +125,10 @@ def _output_args(p: argparse.ArgumentParser) -> None:
 def _adjust_args(p: argparse.ArgumentParser) -> None:
     """The instructor's adjustments (README "Overrides, late work and LMS exports")."""
     a = p.add_argument_group("overrides, late work, LMS exports")
+    a.add_argument("--course", type=Path, default=None, metavar="FILE",
+                   help="the course file: points, optional exercises, term, late defaults "
+                        "(default: $LESSON10_COURSE, else the nearest course.toml from here up, "
+                        "else the package's; see python -m lesson10 course)")
     a.add_argument("--overrides", type=Path, default=None, metavar="FILE",
                    help="overrides.csv: student,exercise,points,reason; each sets one "
                         "student's points for one exercise, shown with its reason everywhere")
@@ -158,10 +163,31 @@ def _adjust_args(p: argparse.ArgumentParser) -> None:
                    help="the assignment's column name in the LMS export (default lesson10)")
 
 
+def _course(args: argparse.Namespace) -> None:
+    """Pin the course file (``--course``, else the one in force here) and take the late
+    policy's defaults from it where the command line gives none."""
+    found = scheme.use(args.course)
+    print(f"grade: course file {found.source} (maximum {found.maximum}, term {found.term})",
+          file=sys.stderr)
+    if args.due is None:
+        args.due = found.late.due
+    if args.late_penalty is None:
+        args.late_penalty = found.late.penalty
+    if args.late_cap is None and found.late.cap != 100:
+        args.late_cap = found.late.cap
+    args.latest_on_time = args.latest_on_time or found.late.latest_on_time
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m lesson10 grade ...``: the options as a :class:`Request`, graded by the
     pipeline; the exit status."""
-    return pipeline.run(Request.from_args(_parser().parse_args(argv)))
+    args = _parser().parse_args(argv)
+    try:
+        _course(args)
+    except scheme.SchemeError as exc:
+        print(f"grade: {exc}", file=sys.stderr)
+        return 2
+    return pipeline.run(Request.from_args(args))
 
 
 if __name__ == "__main__":

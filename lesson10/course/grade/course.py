@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from ...checks import EXERCISES
+from ...checks.exercises import maximum
 
 #: course notebooks with no graded exercise (graded 0 of 0, not executed); notebook 06's two
 #: exercises start real ranks and are checked in Jupyter only (lesson10/checks/nb06_multiprocess.py)
@@ -38,11 +39,9 @@ def function_name(exercise_id: str) -> str:
 
 
 def full_marks(notebook_id: str | None) -> int:
-    """Points of a course notebook; of the whole course when the id is unknown."""
-    chosen = exercises(notebook_id) if notebook_id else []
-    if notebook_id is None:
-        chosen = list(EXERCISES.values())
-    return sum(ex.points for ex in chosen)
+    """Points of a course notebook; of the whole course when the id is unknown (the course
+    file's: :func:`lesson10.checks.exercises.maximum`)."""
+    return maximum(notebook_id)
 
 
 #: what copying a notebook adds to its name: Colab's "Save a copy in Drive" ("Copy of X", and

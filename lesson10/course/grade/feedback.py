@@ -23,7 +23,7 @@ def _blocks(row: dict, reports: list[dict], *, seed=None, sandboxed=None) -> lis
     if info:
         out.append(("p", info))
     out.append(("table", [["notebook", "exercise", "result", "points"]] +
-                [[e["notebook"], e["exercise"], e["status"], f"{e['points']}/{e['max_points']}"]
+                [[e["notebook"], e["exercise"], _reports.shown(e), f"{e['points']}/{e['max_points']}"]
                  for e in row["exercises"]]))
     for nid in gradebook.graded_notebooks():
         entries = [e for e in row["exercises"] if e["notebook"] == nid]
@@ -36,7 +36,7 @@ def _blocks(row: dict, reports: list[dict], *, seed=None, sandboxed=None) -> lis
             continue
         out.append(("p", f"Graded file: `{path}`"))
         for e in entries:
-            out.append(("h3", f"{e['exercise']}: {e['status']} ({e['points']}/{e['max_points']})"))
+            out.append(("h3", f"{e['exercise']}: {_reports.shown(e)} ({e['points']}/{e['max_points']})"))
             body, hints = gradebook.split_message(e["message"])
             if body:
                 out.append(("pre", body))
@@ -186,7 +186,7 @@ def annotate_executed(path: Path, report: dict, *, seed=None) -> None:
              + (f" (seed {seed})" if seed is not None else ""), "",
              "The outputs below are those of the graded run; each check cell shows the judge's "
              "verdict on its hidden cases.", "", "| exercise | result | points |", "|---|---|---|"]
-    lines += [f"| {e['exercise']} | {e['status']} | {e['points']}/{e['max_points']} |"
+    lines += [f"| {e['exercise']} | {_reports.shown(e)} | {e['points']}/{e['max_points']} |"
               for e in report["exercises"]]
     cell = nbformat.v4.new_markdown_cell("\n".join(lines))
     cell.metadata["lesson10"] = {"grade": True}

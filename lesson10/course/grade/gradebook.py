@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...checks import EXERCISES
+from ...checks.exercises import maximum
 from ...checks.verdict import Status
 from . import accounting, course, identity, nbread, submission_files
 from .accounting import SKIP_FOLDERS
@@ -302,7 +303,8 @@ def _not_graded(others, keys, paths, students, base=None, notes=None) -> dict:
 
 
 def course_max() -> int:
-    return sum(ex.points for ex in EXERCISES.values())
+    """The course maximum in the course file in force (:func:`lesson10.checks.exercises.maximum`)."""
+    return maximum()
 
 
 def graded_notebooks() -> list[str]:

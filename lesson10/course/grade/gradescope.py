@@ -4,11 +4,14 @@
 The bundle holds, at the root of the zip as Gradescope wants them:
 
 * ``setup.sh``: run once when Gradescope builds the image; installs Python, git and
-  bubblewrap with apt, and the course package, pinned to the ``[tool.lesson10]`` repository
-  and ref of ``pyproject.toml`` (``pip install "lesson10 @ git+https://github.com/OWNER/NAME@REF"``;
+  bubblewrap with apt, and the course package, pinned to the ``[release]`` repository and
+  ref of the course file (``pip install "lesson10 @ git+https://github.com/OWNER/NAME@REF"``;
   no torch: grading does not need it), into a venv ``$AUTOGRADER_ROOT/lesson10-venv``;
 * ``run_autograder``: run for each submission; calls :func:`run`;
-* ``lesson10_autograder.json``: the pinned package and the grader's options.
+* ``lesson10_autograder.json``: the pinned package and the grader's options;
+* ``course.toml``: the course file in force when the bundle was written (points, optional
+  exercises, term: :mod:`lesson10.scheme`), which :func:`run` pins before it grades, so the
+  maximum and the hidden cases are the instructor's, never a submission's own file.
 
 :func:`run` works under ``$AUTOGRADER_ROOT`` (default ``/autograder``): it grades the
 notebooks found at any depth of ``submission/`` as one student's (one per course notebook;
@@ -32,10 +35,13 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from ... import scheme
 from . import gradebook
 from .request import Request
 
 CONFIG = "lesson10_autograder.json"
+#: the course file the bundle carries (in ``source/`` once Gradescope unpacks it)
+COURSE_FILE = "course.toml"
 #: grader options the bundle can fix (``--timeout 60`` ...), passed on by ``run_autograder``
 OPTIONS = ("timeout", "exercise_timeout", "notebook_timeout", "memory", "jobs")
 
@@ -67,6 +73,7 @@ def bundle(out: Path, repository: str, ref: str, options: dict | None = None) ->
         "setup.sh": script("setup.sh", QUOTED_PACKAGE=shlex.quote(package), PACKAGE=package),
         "run_autograder": script("run_autograder", BUILD_PYTHON=shlex.quote(sys.executable)),
         CONFIG: json.dumps(config, indent=1) + "\n",
+        COURSE_FILE: scheme.current().source.read_text(encoding="utf-8"),
     }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +135,13 @@ def protect(root: Path) -> str:
     return f"the notebooks ran as the unprivileged user {name}"
 
 
+def pin_course_file(root: Path) -> scheme.Scheme:
+    """The bundle's course file (``source/course.toml``), else the package's default, pinned:
+    never a file of the submission (whose folder the grading runs in)."""
+    bundled = Path(root) / "source" / COURSE_FILE
+    return scheme.use(bundled if bundled.is_file() else scheme.DEFAULT)
+
+
 def run(root: Path, out: Path | None = None) -> int:
     """Grade ``root/submission`` (see the module) into ``out``, a file of a folder only this
     user can reach; ``run_autograder`` then calls :func:`finish`, which writes
@@ -139,6 +153,7 @@ def run(root: Path, out: Path | None = None) -> int:
     results.parent.mkdir(parents=True, exist_ok=True)
     submission.mkdir(parents=True, exist_ok=True)
     config = _config(root)
+    pin_course_file(root)
     results = results.resolve()
     target = Path(out).resolve() if out is not None else results
     # the notebooks' paths as the student knows them; nothing of the submission (a numpy.py)
@@ -239,12 +254,12 @@ def main_bundle(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m lesson10 gradescope",
         description="Write a Gradescope autograder bundle: setup.sh installs the course package "
-                    "pinned to [tool.lesson10] of pyproject.toml (no torch), run_autograder "
+                    "pinned to [release] of the course file (no torch), run_autograder "
                     "grades each submission's notebooks (any folder depth) into results.json.")
     p.add_argument("out", type=Path, help="the zip to write, e.g. autograder.zip")
     p.add_argument("--repository", default=None,
-                   help="OWNER/NAME the package is installed from (default: [tool.lesson10])")
-    p.add_argument("--ref", default=None, help="branch, tag or commit (default: [tool.lesson10])")
+                   help="OWNER/NAME the package is installed from (default: the course file's [release])")
+    p.add_argument("--ref", default=None, help="branch, tag or commit (default: the course file's [release])")
     p.add_argument("--root", type=Path, default=None,
                    help="the course repository holding pyproject.toml (default: this checkout)")
     p.add_argument("--timeout", type=float, default=None, help="grader's --timeout")
@@ -252,8 +267,15 @@ def main_bundle(argv: list[str] | None = None) -> int:
     p.add_argument("--notebook-timeout", type=float, default=None)
     p.add_argument("--memory", type=float, default=None)
     p.add_argument("-j", "--jobs", type=int, default=None)
+    p.add_argument("--course", type=Path, default=None, metavar="FILE",
+                   help="the course file the bundle carries (default: the one in force for the root)")
     args = p.parse_args(argv)
     from ..build import REF_RE, REPOSITORY_RE, BuildError, repo_root, repository_setting
+    try:
+        used = scheme.use(args.course, (args.root or repo_root()).resolve())
+    except scheme.SchemeError as exc:
+        print(f"gradescope: {exc}", file=sys.stderr)
+        return 2
     repository, ref = args.repository, args.ref
     if repository is None or ref is None:
         try:
@@ -268,8 +290,9 @@ def main_bundle(argv: list[str] | None = None) -> int:
         return 2
     options = {k: getattr(args, k) for k in OPTIONS}
     out = bundle(args.out, repository, ref, options)
-    print(f"wrote {out}: setup.sh installs {_package_spec(repository, ref)}; upload it as the "
-          f"assignment's autograder (Configure Autograder -> Zip file upload)")
+    print(f"wrote {out}: setup.sh installs {_package_spec(repository, ref)}, with the course file "
+          f"{used.source} (maximum {used.maximum}); upload it as the assignment's autograder "
+          f"(Configure Autograder -> Zip file upload)")
     return 0
 
 
@@ -288,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--out", type=Path, required=True)
     f.add_argument("--status", type=int, required=True)
     args = p.parse_args(argv)
+    pin_course_file(args.root)
     if args.cmd == "finish":
         return finish(args.root, args.out, args.status)
     return run(args.root, args.out)

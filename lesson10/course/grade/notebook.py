@@ -18,6 +18,7 @@ import copy
 import time
 from pathlib import Path
 
+from ...checks.exercises import counts
 from ...checks.verdict import Status
 from . import course, judge, nbread, session
 from .config import GradeConfig
@@ -33,7 +34,7 @@ def notebook_report(path: Path, notebook_id, entries=(), *, feedback=(), ok=True
     return {"notebook": str(path), "student": student or path.resolve().parent.name,
             "course_notebook": notebook_id, "exercises": entries,
             "points": sum(e["points"] for e in entries),
-            "max_points": sum(e["max_points"] for e in entries),
+            "max_points": sum(e["max_points"] for e in entries if counts(e["exercise"])),
             "feedback": list(feedback), "ok": ok, "error": error, "sandboxed": sandboxed}
 
 

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ...checks.exercises import counts
 from ...errors import Lesson10Error
 from . import adjust, archives, gradebook, late, lms, nbread, outputs, overrides, sandbox, standin, store
 from .config import GradeConfig
@@ -405,8 +406,8 @@ def exit_status(results: list[dict], fail_under: float | None = None,
     else:
         entries = [e for r in results for e in r["exercises"]]
     got = sum(e["points"] for e in entries)
-    total = sum(e["max_points"] for e in entries)
+    total = sum(e["max_points"] for e in entries if counts(e["exercise"]))
     if fail_under is not None:
         return 0 if total > 0 and 100.0 * got / total >= fail_under else 1
-    return 0 if total > 0 and all(e["passed"] for e in entries) else 1
+    return 0 if total > 0 and all(e["passed"] or not counts(e["exercise"]) for e in entries) else 1
 

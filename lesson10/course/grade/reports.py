@@ -17,6 +17,7 @@ import time
 from xml.sax.saxutils import escape, quoteattr
 
 from ...checks import EXERCISES
+from ...checks.exercises import shown_status
 from ...checks.verdict import Status
 from . import gradebook
 
@@ -63,6 +64,16 @@ def _student_notes(r: dict) -> list[str]:
     return notes
 
 
+def shown(e: dict) -> str:
+    """An entry's status as every output shows it (optional practice is never "failed")."""
+    return shown_status(e["exercise"], e["status"])
+
+
+def _optional(e: dict) -> bool:
+    ex = EXERCISES.get(e["exercise"])
+    return ex is not None and ex.optional
+
+
 def table(reports: list[dict], students: list[dict] | None = None, seed=None) -> str:
     w = max([28] + [len(str(rep["notebook"])) for rep in reports])
     head = f"{'notebook':<{w}s} {'exercise':<20s} {'result':<16s} {'points':>7s}"
@@ -74,7 +85,7 @@ def table(reports: list[dict], students: list[dict] | None = None, seed=None) ->
         if not rep["exercises"] and not rep.get("error"):
             lines.append(f"{name:<{w}s} {'(no exercises)':<20s}")
         for e in rep["exercises"]:
-            lines.append(f"{name:<{w}s} {e['exercise']:<20s} {e['status']:<16s} "
+            lines.append(f"{name:<{w}s} {e['exercise']:<20s} {shown(e):<16s} "
                          f"{e['points']:>3d}/{e['max_points']:<3d}")
         for line in rep.get("feedback", [])[:5]:
             lines.append(f"{'':<{w}s} ! {line[:200]}")
@@ -139,7 +150,7 @@ def markdown(reports: list[dict], students: list[dict] | None = None, *, seed=No
         lines += ["| notebook | exercise | result | points | message |", "|---|---|---|---|---|"]
         for e in r["exercises"]:
             where = paths.get((r["student"], e["notebook"]), f"{e['notebook']} (not handed in)")
-            lines.append(f"| {md_cell(where)} | {e['exercise']} | {e['status']} | "
+            lines.append(f"| {md_cell(where)} | {e['exercise']} | {shown(e)} | "
                          f"{e['points']}/{e['max_points']} | {md_cell(e['message'])} |")
         extra = [f"not graded: {i['path']} (another copy of {i['notebook']}; graded: "
                  f"{i['graded']})" for i in r["ignored"]]
@@ -209,7 +220,7 @@ def class_csv(reports: list[dict], students: list[dict] | None = None, seed=None
     for r in rows:
         got = {e["exercise"]: e for e in r["exercises"]}
         table.append([r["student"]] + [got[c]["points"] for c in cols]
-                     + [got[c]["status"] for c in cols]
+                     + [shown(got[c]) for c in cols]
                      + [" ".join(r["missing"]), late.describe_row(r), adjust.describe(r),
                         r.get("seed", "" if seed is None else seed),
                         r["points"], r["max_points"]])
@@ -228,18 +239,22 @@ def gradescope(reports: list[dict], students: list[dict] | None = None, *, seed=
                          f"{', ...' if len(rows) > 5 else ''})")
     row = rows[0]
     numbers = {nid: i for i, nid in enumerate(gradebook.graded_notebooks(), start=1)}
-    counts: dict[str, int] = {}
+    per_notebook: dict[str, int] = {}
     tests = []
     for e in row["exercises"]:
-        counts[e["notebook"]] = counts.get(e["notebook"], 0) + 1
+        per_notebook[e["notebook"]] = per_notebook.get(e["notebook"], 0) + 1
         body, hints = gradebook.split_message(e["message"])
-        text = e["status"] + (f"\n\n{body}" if body else "")
+        text = shown(e) + (f"\n\n{body}" if body else "")
         text += "".join(f"\n\nHint: {h}" for h in hints)
-        tests.append({"name": f"{e['notebook']}: {e['exercise']}",
-                      "number": f"{numbers.get(e['notebook'], 0)}.{counts[e['notebook']]}",
-                      "score": e["points"], "max_score": e["max_points"],
-                      "status": "passed" if e["passed"] else "failed",
-                      "output": text, "visibility": "visible"})
+        test = {"name": f"{e['notebook']}: {e['exercise']}",
+                "number": f"{numbers.get(e['notebook'], 0)}.{per_notebook[e['notebook']]}",
+                "score": e["points"], "max_score": e["max_points"],
+                "status": "passed" if e["passed"] else "failed",
+                "output": text, "visibility": "visible"}
+        if _optional(e):          # no score and no status: Gradescope shows it, neither red nor scored
+            test = {k: v for k, v in test.items() if k not in ("score", "max_score", "status")}
+            test["name"] += " (optional practice)"
+        tests.append(test)
     doc = {"score": row["points"], "max_score": row["max_points"],
            "output": overview(reports, row, seed=seed, sandboxed=sandboxed, notes=notes),
            "visibility": "visible", "stdout_visibility": "hidden", "tests": tests,
@@ -300,12 +315,23 @@ def graded_at() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
 
 
+def _junit_counts(entries: list[dict]) -> tuple[int, int, int]:
+    """``(failures, errors, skipped)`` of a suite: a lost exercise, a grader error, optional
+    practice not passed."""
+    errors = [Status.of(e["status"]).grader_error for e in entries]
+    lost = [not e["passed"] and not err for e, err in zip(entries, errors)]
+    skipped = sum(1 for e, x in zip(entries, lost) if x and _optional(e))
+    return sum(lost) - skipped, sum(errors), skipped
+
+
 def _junit_case(e: dict, classname: str, t: float) -> list[str]:
     """One ``<testcase>``: a lost exercise a ``<failure>``, a grader error an ``<error>``."""
     lines = [f"    <testcase classname={quoteattr(_xml(classname))} "
              f"name={quoteattr(_xml(e['exercise']))} time=\"{t:.3f}\">"]
     msg = escape(_xml(e.get("message", "")))
-    if Status.of(e["status"]).grader_error:
+    if _optional(e) and not e["passed"] and not Status.of(e["status"]).grader_error:
+        lines.append(f"      <skipped message={quoteattr(_xml(shown(e)))}>{msg}</skipped>")
+    elif Status.of(e["status"]).grader_error:
         lines.append(f"      <error message={quoteattr(_xml(e['status']))} "
                      f"type=\"GraderError\">{msg}</error>")
     elif not e["passed"]:
@@ -358,14 +384,12 @@ def junit(reports: list[dict], students: list[dict] | None = None, *, seed=None,
     n_tests = n_fail = n_err = 0
     total_time = 0.0
     for number, (name, student, nid, path, cases, seconds, rep) in enumerate(suites):
-        broken = [Status.of(e["status"]).grader_error for e, _ in cases]
-        fails = sum(1 for (e, _), b in zip(cases, broken) if not e["passed"] and not b)
-        errs = sum(broken)
+        fails, errs, skipped = _junit_counts([e for e, _ in cases])
         n_tests, n_fail, n_err = n_tests + len(cases), n_fail + fails, n_err + errs
         total_time += seconds
         when = str((rep or {}).get("graded_at") or timestamp)
         attrs = (f"name={quoteattr(_xml(name))} tests=\"{len(cases)}\" failures=\"{fails}\" "
-                 f"errors=\"{errs}\" skipped=\"0\" time=\"{seconds:.3f}\" "
+                 f"errors=\"{errs}\" skipped=\"{skipped}\" time=\"{seconds:.3f}\" "
                  f"timestamp={quoteattr(_xml(when))} hostname={host} id=\"{number}\" "
                  f"package=\"lesson10\"")
         parts.append(f"  <testsuite {attrs}>")

@@ -42,7 +42,9 @@ class Request:
     # the results folder
     results: Path | None = None
     no_results: bool = False
-    # overrides, late work, LMS exports
+    # the course file (pinned by the command line before the pipeline runs), overrides, late
+    # work, LMS exports
+    course: Path | None = None
     overrides: Path | None = None
     due: str | None = None
     time_from: str | None = None

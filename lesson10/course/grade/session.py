@@ -18,11 +18,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ... import scheme
 from ...checks import depends, refused
 from ...checks.verdict import Status
 from . import course, sandbox, wire
 from .config import GradeConfig
 from .judge import Channel, Failure, entry, judge_exercise, verdict_text
+
+
+def hidden_seed(seed: int, exercise: str, count: int) -> list[int]:
+    """The seed of the judge's hidden cases: the run's seed, the course file's term (a new
+    term, new cases; the check cells' fixed seeds stay), the exercise, its call count."""
+    term = scheme.current().term
+    return [seed, zlib.crc32(term.encode()), zlib.crc32(exercise.encode()), count]
 
 _OUTPUT_LIMIT = 200_000        # characters of one cell's reported output we keep
 _NOTEBOOK_OUTPUT = 2_000_000   # ... and of a whole notebook's
@@ -277,7 +285,7 @@ class _Session:
         self._send({"op": "judge", "channel": k, "timeout": timeout + 1.0,
                     "instead": refused.use_instead(ex.id)})
         count = self.run.judged.get(ex.id, 0)
-        rng = np.random.default_rng([self.settings.seed, zlib.crc32(ex.id.encode()), count])
+        rng = np.random.default_rng(hidden_seed(self.settings.seed, ex.id, count))
         channel = Channel(self.box.channels[k], course.function_name(ex.id))
         self.box.channels[k] = _Closed()
         started = time.monotonic()

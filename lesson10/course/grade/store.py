@@ -33,6 +33,7 @@ from pathlib import Path
 
 import lesson10
 
+from ... import scheme
 from ...errors import Lesson10Error
 
 #: the layout version of class.json and the stored reports
@@ -53,11 +54,13 @@ def code_version() -> str:
 
 def key(content: bytes | None, helpers, *, seed: int, notebook: str | None,
         limits: dict | None = None) -> str:
-    """The key of one notebook's result: course version and code, seed, ``limits`` (the
+    """The key of one notebook's result: course version and code, the course file's points
+    and term, seed, ``limits`` (the
     options that change a verdict: timeouts, memory, sandbox), course notebook, bytes and
     helper files (``[(name, text)]``) of the submission."""
     h = hashlib.sha256()
     for part in (f"lesson10 {lesson10.__version__} format {FORMAT} code {code_version()}",
+                 f"scheme {scheme.current().digest}",
                  f"seed {seed}", f"notebook {notebook}",
                  "limits " + json.dumps(limits or {}, sort_keys=True)):
         h.update(part.encode() + b"\0")
