@@ -16,10 +16,12 @@ from .. import scheme
 
 def uses_optional() -> list[str]:
     """A note per graded exercise that calls the student's own function of an optional one:
-    a student who skips that practice loses the graded exercise too."""
+    unless the notebook writes that function for a student who skipped it (notebook 04 does
+    for ``heads_to_seq``), skipping the practice costs the graded exercise too."""
     from ..checks import EXERCISES
     return [f"note: {ex.id} ({ex.status}) calls the student's {EXERCISES[u].function or u}, which is "
-            f"optional: a student who skips {u} cannot pass {ex.id}"
+            f"optional: the notebook must write it for a student who skips it, or skipping it "
+            f"costs {ex.id}"
             for ex in EXERCISES.values() if not ex.optional
             for u in ex.uses if u in EXERCISES and EXERCISES[u].optional]
 

@@ -76,7 +76,7 @@ def _optional(e: dict) -> bool:
 
 def table(reports: list[dict], students: list[dict] | None = None, seed=None) -> str:
     w = max([28] + [len(str(rep["notebook"])) for rep in reports])
-    head = f"{'notebook':<{w}s} {'exercise':<20s} {'result':<16s} {'points':>7s}"
+    head = f"{'notebook':<{w}s} {'exercise':<20s} {'result':<24s} {'points':>7s}"
     lines = [head, "-" * len(head)]
     for rep in reports:
         name = str(rep["notebook"])
@@ -85,14 +85,14 @@ def table(reports: list[dict], students: list[dict] | None = None, seed=None) ->
         if not rep["exercises"] and not rep.get("error"):
             lines.append(f"{name:<{w}s} {'(no exercises)':<20s}")
         for e in rep["exercises"]:
-            lines.append(f"{name:<{w}s} {e['exercise']:<20s} {shown(e):<16s} "
+            lines.append(f"{name:<{w}s} {e['exercise']:<20s} {shown(e):<24s} "
                          f"{e['points']:>3d}/{e['max_points']:<3d}")
         for line in rep.get("feedback", [])[:5]:
             lines.append(f"{'':<{w}s} ! {line[:200]}")
     got = sum(r["points"] for r in reports)
     total = sum(r["max_points"] for r in reports)
     lines.append("-" * len(head))
-    lines.append(f"{'total':<{w}s} {'':<20s} {'':<16s} {got:>3d}/{total:<3d}")
+    lines.append(f"{'total':<{w}s} {'':<20s} {'':<24s} {got:>3d}/{total:<3d}")
     rows = gradebook.rows(reports) if students is None else students
     if rows:
         sw = max([7] + [len(r["student"]) for r in rows])
