@@ -24,8 +24,15 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _bundle(box) -> dict:
+    """What Jupyter saves of ``box``: its display bundle, from a shell made for this call only
+    (a shell left behind would make every later check in this process print, not raise)."""
     from IPython.core.interactiveshell import InteractiveShell
-    data, _ = InteractiveShell.instance().display_formatter.format(box)
+    had = InteractiveShell.initialized()
+    try:
+        data, _ = InteractiveShell.instance().display_formatter.format(box)
+    finally:
+        if not had:
+            InteractiveShell.clear_instance()
     return data
 
 
